@@ -1,0 +1,101 @@
+"""The grammar-backend interface the scheduler and sampler talk to.
+
+A *spec* says what a request's output must match (exactly one kind per request):
+``ConstraintSpec(kind="regex" | "json_schema" | "choices" | "dtype", value=...)``. A backend
+compiles a spec once per (spec, tokenizer) into a shared, immutable compiled form, and
+hands each request a cheap per-request ``Grammar`` state.
+
+Life of a constrained request, as the runtime drives it:
+
+1. ``backend.validate(spec)`` on the caller's thread before the request is queued: cheap
+   checks (JSON parses, schema is a valid JSON Schema, no unsupported keyword, regex
+   syntax). Raises ``ValueError`` naming the problem.
+2. ``backend.compile_async(spec)`` returns a ``concurrent.futures.Future[Grammar]``;
+   compilation runs on a thread pool, never on the scheduler thread. A failed future
+   (budget exceeded, empty language) fails only that request.
+3. Each step: ``grammar.fill_bitmask(bitmask, row)`` writes row ``row`` of an int32 numpy
+   array ``[batch, ceil(vocab_size / 32)]`` (bit ``j % 32`` of word ``j // 32`` set means
+   token ``j`` is allowed). EOS ids are allowed only in accepting states.
+4. After sampling: ``grammar.accept_token(token_id)``. EOS is accepted in accepting
+   states without advancing. ``is_terminated()`` is true once EOS was accepted or no
+   further token can be produced.
+5. Jump-forward: ``grammar.jump_forward(output_ids)`` may return a ``JumpForward`` plan
+   (drop the last ``rollback`` output tokens, append ``token_ids``); the grammar state has
+   already been advanced over the plan when it is returned.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One constraint. ``value`` is a regex str, a JSON-schema str (already serialized,
+    canonical), a tuple of choice strings, or a dtype name ("int", "float", "bool", "str").
+    ``whitespace_pattern`` applies to JSON schemas only."""
+
+    kind: str
+    value: Any
+    whitespace_pattern: str | None = None
+
+
+@dataclass
+class JumpForward:
+    """Forced continuation: drop the last ``rollback`` output tokens, then append
+    ``token_ids`` (``text`` is what they spell, for metrics and logs)."""
+
+    rollback: int
+    token_ids: list[int]
+    text: str
+
+
+class Grammar(ABC):
+    """Per-request automaton state. Not thread-safe; owned by the scheduler thread."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the allowed-token bits of the current state into ``bitmask[row]``."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance over ``token_id``. Returns False (state unchanged) if not allowed."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted or the automaton can go no further."""
+
+    def jump_forward(self, output_ids: list[int]) -> JumpForward | None:
+        """A forced continuation from the current state, or None (default: none)."""
+        return None
+
+    @abstractmethod
+    def copy(self) -> Grammar:
+        """A fresh state at the same position (for ``n`` parallel samples, retraction)."""
+
+
+class GrammarBackend(ABC):
+    """Compiles specs for one tokenizer; caches compiled grammars."""
+
+    @abstractmethod
+    def validate(self, spec: ConstraintSpec) -> None:
+        """Cheap synchronous checks; raise ``ValueError`` naming the problem."""
+
+    @abstractmethod
+    def compile_async(self, spec: ConstraintSpec) -> Future[Grammar]:
+        """Compile (or fetch from cache) off the calling thread; the future yields a fresh
+        per-request ``Grammar`` or raises ``ValueError`` with a clear message."""
+
+    def shutdown(self) -> None:
+        """Release worker threads."""

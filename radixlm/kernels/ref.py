@@ -1,0 +1,129 @@
+"""Pure-torch twins of every kernel: the ground truth, and the CPU path.
+
+Shapes use T = tokens in the step (flattened over requests), B = requests, H = heads,
+Hkv = KV heads, D = head dim, V = vocabulary, S = KV pool capacity.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm in fp32, cast back. With ``residual``: ``h = x + residual`` is normalized and
+    ``(normed, h)`` is returned (the fused add-norm of a transformer block)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = (out * weight.float()).to(x.dtype)
+    return out if residual is None else (out, residual)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``x`` is ``[T, 2F]`` = gate ‖ up; returns ``silu(gate) * up`` of shape ``[T, F]``."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape ``[T, D/2]`` for the given positions (fp32 math)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (rotate-half) rotary on ``q [T, H, D]`` and ``k [T, Hkv, D]``."""
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    return rot(q), rot(k)
+
+
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """Scatter ``k, v [T, Hkv, D]`` into pool slots ``loc [T]`` of ``[S, Hkv, D]`` caches."""
+    k_cache[loc] = k.to(k_cache.dtype)
+    v_cache[loc] = v.to(v_cache.dtype)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set disallowed logits to -inf in place. ``bitmask [B, ceil(V/32)]`` int32: bit
+    ``j % 32`` of word ``j // 32`` set means token ``j`` is allowed. Logits wider than
+    ``32 * words`` are disallowed past the mask; narrower ones ignore the extra bits."""
+    vocab = logits.shape[-1]
+    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)  # [B, 32 * words]
+    if allowed.shape[1] < vocab:
+        pad = allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])
+        allowed = torch.cat([allowed, pad], dim=1)
+    logits.masked_fill_(~allowed[:, :vocab], float("-inf"))
+    return logits
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One new token per request. ``q [B, H, D]``; request ``b`` attends to slots
+    ``req_to_token[req_pool_indices[b], :seq_lens[b]]``. Returns ``[B, H, D]`` (GQA:
+    query head ``h`` reads KV head ``h // (H // Hkv)``)."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for b in range(q.shape[0]):
+        slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
+        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, H, D]
+        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
+        out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Ragged extend. ``q [T, H, D]`` holds each request's new tokens back to back (request
+    ``b`` owns ``extend_lens[b]`` rows). New token ``i`` of request ``b`` sits at position
+    ``prefix_lens[b] + i`` and attends to positions ``0 .. prefix_lens[b] + i`` read
+    through ``req_to_token`` (its own new K/V must already be stored). Returns ``[T, H, D]``."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    start = 0
+    for b in range(len(extend_lens)):
+        n, p = int(extend_lens[b]), int(prefix_lens[b])
+        slots = req_to_token[req_pool_indices[b], : p + n].long()
+        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [p+n, H, D]
+        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,lhd->htl", q[start : start + n].float(), k) * scale
+        causal = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
+        scores.masked_fill_(~causal.to(scores.device), float("-inf"))
+        out[start : start + n] = torch.einsum("htl,lhd->thd", scores.softmax(-1), v).to(q.dtype)
+        start += n
+    return out
