@@ -1,0 +1,49 @@
+"""Scatter new K/V rows into KV-pool slots in Triton. Twin: ``ref.store_kv``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_cache_ptr, v_cache_ptr, loc_ptr, k_ptr, v_ptr,
+    cache_stride_s, cache_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+    head_dim,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    mask = d < head_dim
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    dst = slot * cache_stride_s + head * cache_stride_h + d
+    k = tl.load(k_ptr + t * k_stride_t + head * k_stride_h + d, mask=mask)
+    v = tl.load(v_ptr + t * v_stride_t + head * v_stride_h + d, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """Write ``k, v [T, Hkv, D]`` into rows ``loc [T]`` of ``k_cache, v_cache [S, Hkv, D]``
+    (which must share one layout). ``k``/``v`` may be strided views with a dense last dim."""
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens, num_kv_heads)](
+        k_cache, v_cache, loc, k, v,
+        k_cache.stride(0), k_cache.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=1,
+    )
