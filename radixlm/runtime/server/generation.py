@@ -1,0 +1,255 @@
+"""The one place where HTTP routes call the engine.
+
+Every route turns its body into `GenCall`s (one per prompt and sample: the server fans out
+batches and `n` itself so each engine request has a rid it can abort), then:
+
+- `admit(state, calls)` checks prompt length against the context (400 when the prompt alone
+  does not fit; `max_new_tokens` is clamped to what is left otherwise) and the waiting queue
+  (429 with Retry-After when full);
+- `run_calls(...)` awaits the results, aborting every unfinished rid when the client
+  disconnects, the request times out (504) or the handler is cancelled (shutdown);
+- `stream_call(...)` / `merge_streams(...)` yield cumulative result chunks, with the same
+  abort guarantees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from radixlm.runtime.server.state import ApiError, ServerState, logger
+
+DEFAULT_MAX_NEW_TOKENS = 128  # the engine's default (docs/ENGINE_API.md)
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the result was ready (its requests were aborted)."""
+
+
+@dataclass
+class GenCall:
+    """One engine request: a prompt (text or token ids), sampling params, logprob options."""
+
+    text: str | None
+    input_ids: list[int] | None
+    sampling: dict[str, Any]
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    prompt_len: int = 0  # filled by admit()
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for engine.generate / async_generate."""
+        kw: dict[str, Any] = {"sampling_params": dict(self.sampling), "rid": self.rid}
+        if self.text is not None:
+            kw["prompt"] = self.text
+        else:
+            kw["input_ids"] = self.input_ids
+        if self.return_logprob:
+            kw.update(return_logprob=True, logprob_start_len=self.logprob_start_len,
+                      top_logprobs_num=self.top_logprobs_num)
+        if self.return_text_in_logprobs:
+            kw["return_text_in_logprobs"] = True
+        return kw
+
+
+def clean_sampling(params: dict[str, Any] | None) -> dict[str, Any]:
+    """Drop None values (None means the engine's default)."""
+    return {k: v for k, v in (params or {}).items() if v is not None}
+
+
+def _count_prompt(state: ServerState, call: GenCall) -> int:
+    if call.input_ids is not None:
+        return len(call.input_ids)
+    return len(state.engine.tokenizer(call.text)["input_ids"])
+
+
+def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
+    """Check context length and queue room for `calls`; raise ApiError (400/429/503)."""
+    if state.shutting_down:
+        raise ApiError(503, "server is shutting down")
+    ctx = state.context_len
+    for call in calls:
+        if call.input_ids is not None and not call.input_ids:
+            raise ApiError(400, "the prompt is empty", param="input_ids")
+        call.prompt_len = _count_prompt(state, call)
+        if call.prompt_len >= ctx:
+            raise ApiError(400, f"the prompt has {call.prompt_len} tokens but the context length "
+                                f"is {ctx} (prompt + at least one new token must fit)",
+                           param="prompt", code="context_length_exceeded")
+        max_new = call.sampling.get("max_new_tokens")
+        room = ctx - call.prompt_len
+        if max_new is None and DEFAULT_MAX_NEW_TOKENS > room:
+            call.sampling["max_new_tokens"] = room
+        elif isinstance(max_new, int) and max_new > room:
+            call.sampling["max_new_tokens"] = room  # clamp, as SGLang does
+    limit = state.queue_limit
+    if limit is not None:
+        waiting = int(state.engine.get_stats().get("num_waiting", 0))
+        if waiting + len(calls) > limit:
+            state.metrics.rejected.labels(reason="queue_full").inc()
+            raise ApiError(429, f"the waiting queue is full ({waiting} waiting, limit {limit}); "
+                                "retry later", code="queue_full",
+                           headers={"Retry-After": str(state.settings.retry_after_s)})
+
+
+def _engine_error(exc: Exception) -> ApiError:
+    """Map an engine exception to an ApiError."""
+    if isinstance(exc, ApiError):
+        return exc
+    if type(exc).__name__ == "QueueFullError":  # the engine's own admission error
+        return ApiError(429, str(exc) or "the waiting queue is full", code="queue_full",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, (ValueError, TypeError)):
+        return ApiError(400, str(exc))
+    logger.exception("engine error", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_calls(state: ServerState, calls: Sequence[GenCall],
+                    request: Request) -> list[dict[str, Any]]:
+    """Run `calls` to completion; results in order. Unfinished rids are aborted on error,
+    disconnect (ClientDisconnected), timeout (ApiError 504) or cancellation."""
+    engine = state.engine
+    t0 = time.perf_counter()
+    pending = {c.rid for c in calls}
+    state.inflight.update(pending)
+
+    async def one(call: GenCall) -> dict[str, Any]:
+        out = await engine.async_generate(**call.engine_kwargs())
+        pending.discard(call.rid)
+        state.metrics.observe_finished(out.get("meta_info", {}).get("finish_reason"),
+                                       time.perf_counter() - t0)
+        return out
+
+    gen = asyncio.ensure_future(asyncio.gather(*(one(c) for c in calls)))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({gen, watch}, timeout=state.settings.request_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if gen in done:
+            try:
+                return gen.result()
+            except Exception as exc:
+                raise _engine_error(exc) from exc
+        if watch in done:
+            raise ClientDisconnected()
+        raise ApiError(504, f"request timed out after {state.settings.request_timeout} s; "
+                            "it was aborted", code="timeout")
+    finally:
+        for task in (gen, watch):
+            task.cancel()
+        for rid in pending:
+            state.abort(rid)
+        state.inflight.difference_update(c.rid for c in calls)
+
+
+async def _open_stream(engine: Any, call: GenCall) -> AsyncIterator[dict[str, Any]]:
+    """engine.async_generate(stream=True) as an async iterator (awaitable or async gen)."""
+    result = engine.async_generate(stream=True, **call.engine_kwargs())
+    if inspect.isawaitable(result) and not hasattr(result, "__anext__"):
+        result = await result
+    return result  # type: ignore[return-value]
+
+
+async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[str, Any]]:
+    """Yield the engine's cumulative chunks for `call`; abort it unless it finished."""
+    timeout = state.settings.request_timeout
+    t0 = time.perf_counter()
+    deadline = None if timeout is None else t0 + timeout
+    finished = False
+    last_t, last_n = None, 0
+    it: Any = None
+    state.inflight.add(call.rid)
+    try:
+        try:
+            it = await _open_stream(state.engine, call)
+        except Exception as exc:
+            raise _engine_error(exc) from exc
+        while True:
+            left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+            try:
+                chunk = await asyncio.wait_for(it.__anext__(), left)
+            except StopAsyncIteration:
+                break
+            except TimeoutError as exc:
+                raise ApiError(504, f"request timed out after {timeout} s; it was aborted",
+                               code="timeout") from exc
+            except Exception as exc:
+                raise _engine_error(exc) from exc
+            now = time.perf_counter()
+            n = len(chunk.get("output_ids") or ())
+            if n > last_n:
+                if last_t is None:
+                    state.metrics.ttft.observe(now - t0)
+                else:
+                    state.metrics.itl.observe((now - last_t) / (n - last_n))
+                last_t, last_n = now, n
+            reason = chunk.get("meta_info", {}).get("finish_reason")
+            if reason is not None:
+                finished = True
+                state.metrics.observe_finished(reason, now - t0)
+            yield chunk
+            if finished:
+                break
+    finally:
+        if not finished:
+            state.abort(call.rid)
+        state.inflight.discard(call.rid)
+        if it is not None and hasattr(it, "aclose"):
+            try:
+                await it.aclose()
+            except Exception:  # noqa: BLE001 - the engine stream is done with either way
+                logger.debug("closing the engine stream of %s failed", call.rid, exc_info=True)
+
+
+async def merge_streams(state: ServerState,
+                        calls: Sequence[GenCall]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Interleave the streams of several calls as (index, chunk); errors propagate and
+    every unfinished call is aborted when the consumer stops early."""
+    if len(calls) == 1:
+        async for chunk in stream_call(state, calls[0]):
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, dict[str, Any] | None, Exception | None]] = asyncio.Queue()
+
+    async def pump(i: int, call: GenCall) -> None:
+        try:
+            async for chunk in stream_call(state, call):
+                await queue.put((i, chunk, None))
+            await queue.put((i, None, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, c)) for i, c in enumerate(calls)]
+    try:
+        open_streams = len(tasks)
+        while open_streams:
+            i, chunk, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if chunk is None:
+                open_streams -= 1
+            else:
+                yield i, chunk
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

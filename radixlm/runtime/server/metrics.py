@@ -1,0 +1,104 @@
+"""Prometheus metrics, on a registry of their own per app (several apps may share a process).
+
+Latency histograms and request counters are recorded by the server as requests finish;
+engine-side counters and gauges (tokens, queue sizes, KV usage, cache hit rate, forced
+tokens) are read from `engine.get_stats()` at scrape time by a custom collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger("radixlm.server")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    120.0, 300.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0,
+                2.5, 5.0)
+
+# (stats key, metric name, help, kind)
+_ENGINE_METRICS = (
+    ("prompt_tokens_total", "radixlm_prompt_tokens", "Prompt tokens processed", "counter"),
+    ("generation_tokens_total", "radixlm_generation_tokens", "Tokens generated", "counter"),
+    ("cached_tokens_total", "radixlm_cached_tokens", "Prompt tokens served from the radix cache",
+     "counter"),
+    ("forced_tokens_total", "radixlm_forced_tokens", "Tokens appended by jump-forward",
+     "counter"),
+    ("num_requests_total", "radixlm_engine_requests", "Requests finished by the engine",
+     "counter"),
+    ("num_running", "radixlm_num_running_requests", "Requests in the running batch", "gauge"),
+    ("num_waiting", "radixlm_num_queued_requests", "Requests in the waiting queue", "gauge"),
+    ("num_grammar_pending", "radixlm_num_grammar_pending", "Requests waiting for a grammar",
+     "gauge"),
+    ("kv_used_tokens", "radixlm_kv_used_tokens", "KV slots in use", "gauge"),
+    ("kv_capacity", "radixlm_kv_capacity_tokens", "KV pool capacity in tokens", "gauge"),
+    ("cache_hit_rate", "radixlm_cache_hit_rate", "Share of prompt tokens hit in the cache",
+     "gauge"),
+    ("tree_size", "radixlm_radix_tree_tokens", "Tokens held by the radix tree", "gauge"),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Reads engine.get_stats() on every scrape."""
+
+    def __init__(self, get_stats: Callable[[], dict[str, Any]]) -> None:
+        self._get_stats = get_stats
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            stats = self._get_stats()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the engine did
+            logger.exception("engine.get_stats() failed during a scrape")
+            return
+        for key, name, doc, kind in _ENGINE_METRICS:
+            value = stats.get(key)
+            if value is None:
+                continue
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, doc, value=float(value))
+        used, cap = stats.get("kv_used_tokens"), stats.get("kv_capacity")
+        if used is not None and cap:
+            yield GaugeMetricFamily("radixlm_kv_usage_ratio", "KV pool usage (0..1)",
+                                    value=float(used) / float(cap))
+
+
+class ServerMetrics:
+    """The metrics of one app; `render()` gives the Prometheus text format."""
+
+    def __init__(self, get_stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter("radixlm_http_requests", "HTTP requests answered",
+                                     ["method", "route", "status"], registry=r)
+        self.requests = Counter("radixlm_requests", "Generation requests finished",
+                                ["finish_reason"], registry=r)
+        self.rejected = Counter("radixlm_rejected_requests",
+                                "Generation requests rejected before queueing", ["reason"],
+                                registry=r)
+        self.ttft = Histogram("radixlm_time_to_first_token_seconds",
+                              "Time to first token (streamed requests)",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("radixlm_inter_token_latency_seconds",
+                             "Time per output token between stream chunks",
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("radixlm_e2e_request_latency_seconds",
+                             "End-to-end generation request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        r.register(_EngineStatsCollector(get_stats))
+
+    def observe_finished(self, finish_reason: Any, e2e_s: float) -> None:
+        """Count one finished request and record its latency."""
+        reason = finish_reason.get("type", "unknown") if isinstance(finish_reason, dict) else (
+            str(finish_reason) if finish_reason else "unknown")
+        self.requests.labels(finish_reason=reason).inc()
+        self.e2e.observe(e2e_s)
+
+    def render(self) -> bytes:
+        """All metrics in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,219 @@
+"""SGLang-compatible native API: /generate, /health*, /get_model_info, /get_server_info,
+/flush_cache, /abort_request. SGLang clients (e.g. its RuntimeEndpoint) work unmodified."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict
+
+from radixlm.runtime.server.generation import (
+    GenCall,
+    admit,
+    clean_sampling,
+    merge_streams,
+    run_calls,
+)
+from radixlm.runtime.server.protocol import GenerateRequest
+from radixlm.runtime.server.state import ApiError, ServerState, get_state
+from radixlm.runtime.server.streaming import SSEResponse
+
+router = APIRouter()
+
+
+def _per_prompt(value: Any, i: int, count: int, name: str) -> Any:
+    """A per-prompt value: the same for all prompts, or a list with one entry per prompt."""
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ApiError(400, f"'{name}' has {len(value)} entries for {count} prompts",
+                           param=name)
+        return value[i]
+    return value
+
+
+def build_native_calls(req: GenerateRequest, request_id: str) -> list[GenCall]:
+    """One GenCall per prompt and sample (`n` is fanned out here; sample j of a prompt whose
+    rid is R gets rid `R-j` and, when a seed is given, seed + j). Without a rid, the
+    server's request id is the rid (prompt i of a batch: `<request_id>-i`)."""
+    prompts = req.prompts
+    count = len(prompts)
+    if count == 0:
+        raise ApiError(400, "the batch of prompts is empty", param="text")
+    calls = []
+    for i, (text, ids) in enumerate(prompts):
+        params = _per_prompt(req.sampling_params, i, count, "sampling_params")
+        if params is not None and not isinstance(params, dict):
+            raise ApiError(400, "'sampling_params' must be an object", param="sampling_params")
+        params = clean_sampling(params)
+        n = params.pop("n", 1)
+        if not isinstance(n, int) or n < 1:
+            raise ApiError(400, f"sampling_params.n must be an integer >= 1, got {n!r}",
+                           param="n")
+        rid = _per_prompt(req.rid, i, count, "rid") if isinstance(req.rid, list) else req.rid
+        if rid is None:
+            rid = f"{request_id}-{i}" if req.is_batch else request_id
+        elif isinstance(req.rid, str) and req.is_batch:
+            rid = f"{rid}-{i}"  # a string rid on a batch is a prefix, as in SGLang
+        start = _per_prompt(req.logprob_start_len, i, count, "logprob_start_len")
+        top = _per_prompt(req.top_logprobs_num, i, count, "top_logprobs_num")
+        for j in range(n):
+            sampling = dict(params)
+            if n > 1 and sampling.get("seed") is not None:
+                sampling["seed"] = int(sampling["seed"]) + j
+            calls.append(GenCall(
+                text=text, input_ids=ids, sampling=sampling,
+                rid=rid if n == 1 else f"{rid}-{j}",
+                return_logprob=bool(_per_prompt(req.return_logprob, i, count,
+                                                "return_logprob")),
+                logprob_start_len=-1 if start is None else int(start),
+                top_logprobs_num=0 if top is None else int(top),
+                return_text_in_logprobs=req.return_text_in_logprobs))
+    return calls
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    """SGLang's /generate: a dict for one prompt and n == 1, else a list (prompt-major)."""
+    state = get_state(request)
+    calls = build_native_calls(body, request.state.request_id)
+    admit(state, calls)
+    single = not body.is_batch and len(calls) == 1
+    if body.stream:
+        return SSEResponse(_native_stream(state, calls, single))
+    results = await run_calls(state, calls, request)
+    return JSONResponse(results[0] if single else results)
+
+
+async def _native_stream(state: ServerState, calls: list[GenCall],
+                         single: bool) -> AsyncIterator[dict[str, Any]]:
+    async for index, chunk in merge_streams(state, calls):
+        yield chunk if single else {**chunk, "index": index}
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """Liveness: 200 without touching the engine (503 while shutting down)."""
+    return Response(status_code=503 if get_state(request).shutting_down else 200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Readiness: 200 when a one-token generation completes, else 503."""
+    state = get_state(request)
+    call = GenCall(text=None, input_ids=[_health_token(state)],
+                   sampling={"max_new_tokens": 1, "temperature": 0.0},
+                   rid=f"health-{uuid.uuid4().hex}")
+    try:
+        await run_calls(state, [call], request)
+    except ApiError as exc:
+        return PlainTextResponse(f"unhealthy: {exc.message}", status_code=503)
+    return Response(status_code=200)
+
+
+def _health_token(state: ServerState) -> int:
+    tok = state.engine.tokenizer
+    for tid in (tok.bos_token_id, tok.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict[str, Any]:
+    """Model path, tokenizer path, and what a client needs to format chats itself."""
+    state = get_state(request)
+    engine, tok = state.engine, state.engine.tokenizer
+    return {
+        "model_path": str(engine.model_path),
+        "tokenizer_path": str(engine.model_path),
+        "model_name": state.model_id,
+        "is_generation": True,
+        "context_length": state.context_len,
+        "chat_template": getattr(tok, "chat_template", None),
+        "default_system_prompt": default_system_prompt(tok),
+        "bos_token": getattr(tok, "bos_token", None),
+        "eos_token": getattr(tok, "eos_token", None),
+        "eos_token_id": getattr(tok, "eos_token_id", None),
+    }
+
+
+def default_system_prompt(tok: Any) -> str | None:
+    """The system prompt the chat template inserts when none is given, or None.
+
+    Renders the template with and without a sentinel system message: with one it reads
+    P + SYS + Q + USER + ...; without one, P + D + Q + USER + ... means D is the default."""
+    sys_s, user_s = "\x00SYS\x00", "\x00USER\x00"
+    try:
+        with_sys = tok.apply_chat_template(
+            [{"role": "system", "content": sys_s}, {"role": "user", "content": user_s}],
+            tokenize=False)
+        without = tok.apply_chat_template([{"role": "user", "content": user_s}], tokenize=False)
+    except Exception:  # noqa: BLE001 - no template, or one without a system role
+        return None
+    if sys_s not in with_sys or user_s not in with_sys:
+        return None
+    prefix, rest = with_sys.split(sys_s, 1)
+    between = rest.split(user_s, 1)[0]
+    if not prefix or not without.startswith(prefix) or between + user_s not in without:
+        return None
+    return without[len(prefix):without.index(between + user_s)]
+
+
+@router.get("/get_server_info")
+async def get_server_info(request: Request) -> dict[str, Any]:
+    """Engine config, server settings (the API key redacted) and engine stats."""
+    state = get_state(request)
+    config = getattr(state.engine, "config", None)
+    info: dict[str, Any] = (dataclasses.asdict(config)
+                            if dataclasses.is_dataclass(config) else dict(vars(config or {})))
+    settings = dataclasses.asdict(state.settings)
+    settings["api_key"] = None if settings["api_key"] is None else "<redacted>"
+    info.update(server=settings, stats=state.engine.get_stats(),
+                context_length=state.context_len, model_path=str(state.engine.model_path),
+                version=_version())
+    return info
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("radixlm")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+@router.api_route("/flush_cache", methods=["POST", "GET"])
+async def flush_cache(request: Request) -> Response:
+    """Empty the radix cache; 400 (nothing done) while requests are running."""
+    if get_state(request).engine.flush_cache():
+        return PlainTextResponse("Cache flushed.\n")
+    return PlainTextResponse("Cache not flushed: requests are running or waiting.\n",
+                             status_code=400)
+
+
+class AbortRequest(BaseModel):
+    """Body of POST /abort_request."""
+
+    model_config = ConfigDict(extra="forbid")
+    rid: str | None = None
+    abort_all: bool = False
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
+    """Abort a request by rid (and the samples `rid-j` the server fanned it out into)."""
+    state = get_state(request)
+    if body.abort_all:
+        rids = sorted(state.inflight)
+    elif body.rid:
+        rids = [body.rid] + sorted(r for r in state.inflight if r.startswith(body.rid + "-"))
+    else:
+        raise ApiError(400, "give 'rid' or set 'abort_all'", param="rid")
+    for rid in rids:
+        state.abort(rid)
+    return {"aborted": rids}

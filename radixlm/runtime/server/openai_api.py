@@ -1,0 +1,269 @@
+"""OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
+
+Differences from api.openai.com: any `model` name is accepted (one model is served);
+extras `regex`, `choices`, `json_schema`, `top_k`, `min_p`, `repetition_penalty`,
+`min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`, `no_stop_trim`, `rid`
+may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger than the
+room left in the context is clamped to it; a prompt that fills the context is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from radixlm.runtime.server.generation import GenCall, admit, merge_streams, run_calls
+from radixlm.runtime.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _OpenAIBase,
+)
+from radixlm.runtime.server.state import ApiError, ServerState, get_state
+from radixlm.runtime.server.streaming import SSEResponse
+
+router = APIRouter(prefix="/v1")
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The one served model."""
+    state = get_state(request)
+    return {"object": "list", "data": [{
+        "id": state.model_id, "object": "model", "created": int(time.time()),
+        "owned_by": "radixlm", "root": str(state.engine.model_path),
+        "max_model_len": state.context_len}]}
+
+
+def openai_sampling(req: _OpenAIBase, max_new_tokens: int | None) -> dict[str, Any]:
+    """Engine sampling params for an OpenAI request (None values dropped)."""
+    s: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "top_k": req.top_k, "min_p": req.min_p, "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
+        "stop": req.stop, "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens, "no_stop_trim": req.no_stop_trim,
+        "min_new_tokens": req.min_tokens, "seed": req.seed, "regex": req.regex,
+        "choices": req.choices, "json_schema": req.json_schema,
+    }
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        s["json_schema"] = json.dumps({"type": "object"})
+    elif fmt is not None and fmt.type == "json_schema":
+        s["json_schema"] = json.dumps(fmt.json_schema.json_schema)  # type: ignore[union-attr]
+    return {k: v for k, v in s.items() if v is not None}
+
+
+def _fan_out(req: _OpenAIBase, prompts: list[tuple[str | None, list[int] | None]],
+             sampling: dict[str, Any], top: int | None, request_id: str) -> list[GenCall]:
+    """One call per prompt and sample; sample j gets seed + j when a seed is given. The rid
+    is `rid` from the body, else the server's request id (`-k` appended per choice k)."""
+    base = req.rid or request_id
+    calls = []
+    for i, (text, ids) in enumerate(prompts):
+        for j in range(req.n):
+            s = dict(sampling)
+            if j and "seed" in s:
+                s["seed"] = int(s["seed"]) + j
+            rid = base if len(prompts) * req.n == 1 else f"{base}-{i * req.n + j}"
+            calls.append(GenCall(text=text, input_ids=ids, sampling=s, rid=rid,
+                                 return_logprob=top is not None, top_logprobs_num=top or 0,
+                                 return_text_in_logprobs=top is not None))
+    return calls
+
+
+def _usage(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """OpenAI usage; the prompt counts once per prompt, not once per sample."""
+    firsts = [r["meta_info"] for r in results[::n]]
+    prompt = sum(int(m.get("prompt_tokens", 0)) for m in firsts)
+    completion = sum(int(r["meta_info"].get("completion_tokens", 0)) for r in results)
+    cached = sum(int(m.get("cached_tokens", 0) or 0) for m in firsts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _finish(meta: dict[str, Any]) -> str | None:
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return None
+    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+    return _FINISH.get(kind, kind)
+
+
+def _token_str(entry: Any) -> str:
+    text = entry[2] if len(entry) > 2 else None
+    return text if text is not None else ""
+
+
+def completion_logprobs(meta: dict[str, Any], start: int, top: int,
+                        offset0: int) -> dict[str, Any]:
+    """Legacy completions logprobs for output tokens [start:], text offsets from offset0."""
+    entries = (meta.get("output_token_logprobs") or [])[start:]
+    tops = (meta.get("output_top_logprobs") or [])[start:]
+    tokens = [_token_str(e) for e in entries]
+    offsets, pos = [], offset0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    top_lists = None
+    if top > 0:
+        top_lists = [{_token_str(e): e[0] for e in (row or [])} for row in tops]
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": top_lists, "text_offset": offsets}
+
+
+def chat_logprobs(meta: dict[str, Any], start: int) -> dict[str, Any]:
+    """Chat logprobs ({"content": [...]}) for output tokens [start:]."""
+    entries = (meta.get("output_token_logprobs") or [])[start:]
+    tops = (meta.get("output_top_logprobs") or [])[start:]
+    content = []
+    for k, e in enumerate(entries):
+        row = tops[k] if k < len(tops) and tops[k] else []
+        content.append({"token": _token_str(e), "logprob": e[0],
+                        "bytes": list(_token_str(e).encode()),
+                        "top_logprobs": [{"token": _token_str(t), "logprob": t[0],
+                                          "bytes": list(_token_str(t).encode())}
+                                         for t in row]})
+    return {"content": content}
+
+
+# ---------------------------------------------------------------- /v1/completions
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    """OpenAI text completions (batch prompts and n fanned out, prompt-major indices)."""
+    state = get_state(request)
+    top = body.logprobs
+    calls = _fan_out(body, body.prompts, openai_sampling(body, body.max_tokens), top,
+                     request.state.request_id)
+    admit(state, calls)
+    cid, created = f"cmpl-{calls[0].rid}", int(time.time())
+    head = {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
+    if body.stream:
+        return SSEResponse(_completion_stream(state, body, calls, head))
+    results = await run_calls(state, calls, request)
+    choices = []
+    for k, (call, r) in enumerate(zip(calls, results, strict=True)):
+        text = r["text"]
+        if body.echo:
+            text = (call.text if call.text is not None
+                    else state.engine.tokenizer.decode(call.input_ids)) + text
+        choices.append({"index": k, "text": text, "finish_reason": _finish(r["meta_info"]),
+                        "logprobs": None if top is None
+                        else completion_logprobs(r["meta_info"], 0, top, 0)})
+    return JSONResponse({**head, "choices": choices, "usage": _usage(results, body.n)})
+
+
+async def _completion_stream(state: ServerState, body: CompletionRequest, calls: list[GenCall],
+                             head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    sent_text = [0] * len(calls)
+    sent_lp = [0] * len(calls)
+    finals: dict[int, dict[str, Any]] = {}
+    if body.echo:
+        for k, call in enumerate(calls):
+            echo = (call.text if call.text is not None
+                    else state.engine.tokenizer.decode(call.input_ids))
+            yield {**head, "choices": [{"index": k, "text": echo, "logprobs": None,
+                                        "finish_reason": None}]}
+    async for k, chunk in merge_streams(state, calls):
+        meta = chunk["meta_info"]
+        delta = chunk["text"][sent_text[k]:]
+        finish = _finish(meta)
+        lp = None
+        if body.logprobs is not None:
+            lp = completion_logprobs(meta, sent_lp[k], body.logprobs, sent_text[k])
+            sent_lp[k] += len(lp["tokens"])
+        sent_text[k] = len(chunk["text"])
+        if delta or finish is not None or (lp and lp["tokens"]):
+            yield {**head, "choices": [{"index": k, "text": delta, "logprobs": lp,
+                                        "finish_reason": finish}]}
+        if finish is not None:
+            finals[k] = chunk
+    if body.stream_options is not None and body.stream_options.include_usage:
+        results = [finals[k] for k in sorted(finals)]
+        yield {**head, "choices": [], "usage": _usage(results, body.n)}
+
+
+# ---------------------------------------------------------------- /v1/chat/completions
+
+
+def chat_input_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    """Token ids of the conversation under the tokenizer's chat template."""
+    try:
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
+                     **({"name": m.name} if m.name else {})} for m in body.messages]
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="messages") from exc
+    tok = state.engine.tokenizer
+    try:
+        out = tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=not body.continue_final_message,
+            continue_final_message=body.continue_final_message,
+            **(body.chat_template_kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - template errors are the caller's messages
+        raise ApiError(400, f"the chat template rejected the messages: {exc}",
+                       param="messages") from exc
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(t) for t in ids]
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI chat completions (chat template of the served model's tokenizer)."""
+    state = get_state(request)
+    ids = chat_input_ids(state, body)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    calls = _fan_out(body, [(None, ids)], openai_sampling(body, body.max_new_tokens), top,
+                     request.state.request_id)
+    for call in calls:  # no max_tokens: up to the context, as in OpenAI
+        call.sampling.setdefault("max_new_tokens", max(state.context_len - len(ids), 0))
+    admit(state, calls)
+    head = {"id": f"chatcmpl-{calls[0].rid}", "created": int(time.time()),
+            "model": state.model_id}
+    if body.stream:
+        return SSEResponse(_chat_stream(state, body, calls,
+                                        {**head, "object": "chat.completion.chunk"}))
+    results = await run_calls(state, calls, request)
+    choices = [{"index": k, "message": {"role": "assistant", "content": r["text"]},
+                "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None,
+                "finish_reason": _finish(r["meta_info"])}
+               for k, r in enumerate(results)]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": _usage(results, body.n)})
+
+
+async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: list[GenCall],
+                       head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    for k in range(len(calls)):
+        yield {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]}
+    sent_text = [0] * len(calls)
+    sent_lp = [0] * len(calls)
+    finals: dict[int, dict[str, Any]] = {}
+    async for k, chunk in merge_streams(state, calls):
+        meta = chunk["meta_info"]
+        delta = chunk["text"][sent_text[k]:]
+        sent_text[k] = len(chunk["text"])
+        finish = _finish(meta)
+        lp = None
+        if body.logprobs:
+            lp = chat_logprobs(meta, sent_lp[k])
+            sent_lp[k] += len(lp["content"])
+        if delta or finish is not None or (lp and lp["content"]):
+            yield {**head, "choices": [{"index": k, "delta": {"content": delta} if delta else {},
+                                        "logprobs": lp, "finish_reason": finish}]}
+        if finish is not None:
+            finals[k] = chunk
+    if body.stream_options is not None and body.stream_options.include_usage:
+        results = [finals[k] for k in sorted(finals)]
+        yield {**head, "choices": [], "usage": _usage(results, body.n)}

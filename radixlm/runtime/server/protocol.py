@@ -1,0 +1,239 @@
+"""Request bodies of the HTTP API as pydantic models.
+
+Native (`/generate`) follows SGLang's `GenerateReqInput`: unknown top-level fields are ignored
+(SGLang clients send fields we do not use), fields we cannot honour (images, LoRA, ...) are
+rejected when set. OpenAI bodies follow the OpenAI API: unknown fields are an error, as on
+api.openai.com, except the documented extras (`regex`, `choices`, `json_schema`, `top_k`, ...).
+Responses are built as plain dicts in `native.py` / `openai_api.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# SGLang GenerateReqInput fields we accept but cannot serve: non-empty values are a 400.
+NATIVE_UNSUPPORTED = (
+    "image_data", "video_data", "audio_data", "input_embeds", "lora_path", "session_params",
+    "custom_logit_processor", "token_ids_logprob", "bootstrap_host", "bootstrap_port",
+    "bootstrap_room",
+)
+
+
+class GenerateRequest(BaseModel):
+    """Body of POST /generate (SGLang's GenerateReqInput, the subset a single engine serves)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    log_metrics: bool = True
+    modalities: list[str] | None = None
+    return_hidden_states: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of 'text' and 'input_ids' must be given")
+        for name in NATIVE_UNSUPPORTED:
+            if (self.model_extra or {}).get(name) not in (None, [], {}, ""):
+                raise ValueError(f"'{name}' is not supported by this server")
+        if self.return_hidden_states:
+            raise ValueError("'return_hidden_states' is not supported by this server")
+        return self
+
+    @property
+    def is_batch(self) -> bool:
+        """True for a list of prompts (or a list of token-id lists)."""
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    @property
+    def prompts(self) -> list[tuple[str | None, list[int] | None]]:
+        """One (text, input_ids) pair per prompt, exactly one of the two set."""
+        if self.text is not None:
+            texts = self.text if isinstance(self.text, list) else [self.text]
+            return [(t, None) for t in texts]
+        ids = self.input_ids if self.is_batch else [self.input_ids]
+        return [(None, list(x)) for x in ids]  # type: ignore[arg-type]
+
+
+class StreamOptions(BaseModel):
+    """OpenAI `stream_options`."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI `response_format.json_schema`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI `response_format`: text, json_object or json_schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.json_schema is None):
+            raise ValueError("response_format.json_schema.schema is required for type "
+                             "'json_schema'")
+        return self
+
+
+class _OpenAIBase(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions (incl. our extras)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # extras (SGLang / vLLM style), passed via the client's extra_body
+    regex: str | None = None
+    choices: list[str] | None = None
+    json_schema: str | dict[str, Any] | None = None
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    rid: str | None = None
+
+    @model_validator(mode="after")
+    def _check_base(self) -> _OpenAIBase:
+        if self.logit_bias:
+            raise ValueError("'logit_bias' is not supported by this server")
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("'stop' takes at most 4 sequences")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
+        constraints = [k for k in ("regex", "choices", "json_schema") if getattr(self, k)]
+        if self.response_format is not None and self.response_format.type != "text":
+            constraints.append("response_format")
+        if len(constraints) > 1:
+            raise ValueError(f"at most one constraint may be given, got {', '.join(constraints)}")
+        return self
+
+
+class CompletionRequest(_OpenAIBase):
+    """Body of POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("'suffix' is not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("'best_of' other than n is not supported by this server")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("'echo' together with 'logprobs' is not supported by this server")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("'prompt' must not be empty")
+        return self
+
+    @property
+    def prompts(self) -> list[tuple[str | None, list[int] | None]]:
+        """One (text, input_ids) pair per prompt."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [(p, None)]
+        if all(isinstance(x, str) for x in p):
+            return [(x, None) for x in p]  # type: ignore[misc]
+        if all(isinstance(x, int) for x in p):
+            return [(None, list(p))]  # type: ignore[arg-type]
+        return [(None, list(x)) for x in p]  # type: ignore[arg-type]
+
+
+class ChatMessage(BaseModel):
+    """One chat message; content may be a string or a list of text parts."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message content as one string (text parts joined); other parts are an error."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"unsupported content part type {part.get('type')!r}; "
+                                 "only 'text' parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_OpenAIBase):
+    """Body of POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.tools:
+            raise ValueError("'tools' is not supported by this server")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' requires 'logprobs' to be true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("'continue_final_message' needs an assistant message last")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """max_completion_tokens, else max_tokens, else None (up to the context)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens

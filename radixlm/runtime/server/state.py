@@ -1,0 +1,101 @@
+"""Server settings, the per-app state object, and the one error type routes raise."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+logger = logging.getLogger("radixlm.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """HTTP-layer settings (the engine has its own EngineConfig)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None  # Bearer key required on every route but /health
+    max_queued_requests: int | None = None  # None: engine.config's value, else unbounded
+    request_timeout: float | None = None  # seconds per request; abort + 504 when exceeded
+    max_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
+    served_model_name: str | None = None  # /v1/models id; default: engine.model_name
+    shutdown_timeout: float = 30.0  # graceful-shutdown deadline before in-flight aborts
+    retry_after_s: int = 1  # Retry-After on 429
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError("request_timeout must be > 0")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": {"message", "type", "param", "code"}}` (OpenAI shape,
+    which also satisfies SGLang clients that read `error.message`)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error type for the status code."""
+        return {400: "invalid_request_error", 401: "authentication_error",
+                404: "not_found_error", 413: "invalid_request_error",
+                429: "rate_limit_error", 504: "timeout_error"}.get(
+                    self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the error response."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code if self.code is not None else self.status}}
+
+
+@dataclass
+class ServerState:
+    """Everything a route needs; stored on `app.state.server`."""
+
+    engine: Any
+    settings: ServerSettings
+    metrics: Any  # metrics.ServerMetrics
+    inflight: set[str] = field(default_factory=set)  # rids the server is waiting on
+    shutting_down: bool = False
+
+    @property
+    def model_id(self) -> str:
+        """The model name shown in /v1 responses."""
+        return self.settings.served_model_name or str(getattr(self.engine, "model_name", "default"))
+
+    @property
+    def context_len(self) -> int:
+        """Max tokens of prompt + output."""
+        return int(self.engine.context_len)
+
+    @property
+    def queue_limit(self) -> int | None:
+        """Max waiting requests before 429 (server setting, else the engine's, else None)."""
+        if self.settings.max_queued_requests is not None:
+            return self.settings.max_queued_requests
+        return getattr(getattr(self.engine, "config", None), "max_queued_requests", None)
+
+    def abort(self, rid: str) -> None:
+        """Ask the engine to abort `rid`; never raises (the request may be gone already)."""
+        try:
+            self.engine.abort(rid)
+        except Exception:  # noqa: BLE001 - best effort; log and carry on
+            logger.exception("engine.abort(%s) failed", rid)
+
+
+def get_state(request: Request) -> ServerState:
+    """The ServerState of the app serving `request`."""
+    return request.app.state.server

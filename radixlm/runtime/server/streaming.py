@@ -1,0 +1,55 @@
+"""Server-sent events: `data: {json}\\n\\n` lines ending with `data: [DONE]\\n\\n`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from radixlm.runtime.server.state import ApiError, logger
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One SSE event."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+async def sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Encode `events`; an ApiError mid-stream becomes an error event; always ends in [DONE]."""
+    try:
+        async for event in events:
+            yield sse(event)
+    except ApiError as exc:
+        yield sse(exc.body())
+    except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
+        logger.exception("stream failed")
+        yield sse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body())
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    yield sse("[DONE]")
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that always closes its event source, so a client that
+    disconnects has its requests aborted at once rather than when the generator is
+    garbage-collected."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[dict[str, Any]],
+                 headers: dict[str, str] | None = None) -> None:
+        self._events = events
+        super().__init__(sse_events(events), headers={"Cache-Control": "no-cache",
+                                                      "X-Accel-Buffering": "no",
+                                                      **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()  # type: ignore[attr-defined]

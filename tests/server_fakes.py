@@ -1,0 +1,201 @@
+"""A fake engine following docs/ENGINE_API.md, for fast HTTP-layer tests without a model.
+
+Tokens are characters (id = ord(c)). A request generates the letters "abcdefghij..." one per
+step (`step_delay` seconds apart) up to max_new_tokens, stopping early at a `stop` string
+(trimmed) or, with `choices`, emitting the first choice. Logprobs are fixed fake numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import string
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+SAMPLING_KEYS = {
+    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
+    "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "n", "seed", "regex", "json_schema", "choices", "dtype",
+}
+
+
+class FakeTokenizer:
+    """Character-level tokenizer with a ChatML-like template."""
+
+    bos_token = None
+    bos_token_id = None
+    eos_token = "\x00"
+    eos_token_id = 0
+    chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
+                            add_generation_prompt: bool = False,
+                            continue_final_message: bool = False, **_: Any) -> Any:
+        if not messages:
+            raise ValueError("no messages")
+        if not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": "You are fake."}, *messages]
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        if continue_final_message:
+            text = text[:-1]
+        elif add_generation_prompt:
+            text += "<assistant>"
+        return {"input_ids": self.encode(text)} if tokenize else text
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    max_running_requests: int = 8
+    max_queued_requests: int | None = None
+    context_length: int = 64
+
+
+class FakeEngine:
+    """Asyncio-only stand-in for radixlm.runtime.engine.Engine."""
+
+    def __init__(self, context_len: int = 64, step_delay: float = 0.0,
+                 max_queued_requests: int | None = None) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.config = FakeConfig(max_queued_requests=max_queued_requests,
+                                 context_length=context_len)
+        self.model_path = "/fake/model"
+        self.model_name = "fake-model"
+        self.context_len = context_len
+        self.step_delay = step_delay
+        self.calls: list[dict[str, Any]] = []  # kwargs of every accepted request
+        self.aborted: list[str] = []
+        self.running: dict[str, int] = {}  # rid -> KV tokens held
+        self.forced_waiting = 0  # reported as num_waiting
+        self.totals = {"prompt": 0, "gen": 0, "requests": 0}
+        self._abort_flags: set[str] = set()
+
+    # ---------------------------------------------------------------- contract surface
+
+    def get_stats(self) -> dict[str, Any]:
+        return {"num_running": len(self.running), "num_waiting": self.forced_waiting,
+                "num_grammar_pending": 0, "kv_used_tokens": sum(self.running.values()),
+                "kv_capacity": 4096, "cache_hit_rate": 0.25, "cached_tokens_total": 0,
+                "prompt_tokens_total": self.totals["prompt"],
+                "generation_tokens_total": self.totals["gen"], "tree_size": 0,
+                "forced_tokens_total": 3, "num_requests_total": self.totals["requests"]}
+
+    def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+        self._abort_flags.add(rid)
+
+    def flush_cache(self) -> bool:
+        return not self.running
+
+    def shutdown(self) -> None:
+        pass
+
+    async def async_generate(self, prompt: str | None = None,
+                             sampling_params: dict[str, Any] | None = None,
+                             input_ids: list[int] | None = None, return_logprob: bool = False,
+                             logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                             return_text_in_logprobs: bool = False, stream: bool = False,
+                             rid: str | None = None) -> Any:
+        kwargs = dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
+                      return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                      top_logprobs_num=top_logprobs_num,
+                      return_text_in_logprobs=return_text_in_logprobs, rid=rid)
+        self._validate(kwargs)
+        self.calls.append(kwargs)
+        gen = self._run(kwargs)
+        if stream:
+            return gen
+        last = None
+        async for last in gen:
+            pass
+        return last
+
+    # ---------------------------------------------------------------- internals
+
+    def _validate(self, kw: dict[str, Any]) -> None:
+        if (kw["prompt"] is None) == (kw["input_ids"] is None):
+            raise ValueError("exactly one of prompt and input_ids must be given")
+        params = kw["sampling_params"] or {}
+        unknown = sorted(set(params) - SAMPLING_KEYS)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if params.get("temperature") is not None and params["temperature"] < 0:
+            raise ValueError("temperature must be >= 0")
+        if params.get("max_new_tokens") is not None and params["max_new_tokens"] < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+
+    async def _run(self, kw: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        rid = kw["rid"]
+        params = kw["sampling_params"] or {}
+        ids = kw["input_ids"] or self.tokenizer.encode(kw["prompt"])
+        max_new = params.get("max_new_tokens", 128)
+        target = params["choices"][0] if params.get("choices") else None
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        self.running[rid] = len(ids)
+        self.totals["prompt"] += len(ids)
+        out: list[int] = []
+        text = ""
+        reason: dict[str, Any] | None = None
+        try:
+            while reason is None:
+                if rid in self._abort_flags:
+                    reason = {"type": "abort", "message": "aborted"}
+                    break
+                if len(out) >= max_new:
+                    reason = {"type": "length", "length": max_new}
+                    break
+                await asyncio.sleep(self.step_delay)
+                if rid in self._abort_flags:
+                    continue
+                if target is not None:
+                    out, text = self.tokenizer.encode(target), target
+                    reason = {"type": "stop", "matched": 0}
+                else:
+                    out.append(ord(string.ascii_lowercase[len(out) % 26]))
+                    text = self.tokenizer.decode(out)
+                    for s in stops:
+                        if s in text:
+                            text = text[:text.index(s)]
+                            reason = {"type": "stop", "matched": s}
+                self.running[rid] = len(ids) + len(out)
+                self.totals["gen"] += 1
+                yield self._result(kw, ids, out, text, reason)
+            if reason["type"] != "stop":
+                yield self._result(kw, ids, out, text, reason)
+        finally:
+            self.running.pop(rid, None)
+            self._abort_flags.discard(rid)
+            self.totals["requests"] += 1
+
+    def _result(self, kw: dict[str, Any], ids: list[int], out: list[int], text: str,
+                reason: dict[str, Any] | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"id": kw["rid"], "prompt_tokens": len(ids),
+                                "completion_tokens": len(out), "cached_tokens": 2,
+                                "finish_reason": reason, "e2e_latency": 0.01}
+        if kw["return_logprob"]:
+            t = kw["return_text_in_logprobs"]
+
+            def entry(lp: float | None, tid: int) -> tuple[Any, int, str | None]:
+                return (lp, tid, chr(tid) if t else None)
+
+            start = kw["logprob_start_len"]
+            meta["input_token_logprobs"] = ([] if start < 0 else
+                                            [entry(None if p == 0 else -1.0, ids[p])
+                                             for p in range(start, len(ids))])
+            meta["output_token_logprobs"] = [entry(-0.5, x) for x in out]
+            k = kw["top_logprobs_num"]
+            meta["output_top_logprobs"] = [[entry(-0.5 - j, x + j) for j in range(k)]
+                                           for x in out]
+            meta["input_top_logprobs"] = [None for _ in meta["input_token_logprobs"]]
+        return {"text": text, "output_ids": list(out), "meta_info": meta}
