@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.triton_utils import dot_flags, mma
+from radixlm.kernels.triton_utils import dot_precision
 
 BLOCK_N = 64  # KV rows per inner step
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
@@ -33,7 +33,7 @@ def _decode_stage1_kernel(
     mid_o_stride_b, mid_o_stride_h, mid_o_stride_s, mid_lse_stride_b, mid_lse_stride_h,
     scale, group, head_dim, num_splits,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -62,14 +62,14 @@ def _decode_stage1_kernel(
                   + d[None, :])
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = mma(q, tl.trans(k).to(q.dtype), DOT_PRECISION, DOT_UPCAST) * scale
+        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
         qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     if end > start:
@@ -173,7 +173,7 @@ def decode_attention(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         scale, group, head_dim, num_kv_splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        **dot_flags(q.dtype), num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
     )
     _decode_stage2_kernel[(batch, num_heads)](
         mid_o, mid_lse, out, seq_lens,

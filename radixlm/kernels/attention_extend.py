@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.triton_utils import dot_flags, mma
+from radixlm.kernels.triton_utils import dot_precision
 
 
 @triton.jit
@@ -27,7 +27,7 @@ def _extend_kernel(
     r2t_stride,
     scale, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -60,14 +60,14 @@ def _extend_kernel(
                   + d[None, :])
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = mma(q, tl.trans(k).to(q.dtype), DOT_PRECISION, DOT_UPCAST) * scale
+        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
         qk = tl.where(n_mask[None, :] & (n[None, :] <= q_pos[:, None]), qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / l_i[:, None]
@@ -114,7 +114,7 @@ def extend_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         scale, group, head_dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **dot_flags(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4, num_stages=2,
     )
     return out
