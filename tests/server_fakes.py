@@ -115,10 +115,8 @@ class FakeEngine:
         gen = self._run(kwargs)
         if stream:
             return gen
-        last = None
-        async for last in gen:
-            pass
-        return last
+        chunks = [chunk async for chunk in gen]
+        return chunks[-1]
 
     # ---------------------------------------------------------------- internals
 

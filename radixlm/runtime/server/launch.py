@@ -1,0 +1,70 @@
+"""Run the HTTP server in this process: load the engine, serve with uvicorn, shut down
+gracefully on SIGTERM/SIGINT (stop accepting, let in-flight requests finish until
+`shutdown_timeout`, abort the rest, stop the engine, exit 0)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Any
+
+import uvicorn
+
+from radixlm.runtime.server.app import create_app
+from radixlm.runtime.server.state import ServerSettings, ServerState
+
+logger = logging.getLogger("radixlm.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that flags the app as shutting down as soon as a signal arrives
+    (/health turns 503, new generation requests get 503)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._state.shutting_down = True
+        logger.info("signal %s: shutting down (deadline %.0f s)", sig,
+                    self._state.settings.shutdown_timeout)
+        super().handle_exit(sig, frame)
+
+
+def setup_logging(level: str) -> None:
+    """Plain one-line logs on stderr; request logs are JSON objects in the message."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve(engine_kwargs: dict[str, Any], settings: ServerSettings, log_level: str = "info") -> int:
+    """Load an Engine with `engine_kwargs` (None values mean default) and serve it until a
+    signal arrives. Returns the process exit code."""
+    setup_logging(log_level)
+    from radixlm.runtime.engine import Engine  # heavy import, only when serving
+
+    kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+    logger.info("loading engine: %s", kwargs)
+    engine = Engine(**kwargs)
+    try:
+        app = create_app(engine, settings)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                                log_level=log_level.lower(), access_log=False,
+                                timeout_graceful_shutdown=int(max(settings.shutdown_timeout, 1)),
+                                lifespan="on")
+        server = _Server(config, app.state.server)
+        # uvicorn re-raises the captured signal after its graceful shutdown; with these
+        # handlers in place that re-raise is a no-op and we return 0 instead of dying by it.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+        logger.info("serving %s on http://%s:%d", engine.model_name, settings.host,
+                    settings.port)
+        server.run()
+        if not server.started:
+            logger.error("the server failed to start (is port %d free?)", settings.port)
+            return 1
+    finally:
+        engine.shutdown()
+    logger.info("server stopped")
+    return 0
