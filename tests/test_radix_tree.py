@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -21,6 +21,7 @@ from radixlm.radix import (
     TreeNode,
     create_prefix_cache,
 )
+from radixlm.radix.radix_cache import _common_prefix_len
 
 # ---------------------------------------------------------------------- fakes + protocol
 
@@ -269,6 +270,25 @@ def test_pretty_print_shows_the_tree() -> None:
     cache.insert([1, 2, 4], [20, 21, 22])
     text = cache.pretty_print()
     assert "total=4" in text and "[1, 2] len=2" in text and "    [4] len=1" in text
+
+
+@given(
+    size=st.integers(1, 300),
+    mismatch=st.integers(0, 400),
+    start=st.integers(0, 5),
+    extra=st.integers(-300, 100),
+)
+def test_common_prefix_len_agrees_with_a_plain_loop(
+    size: int, mismatch: int, start: int, extra: int
+) -> None:
+    key = list(range(size))
+    tokens = [-1] * start + key[: max(0, size + extra)]
+    if mismatch < len(tokens) - start:
+        tokens[start + mismatch] = -2
+    limit, expected = min(len(key), len(tokens) - start), 0
+    while expected < limit and key[expected] == tokens[start + expected]:
+        expected += 1
+    assert _common_prefix_len(key, tokens, start) == expected
 
 
 def test_match_is_fast_on_a_large_tree() -> None:
