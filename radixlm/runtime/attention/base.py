@@ -24,7 +24,7 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
 
-    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:  # noqa: B027
         """Called once per step before the first layer; may precompute index tensors and
         store them in ``batch.attn_metadata``."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -38,15 +39,19 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def serve(engine_kwargs: dict[str, Any], settings: ServerSettings, log_level: str = "info") -> int:
+def serve(engine_kwargs: dict[str, Any], settings: ServerSettings, log_level: str = "info",
+          engine_factory: Callable[..., Any] | None = None) -> int:
     """Load an Engine with `engine_kwargs` (None values mean default) and serve it until a
-    signal arrives. Returns the process exit code."""
+    signal arrives. Returns the process exit code. `engine_factory` replaces the Engine
+    class (tests serve a fake engine this way)."""
     setup_logging(log_level)
-    from radixlm.runtime.engine import Engine  # heavy import, only when serving
+    if engine_factory is None:
+        from radixlm.runtime.engine import Engine  # heavy import, only when serving
 
+        engine_factory = Engine
     kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     logger.info("loading engine: %s", kwargs)
-    engine = Engine(**kwargs)
+    engine = engine_factory(**kwargs)
     try:
         app = create_app(engine, settings)
         config = uvicorn.Config(app, host=settings.host, port=settings.port,

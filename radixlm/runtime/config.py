@@ -1,0 +1,53 @@
+"""Engine configuration: one frozen dataclass; derived values are properties."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    device: str = "auto"  # auto | cpu | cuda
+    attention_backend: str = "auto"  # auto | torch | triton
+    context_length: int | None = None  # default: the model's max_position_embeddings
+    max_total_tokens: int | None = None  # KV pool capacity; default from mem_fraction
+    mem_fraction: float = 0.15  # share of (free) memory for the KV pool when not given
+    max_running_requests: int = 64
+    max_queued_requests: int | None = None  # None: unbounded waiting queue
+    chunked_prefill_size: int = 1024  # max new tokens in one prefill step
+    schedule_policy: str = "lpm"  # lpm | fcfs
+    disable_radix_cache: bool = False
+    enable_jump_forward: bool = True
+    grammar_compile_workers: int = 2
+    random_seed: int = 0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be auto|bfloat16|float16|float32, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be lpm|fcfs, got {self.schedule_policy!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ValueError("max_total_tokens must be >= 2")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError("context_length must be >= 2")
+        if not 0 < self.mem_fraction < 1:
+            raise ValueError("mem_fraction must be in (0, 1)")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Build from keyword arguments; ``None`` means default, unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**{k: v for k, v in kwargs.items() if v is not None})

@@ -1,0 +1,309 @@
+"""The in-process engine: validates requests, hands them to the scheduler thread, and
+returns SGLang-shaped results (see docs/ENGINE_API.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.outputs import AsyncSink, QueueSink
+from radixlm.runtime.request import LogprobOptions, Req
+from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.weights import DEFAULT_MODEL, load_hf_config, load_tokenizer, resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at ``max_queued_requests``; retry later (HTTP 429)."""
+
+
+@dataclass
+class _Prepared:
+    input_ids: list[int]
+    params: SamplingParams
+    logprob: LogprobOptions
+    rid: str
+    grammar_spec: object = None
+
+
+class Engine:
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        logging.basicConfig(level=self.config.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.model_name = model
+        self.model_path = resolve_model(model)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.hf_config = load_hf_config(self.model_path)
+        self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
+                               self.hf_config.max_position_embeddings)
+        self.runner = ModelRunner(self.config, self.model_path, self.context_len)
+        self.eos_ids = self._eos_ids()
+        self.grammar_backend = None
+        self._grammar_error: Exception | None = None
+        self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
+                                   self._make_grammar_backend())
+        self._rng = random.Random(self.config.random_seed)
+        self._ids = itertools.count()
+        self._closed = False
+        self.scheduler.start()
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids = set()
+        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(v for v in value if isinstance(v, int))
+        return frozenset(ids)
+
+    def _make_grammar_backend(self):
+        try:
+            from radixlm.constraints import create_grammar_backend
+        except ImportError as e:  # constraints package not available
+            self._grammar_error = e
+            return None
+        self.grammar_backend = create_grammar_backend(
+            self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
+            enable_jump_forward=self.config.enable_jump_forward,
+            max_workers=self.config.grammar_compile_workers)
+        return self.grammar_backend
+
+    # ------------------------------------------------------------------ validation
+    def _prepare(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                 top_logprobs_num, return_text_in_logprobs, rid) -> tuple[list[_Prepared], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt and input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            prompts = [prompt] if single else prompt
+            if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids_list = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        else:
+            single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
+            ids_list = [input_ids] if single or not input_ids else input_ids
+            if not isinstance(ids_list, list) or not all(
+                    isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                  for t in ids) for ids in ids_list):
+                raise ValueError("input_ids must be a list of ints or a list of such lists")
+        if not ids_list:
+            raise ValueError("the batch is empty")
+        n = len(ids_list)
+
+        def per_item(value, name):
+            if isinstance(value, list) and not (name == "sampling_params"):
+                if len(value) != n:
+                    raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
+                return value
+            if name == "sampling_params" and isinstance(value, list):
+                if len(value) != n:
+                    raise ValueError(f"sampling_params has {len(value)} entries for {n} prompts")
+                return value
+            return [value] * n
+
+        params_l = per_item(sampling_params, "sampling_params")
+        lp_l = per_item(return_logprob, "return_logprob")
+        start_l = per_item(logprob_start_len, "logprob_start_len")
+        top_l = per_item(top_logprobs_num, "top_logprobs_num")
+        rid_l = per_item(rid, "rid") if rid is not None else [None] * n
+        if rid is not None and single and isinstance(rid, list):
+            raise ValueError("rid must be a string for a single prompt")
+        prepared: list[_Prepared] = []
+        for i, ids in enumerate(ids_list):
+            raw = params_l[i]
+            params = SamplingParams.from_dict(dict(raw) if isinstance(raw, dict) else raw)
+            self._check_lengths(ids, params, explicit=isinstance(raw, dict)
+                                and raw.get("max_new_tokens") is not None)
+            lp = LogprobOptions(bool(lp_l[i]), int(start_l[i] if start_l[i] is not None else -1),
+                                int(top_l[i] or 0), bool(return_text_in_logprobs))
+            if lp.top_logprobs_num < 0:
+                raise ValueError("top_logprobs_num must be >= 0")
+            spec = self._grammar_spec(params)
+            base_rid = rid_l[i] or uuid.uuid4().hex
+            for j in range(params.n):
+                sub_rid = base_rid if params.n == 1 else f"{base_rid}-{j}"
+                sub = params
+                if params.n > 1 and params.seed is not None:
+                    sub = SamplingParams.from_dict({**params.__dict__, "seed": params.seed + j})
+                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec))
+        return prepared, single and len(prepared) == 1
+
+    def _check_lengths(self, ids: list[int], params: SamplingParams, explicit: bool) -> None:
+        if not ids:
+            raise ValueError("prompt is empty (0 tokens)")
+        vocab = self.runner.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"input_ids contain a token id outside [0, {vocab})")
+        if len(ids) >= self.context_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; the context is {self.context_len}")
+        room = self.context_len - len(ids)
+        if params.max_new_tokens > room:
+            if explicit:
+                raise ValueError(f"max_new_tokens={params.max_new_tokens} goes beyond the "
+                                 f"context: prompt {len(ids)} + max_new_tokens > "
+                                 f"{self.context_len}")
+            params.max_new_tokens = room
+        capacity = self.scheduler.kv.slots.usable
+        if len(ids) + params.max_new_tokens > capacity:
+            raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) "
+                             f"exceeds the KV pool ({capacity} tokens)")
+
+    def _grammar_spec(self, params: SamplingParams):
+        if not params.constraint_kinds():
+            return None
+        if self.grammar_backend is None:
+            raise ValueError(f"constraints are unavailable: {self._grammar_error}")
+        from radixlm.constraints import spec_from_sampling_params
+
+        spec = spec_from_sampling_params(params)
+        self.grammar_backend.validate(spec)
+        return spec
+
+    def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
+        params = p.params
+        detok = IncrementalDetokenizer(
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
+            stop_regex=params.stop_regex, no_stop_trim=params.no_stop_trim)
+        req = Req(rid=p.rid, input_ids=p.input_ids, params=params, logprob=p.logprob,
+                  detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
+                  seed=params.seed if params.seed is not None else self._rng.getrandbits(62))
+        if p.grammar_spec is not None:
+            req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
+        return req
+
+    def _admit(self, reqs: list[Req]) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        limit = self.config.max_queued_requests
+        if limit is not None:
+            queued = len(self.scheduler.waiting) + len(self.scheduler.grammar_pending)
+            if queued + len(reqs) > limit:
+                raise QueueFullError(f"waiting queue is full ({queued}/{limit} requests)")
+        for req in reqs:
+            self.scheduler.submit(req)
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                 logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False,
+                 stream: bool = False, rid=None):
+        """Run to completion (or stream); see docs/ENGINE_API.md for shapes."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
+                                         logprob_start_len, top_logprobs_num,
+                                         return_text_in_logprobs, rid)
+        q: queue.Queue = queue.Queue()
+        reqs = [self._make_req(p, QueueSink(q, i), stream) for i, p in enumerate(prepared)]
+        if stream:
+            if len(reqs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            self._admit(reqs)
+            return self._iter_stream(q, reqs[0].rid)
+        self._admit(reqs)
+        results: list[dict | None] = [None] * len(reqs)
+        remaining = len(reqs)
+        while remaining:
+            item = q.get()
+            if item["meta_info"]["finish_reason"] is not None:
+                results[item.pop("index")] = item
+                remaining -= 1
+        return results[0] if single else results
+
+    def _iter_stream(self, q: queue.Queue, rid: str) -> Iterator[dict]:
+        finished = False
+        try:
+            while not finished:
+                item = q.get()
+                item.pop("index", None)
+                finished = item["meta_info"]["finish_reason"] is not None
+                yield item
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
+                             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+                             return_text_in_logprobs=False, stream: bool = False, rid=None):
+        """Like ``generate`` without blocking the event loop; ``stream=True`` returns an
+        async iterator of chunks."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
+                                         logprob_start_len, top_logprobs_num,
+                                         return_text_in_logprobs, rid)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        reqs = [self._make_req(p, AsyncSink(loop, q, i), stream) for i, p in enumerate(prepared)]
+        if stream and len(reqs) != 1:
+            raise ValueError("stream=True takes a single prompt with n=1")
+        self._admit(reqs)
+        if stream:
+            return self._aiter_stream(q, reqs[0].rid)
+        results: list[dict | None] = [None] * len(reqs)
+        remaining = len(reqs)
+        try:
+            while remaining:
+                item = await q.get()
+                if item["meta_info"]["finish_reason"] is not None:
+                    results[item.pop("index")] = item
+                    remaining -= 1
+        except asyncio.CancelledError:
+            for req in reqs:
+                self.abort(req.rid)
+            raise
+        return results[0] if single else results
+
+    async def _aiter_stream(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
+        finished = False
+        try:
+            while not finished:
+                item = await q.get()
+                item.pop("index", None)
+                finished = item["meta_info"]["finish_reason"] is not None
+                yield item
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.abort(rid)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache; refuses (False) while requests are in flight."""
+        return bool(self.scheduler.call(self.scheduler.flush_cache))
+
+    def get_stats(self) -> dict:
+        return self.scheduler.call(self.scheduler.snapshot)
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every KV slot is in exactly one place."""
+        s = self.scheduler
+        s.call(lambda: s.kv.check_integrity(s.all_reqs_holding_kv()))
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.scheduler.stop()
+        if self.grammar_backend is not None:
+            self.grammar_backend.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,231 @@
+"""The one host->device boundary: scheduler bookkeeping in, tensors built, model run,
+sampled tokens and logprobs out as Python values."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.attention.base import create_attention_backend, resolve_backend_name
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.kv_pool import KVPool
+from radixlm.runtime.models.llama import LlamaModel
+from radixlm.runtime.request import Req
+from radixlm.runtime.sampler import Sampler, SamplingInputs
+from radixlm.runtime.weights import load_hf_config, load_state_dict
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduleBatch:
+    """What the scheduler decided for one step (plain Python).
+
+    Request ``reqs[i]`` computes tokens ``fill_ids[prefix_lens[i]:prefix_lens[i] +
+    extend_lens[i]]``, whose slots are already in ``kv_slots``. ``sample[i]`` says whether
+    this step ends its pending tokens (then a next token is drawn)."""
+
+    mode: ForwardMode
+    reqs: list[Req]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    sample: list[bool]
+    bitmask: object = None  # numpy int32 [num sampled rows, words] or None
+    generators: list = field(default_factory=list)  # per sampled row
+
+
+@dataclass
+class StepOutput:
+    next_ids: dict[int, int]  # batch index -> sampled token
+    logprobs: dict[int, tuple[float | None, list | None]]  # batch index -> (chosen, top)
+    # batch index -> list of (fill position, logprob, top) for prompt/forced tokens
+    fill_logprobs: dict[int, list[tuple[int, float, list]]]
+
+
+def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                          else ("cpu" if config.device == "auto" else config.device))
+    if config.dtype != "auto":
+        return device, getattr(torch, config.dtype)
+    if device.type == "cuda":
+        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return device, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir, context_len: int) -> None:
+        self.config = config
+        self.device, self.dtype = pick_device_dtype(config)
+        hf_config = load_hf_config(model_dir)
+        self.model = LlamaModel(hf_config, load_state_dict(model_dir), self.dtype, self.device)
+        cfg = self.model.cfg
+        self.vocab_size = self.model.vocab_size
+        capacity = self._pool_capacity(config, cfg)
+        self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                           self.dtype, self.device, config.max_running_requests + 1, context_len)
+        name = resolve_backend_name(config.attention_backend, self.device)
+        self.attention_backend_name = name
+        self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
+                                             cfg.head_dim)
+        self.sampler = Sampler(self.model.ops.apply_token_bitmask)
+        self._generators: dict[str, torch.Generator] = {}
+        logger.info("model on %s/%s, KV pool %d tokens, attention %s", self.device,
+                    self.dtype, capacity, name)
+
+    def _pool_capacity(self, config: EngineConfig, cfg) -> int:
+        if config.max_total_tokens is not None:
+            return config.max_total_tokens + 1
+        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                           self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+        else:
+            import os
+
+            free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return int(max(free * config.mem_fraction // per_token, 1024)) + 1
+
+    # ------------------------------------------------------------------ seeds
+    def generator(self, req: Req) -> torch.Generator | None:
+        """The request's own RNG (None for greedy rows): same seed, same draws, whatever
+        else shares the batch."""
+        if req.params.is_greedy:
+            return None
+        gen = self._generators.get(req.rid)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(req.seed)
+            self._generators[req.rid] = gen
+        return gen
+
+    def release_generator(self, req: Req) -> None:
+        self._generators.pop(req.rid, None)
+
+    # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def forward(self, sb: ScheduleBatch, sampling: SamplingInputs | None) -> StepOutput:
+        fb, logit_rows = self._build(sb)
+        self.attn.init_forward_metadata(fb)
+        logits = self.model.forward(fb, self.attn)  # (L, V)
+        out = StepOutput({}, {}, {})
+        # fill-position logprobs (prompt tokens, forced tokens)
+        lp_rows = [(i, pos, r) for i, rows in enumerate(logit_rows) for pos, r in rows["lp"]]
+        if lp_rows:
+            rows_t = torch.tensor([r for _, _, r in lp_rows], device=self.device)
+            lps = torch.log_softmax(logits[rows_t], dim=-1)
+            targets = torch.tensor([sb.reqs[i].fill_ids[pos + 1] for i, pos, _ in lp_rows],
+                                   device=self.device)
+            chosen = lps.gather(1, targets[:, None]).squeeze(1).tolist()
+            max_top = max(sb.reqs[i].logprob.top_logprobs_num for i, _, _ in lp_rows)
+            if max_top > 0:
+                top_v, top_i = lps.topk(max_top, dim=-1)
+                top_v, top_i = top_v.tolist(), top_i.tolist()
+            for j, (i, pos, _) in enumerate(lp_rows):
+                n = sb.reqs[i].logprob.top_logprobs_num
+                top = list(zip(top_v[j][:n], top_i[j][:n])) if n > 0 else []
+                out.fill_logprobs.setdefault(i, []).append((pos + 1, chosen[j], top))
+        sample_idx = [i for i, s in enumerate(sb.sample) if s]
+        if sample_idx:
+            rows = torch.tensor([logit_rows[i]["last"] for i in sample_idx], device=self.device)
+            result = self.sampler(logits[rows], sampling)
+            for j, i in enumerate(sample_idx):
+                out.next_ids[i] = result.next_ids[j]
+                out.logprobs[i] = (result.logprobs[j], result.top_logprobs[j])
+        return out
+
+    def _build(self, sb: ScheduleBatch) -> tuple[ForwardBatch, list[dict]]:
+        input_ids, positions, out_loc = [], [], []
+        sync_rows, sync_cols, sync_vals = [], [], []
+        logits_indices: list[int] = []
+        logit_rows: list[dict] = []
+        starts, t = [], 0
+        for req, p, n, sample in zip(sb.reqs, sb.prefix_lens, sb.extend_lens, sb.sample):
+            fill = req.fill_ids
+            input_ids.extend(fill[p:p + n])
+            positions.extend(range(p, p + n))
+            out_loc.extend(req.kv_slots[p:p + n])
+            end = p + n
+            if req.row_synced < end:
+                sync_rows.extend([req.row] * (end - req.row_synced))
+                sync_cols.extend(range(req.row_synced, end))
+                sync_vals.extend(req.kv_slots[req.row_synced:end])
+                req.row_synced = end
+            rows = {"lp": [], "last": None}
+            if req.logprob.return_logprob:
+                n_input, n_known = len(req.input_ids), len(req.output_token_logprobs)
+                for pos in range(p, min(end, len(fill) - 1)):
+                    nxt = pos + 1  # the token whose logprob the logits at `pos` give
+                    wanted = (nxt >= req.logprob_start if nxt < n_input
+                              else nxt - n_input >= n_known)
+                    if wanted:
+                        rows["lp"].append((pos, len(logits_indices)))
+                        logits_indices.append(t + pos - p)
+            if sample:
+                rows["last"] = len(logits_indices)
+                logits_indices.append(t + n - 1)
+            logit_rows.append(rows)
+            starts.append(t)
+            t += n
+        dev = self.device
+        table = self.pool.req_to_token
+        if sync_rows:
+            table[torch.tensor(sync_rows, device=dev), torch.tensor(sync_cols, device=dev)] = (
+                torch.tensor(sync_vals, dtype=torch.int32, device=dev))
+        seq_lens = [p + n for p, n in zip(sb.prefix_lens, sb.extend_lens)]
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=dev)
+
+        fb = ForwardBatch(
+            mode=sb.mode,
+            input_ids=tensor(input_ids),
+            positions=tensor(positions),
+            out_cache_loc=tensor(out_loc),
+            req_pool_indices=tensor([r.row for r in sb.reqs]),
+            seq_lens=tensor(seq_lens),
+            prefix_lens=tensor(sb.prefix_lens),
+            extend_lens=tensor(sb.extend_lens),
+            extend_start_loc=tensor(starts),
+            logits_indices=tensor(logits_indices),
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=list(sb.prefix_lens),
+            extend_lens_cpu=list(sb.extend_lens),
+        )
+        return fb, logit_rows
+
+    def sampling_inputs(self, reqs: list[Req], generators: list, bitmask) -> SamplingInputs:
+        """Per-row sampling tensors for the requests that draw a token this step."""
+        rep = [r.params.repetition_penalty for r in reqs]
+        banned = []
+        for r in reqs:
+            if len(r.output_ids) < r.params.min_new_tokens:
+                banned.append(sorted(set(r.params.stop_token_ids) | set(r.eos_ids)))
+            else:
+                banned.append([])
+        return SamplingInputs(
+            temperatures=[r.params.temperature for r in reqs],
+            top_ks=[r.params.top_k for r in reqs],
+            top_ps=[r.params.top_p for r in reqs],
+            min_ps=[r.params.min_p for r in reqs],
+            frequency_penalties=[r.params.frequency_penalty for r in reqs],
+            presence_penalties=[r.params.presence_penalty for r in reqs],
+            repetition_penalties=rep,
+            output_ids=[r.output_ids for r in reqs],
+            seen_ids=[r.fill_ids for r in reqs] if any(x != 1.0 for x in rep) else None,
+            banned_ids=banned,
+            generators=generators,
+            top_logprobs_nums=[r.logprob.top_logprobs_num if r.logprob.return_logprob else -1
+                               for r in reqs],
+            bitmask=(torch.from_numpy(bitmask).to(self.device) if bitmask is not None else None),
+        )

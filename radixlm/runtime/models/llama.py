@@ -1,0 +1,161 @@
+"""Llama-family decoder (Llama/SmolLM2, Mistral, Qwen2) on the KV pool.
+
+The model never sees requests: it gets a ``ForwardBatch`` of flattened new tokens, writes
+their K/V into the pool through the attention backend, and returns logits only for
+``batch.logits_indices`` (the last position of each request, plus prompt positions whose
+logprobs were asked for). Fused ops come from one dispatch point (``radixlm.kernels``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.dispatch import get_ops
+from radixlm.runtime.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_hf(cls, cfg) -> ModelConfig:
+        if cfg.model_type not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"model_type {cfg.model_type!r} is not supported (Llama-family only)")
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def rope_inv_freq(hf_config, device: torch.device) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling for the config's rope type/theta/scaling."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+    rope_type = (params or {}).get("rope_type", (params or {}).get("type", "default"))
+    if rope_type == "default":
+        theta = (params or {}).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        dim = getattr(hf_config, "head_dim", None) or (
+            hf_config.hidden_size // hf_config.num_attention_heads
+        )
+        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        return inv.to(device), 1.0
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
+    return inv.float(), float(scaling)
+
+
+class LlamaLayer:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int) -> None:
+        self.cfg, self.layer_id = cfg, layer_id
+        self.input_norm = w["input_layernorm.weight"]
+        self.post_norm = w["post_attention_layernorm.weight"]
+        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                              w["self_attn.v_proj.weight"]])
+        self.qkv_bias = (
+            torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
+                       w["self_attn.v_proj.bias"]])
+            if cfg.qkv_bias and "self_attn.q_proj.bias" in w else None
+        )
+        self.o_proj = w["self_attn.o_proj.weight"]
+        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        self.down = w["mlp.down_proj.weight"]
+
+    def forward(self, h, residual, cos, sin, attn, batch: ForwardBatch, ops):
+        cfg = self.cfg
+        if residual is None:
+            residual = h
+            x = ops.rmsnorm(h, self.input_norm, cfg.rms_norm_eps)
+        else:
+            x, residual = ops.rmsnorm(h, self.input_norm, cfg.rms_norm_eps, residual)
+        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)  # (T, H, D)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # (T, Hkv, D)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q, k = ops.apply_rotary(q, k, cos, sin)
+        o = attn.forward(q, k, v, self.layer_id, batch)  # (T, H, D)
+        h = F.linear(o.reshape(-1, cfg.q_size), self.o_proj)
+        x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
+        h = F.linear(ops.silu_and_mul(F.linear(x, self.gate_up)), self.down)
+        return h, residual
+
+
+class LlamaModel:
+    """Weights as plain tensors (no nn.Module bookkeeping in the hot path)."""
+
+    def __init__(self, hf_config, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.hf_config = hf_config
+        self.cfg = cfg = ModelConfig.from_hf(hf_config)
+        self.dtype, self.device = dtype, device
+        self.ops = get_ops(device)
+
+        def get(name: str) -> torch.Tensor:
+            if name not in state:
+                raise ValueError(f"weight {name!r} missing from checkpoint")
+            return state[name].to(device=device, dtype=dtype).contiguous()
+
+        self.embed = get("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(cfg.num_layers):
+            prefix = f"model.layers.{i}."
+            w = {k[len(prefix):]: get(k) for k in state if k.startswith(prefix)}
+            self.layers.append(LlamaLayer(cfg, w, i))
+        self.norm = get("model.norm.weight")
+        if cfg.tie_word_embeddings or "lm_head.weight" not in state:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = get("lm_head.weight")
+        self.inv_freq, self.rope_scaling = rope_inv_freq(hf_config, device)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head.shape[0])
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
+        """Logits ``[len(batch.logits_indices), V]`` in fp32."""
+        ops, cfg = self.ops, self.cfg
+        h = F.embedding(batch.input_ids, self.embed)  # (T, hidden)
+        cos, sin = ops.rotary_cos_sin(batch.positions, self.inv_freq, self.dtype)
+        if self.rope_scaling != 1.0:
+            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
+        residual = None
+        for layer in self.layers:
+            h, residual = layer.forward(h, residual, cos, sin, attn, batch, ops)
+        h = h[batch.logits_indices]
+        residual = residual[batch.logits_indices]
+        h, _ = ops.rmsnorm(h, self.norm, cfg.rms_norm_eps, residual)
+        return F.linear(h, self.lm_head).float()

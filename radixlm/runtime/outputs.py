@@ -1,0 +1,74 @@
+"""Result dicts in the shape of SGLang's ``/generate`` and the sinks that carry them."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+
+from radixlm.runtime.request import Req
+
+
+def _with_text(entries, tokenizer, want_text: bool) -> list:
+    if not want_text:
+        return [(lp, tid, None) for lp, tid in entries]
+    return [(lp, tid, tokenizer.decode([tid])) for lp, tid in entries]
+
+
+def _tops(tops, tokenizer, want_text: bool) -> list:
+    return [None if t is None else _with_text(t, tokenizer, want_text) for t in tops]
+
+
+def make_output(req: Req, tokenizer, final: bool) -> dict:
+    """The request's result so far (cumulative ``text``/``output_ids``)."""
+    text = req.detok.visible_text(final=final)
+    meta = {
+        "id": req.rid,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "finish_reason": req.finish_reason if final else None,
+        "e2e_latency": time.perf_counter() - req.created_at,
+    }
+    if req.first_token_at is not None:
+        meta["ttft"] = req.first_token_at - req.created_at
+    if req.forced_tokens:
+        meta["forced_tokens"] = req.forced_tokens
+    if req.logprob.return_logprob:
+        want = req.logprob.return_text_in_logprobs
+        start = req.logprob_start
+        inputs = list(req.input_token_logprobs)
+        tops = list(req.input_top_logprobs)
+        if start == 0 and start < len(req.input_ids):
+            inputs = [(None, req.input_ids[0])] + inputs
+            tops = [None] + tops
+        meta["input_token_logprobs"] = _with_text(inputs, tokenizer, want)
+        meta["input_top_logprobs"] = _tops(tops, tokenizer, want)
+        meta["output_token_logprobs"] = _with_text(req.output_token_logprobs, tokenizer, want)
+        meta["output_top_logprobs"] = _tops(req.output_top_logprobs, tokenizer, want)
+    return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta, "index": 0}
+
+
+class QueueSink:
+    """Thread-safe sink for synchronous callers; ``index`` tags results of a batch."""
+
+    def __init__(self, q: queue.Queue, index: int) -> None:
+        self.q, self.index = q, index
+
+    def put(self, item: dict) -> None:
+        item["index"] = self.index
+        self.q.put(item)
+
+
+class AsyncSink:
+    """Delivers results into an ``asyncio.Queue`` owned by another thread's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue, index: int) -> None:
+        self.loop, self.q, self.index = loop, q, index
+
+    def put(self, item: dict) -> None:
+        item["index"] = self.index
+        try:
+            self.loop.call_soon_threadsafe(self.q.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            pass

@@ -1,0 +1,117 @@
+"""A request's bookkeeping: tokens, KV ownership, logprobs, finish state. No torch here.
+
+KV ownership. ``kv_slots[i]`` is the pool slot holding the K/V of token ``i`` of
+``fill_ids`` (prompt followed by output), for ``i < kv_len``. The first
+``cache_owned_len`` of them belong to the prefix cache (held by the lock on
+``cache_node``); the rest belong to the request and are freed or handed to the cache when
+it finishes. ``row`` is the request's row of ``req_to_token``; entries before
+``row_synced`` are up to date on the device.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    GRAMMAR_PENDING = "grammar_pending"
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class LogprobOptions:
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    logprob: LogprobOptions
+    detok: IncrementalDetokenizer
+    sink: Any  # OutputSink
+    stream: bool = False
+    seed: int = 0
+    eos_ids: frozenset[int] = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    # KV state
+    row: int | None = None
+    kv_slots: list[int] = field(default_factory=list)
+    row_synced: int = 0
+    cache_node: Any = None
+    cache_owned_len: int = 0
+    # constraint
+    grammar: Any = None
+    grammar_future: Any = None
+    # logprobs: (logprob | None, token_id) and top lists of (logprob, token_id)
+    input_token_logprobs: list = field(default_factory=list)
+    input_top_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    # outcome and stats
+    finish_reason: dict | None = None
+    cached_tokens: int = 0
+    forced_tokens: int = 0
+    num_retractions: int = 0
+    created_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    last_streamed_len: int = -1
+    aborted: bool = False
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.kv_slots)
+
+    @property
+    def pending_len(self) -> int:
+        """Tokens of ``fill_ids`` whose K/V is not computed yet."""
+        return self.fill_len - self.kv_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def logprob_start(self) -> int:
+        """First prompt position whose logprob is reported (``len(input_ids)``: none)."""
+        start = self.logprob.logprob_start_len
+        if not self.logprob.return_logprob or start < 0:
+            return len(self.input_ids)
+        return min(start, len(self.input_ids))
+
+    @property
+    def max_cacheable_prefix(self) -> int:
+        """How much of ``fill_ids`` may come from the cache: at least one token must be
+        computed (its logits give the next token), and prompt positions whose logprobs
+        are asked for must be computed too (their logits predict the following token)."""
+        limit = self.fill_len - 1
+        if self.logprob_start < len(self.input_ids):
+            limit = min(limit, max(self.logprob_start - 1, 0))
+        return max(limit, 0)
+
+    def finish(self, reason: dict) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.finished_at = time.perf_counter()

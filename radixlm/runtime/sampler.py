@@ -1,0 +1,138 @@
+"""Batched sampling: one call per step, per-row parameters that never leak across rows.
+
+Order of operations on the fp32 logits ``[B, V]``: penalties (repetition, frequency,
+presence) -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) -> grammar bitmask ->
+logprobs (of this processed, masked distribution, before temperature) -> greedy argmax, or
+temperature, top-k, top-p, min-p and a draw from the request's own seeded generator (so a
+seed gives the same text whatever else is in the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Top-k/top-p/min-p are first tried on this many best candidates; a row whose kept set does
+# not fit falls back to a full sort, so the result is always exact.
+_CANDIDATES = 256
+
+
+@dataclass
+class SamplingInputs:
+    """Per-row parameters, built by the model runner from requests."""
+
+    temperatures: list[float]
+    top_ks: list[int]
+    top_ps: list[float]
+    min_ps: list[float]
+    frequency_penalties: list[float]
+    presence_penalties: list[float]
+    repetition_penalties: list[float]
+    output_ids: list[list[int]]  # per row, for frequency/presence penalties
+    seen_ids: list[list[int]] | None  # prompt + output, only when a repetition penalty is set
+    banned_ids: list[list[int]]  # per row, tokens masked this step (min_new_tokens)
+    generators: list[torch.Generator | None]  # None: greedy row
+    top_logprobs_nums: list[int]  # -1: no logprobs for this row
+    bitmask: torch.Tensor | None = None  # [B, ceil(V/32)] int32 or None
+
+
+@dataclass
+class SamplerOutput:
+    next_ids: list[int]
+    logprobs: list[float | None]  # logprob of the chosen token (None if not asked)
+    top_logprobs: list[list[tuple[float, int]] | None]
+
+
+class Sampler:
+    def __init__(self, apply_token_bitmask) -> None:
+        self.apply_token_bitmask = apply_token_bitmask
+
+    def __call__(self, logits: torch.Tensor, inp: SamplingInputs) -> SamplerOutput:
+        logits = self._penalize(logits, inp)
+        for row, banned in enumerate(inp.banned_ids):
+            if banned:
+                logits[row, banned] = float("-inf")
+        if inp.bitmask is not None:
+            self.apply_token_bitmask(logits, inp.bitmask)
+        want_lp = [n >= 0 for n in inp.top_logprobs_nums]
+        logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+
+        next_ids = logits.argmax(dim=-1)
+        sample_rows = [i for i, g in enumerate(inp.generators) if g is not None]
+        if sample_rows:
+            next_ids = next_ids.clone()
+            for row, token in zip(sample_rows, self._sample(logits, inp, sample_rows)):
+                next_ids[row] = token
+        ids = next_ids.tolist()
+        out_lp: list[float | None] = [None] * len(ids)
+        out_top: list[list[tuple[float, int]] | None] = [None] * len(ids)
+        if logprobs is not None:
+            chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
+            max_top = max(inp.top_logprobs_nums)
+            top_v, top_i = (logprobs.topk(max_top, dim=-1) if max_top > 0 else (None, None))
+            for row, n in enumerate(inp.top_logprobs_nums):
+                if n < 0:
+                    continue
+                out_lp[row] = chosen[row]
+                out_top[row] = (list(zip(top_v[row, :n].tolist(), top_i[row, :n].tolist()))
+                                if n > 0 else [])
+        return SamplerOutput(ids, out_lp, out_top)
+
+    @staticmethod
+    def _penalize(logits: torch.Tensor, inp: SamplingInputs) -> torch.Tensor:
+        rows_fp = [i for i, (f, p) in enumerate(zip(inp.frequency_penalties,
+                                                    inp.presence_penalties)) if f or p]
+        if rows_fp:
+            counts = torch.zeros(len(rows_fp), logits.shape[1], device=logits.device)
+            for j, row in enumerate(rows_fp):
+                ids = inp.output_ids[row]
+                if ids:
+                    idx = torch.tensor(ids, device=logits.device)
+                    counts[j].scatter_add_(0, idx, torch.ones(len(ids), device=logits.device))
+            freq = torch.tensor([inp.frequency_penalties[r] for r in rows_fp],
+                                device=logits.device)[:, None]
+            pres = torch.tensor([inp.presence_penalties[r] for r in rows_fp],
+                                device=logits.device)[:, None]
+            logits[rows_fp] -= freq * counts + pres * (counts > 0).float()
+        for row, penalty in enumerate(inp.repetition_penalties):
+            if penalty != 1.0 and inp.seen_ids is not None and inp.seen_ids[row]:
+                idx = torch.tensor(sorted(set(inp.seen_ids[row])), device=logits.device)
+                vals = logits[row, idx]
+                logits[row, idx] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        return logits
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, inp: SamplingInputs, rows: list[int]) -> list[int]:
+        temps = torch.tensor([max(inp.temperatures[r], 1e-6) for r in rows],
+                             device=logits.device)[:, None]
+        probs = torch.softmax(logits[rows] / temps, dim=-1)  # (S, V)
+        out = []
+        for j, row in enumerate(rows):
+            k, p, mp = inp.top_ks[row], inp.top_ps[row], inp.min_ps[row]
+            gen = inp.generators[row]
+            if k < 0 and p >= 1.0 and mp <= 0.0:
+                out.append(int(torch.multinomial(probs[j], 1, generator=gen)))
+                continue
+            vals, idx = probs[j].topk(min(_CANDIDATES, probs.shape[1]))
+            keep = _keep_sorted(vals, k, p, mp)
+            if bool(keep[-1]) and len(vals) < probs.shape[1]:  # kept set may extend further
+                vals, idx = probs[j].sort(descending=True)
+                keep = _keep_sorted(vals, k, p, mp)
+            choice = torch.multinomial(vals * keep, 1, generator=gen)
+            out.append(int(idx[choice]))
+        return out
+
+
+def _keep_sorted(vals: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Which of the descending-sorted probabilities ``vals`` survive the filters."""
+    keep = torch.ones_like(vals, dtype=torch.bool)
+    if top_k > 0:
+        keep[top_k:] = False
+    if top_p < 1.0:
+        before = vals.cumsum(0) - vals  # mass strictly before each token
+        keep &= before < top_p
+    if min_p > 0.0:
+        keep &= vals >= min_p * vals[0]
+    keep[0] = True
+    return keep

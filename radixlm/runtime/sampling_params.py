@@ -1,0 +1,141 @@
+"""Per-request sampling parameters, validated before a request is queued."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype")
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: Any = None
+    choices: list[str] | None = None
+    dtype: str | None = None
+    whitespace_pattern: str | None = None
+
+    @classmethod
+    def from_dict(cls, params: dict | None) -> SamplingParams:
+        """Build and validate; ``None`` values mean default; unknown keys are an error."""
+        if params is None:
+            params = {}
+        if isinstance(params, SamplingParams):
+            params.validate()
+            return params
+        if not isinstance(params, dict):
+            raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        kwargs = {k: v for k, v in params.items() if v is not None}
+        for key in ("stop", "stop_regex"):
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = [kwargs[key]]
+        if isinstance(kwargs.get("stop_token_ids"), int):
+            kwargs["stop_token_ids"] = [kwargs["stop_token_ids"]]
+        sp = cls(**kwargs)
+        sp.validate()
+        return sp
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def constraint_kinds(self) -> list[str]:
+        return [k for k in _CONSTRAINT_KEYS if getattr(self, k) is not None]
+
+    def validate(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 0)
+        _check_int("min_new_tokens", self.min_new_tokens, 0)
+        _check_int("n", self.n, 1)
+        _check_int("top_k", self.top_k, -1)
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (off) or >= 1, got 0")
+        _check_num("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_num("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_num("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            _check_num(name, getattr(self, name))
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        _check_num("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, None)
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be a list of non-negative ints")
+        if not isinstance(self.stop_regex, list) or not all(
+                isinstance(s, str) for s in self.stop_regex):
+            raise ValueError("stop_regex must be a string or a list of strings")
+        for pattern in self.stop_regex:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {e}") from None
+        kinds = self.constraint_kinds()
+        if len(kinds) > 1:
+            raise ValueError(f"at most one constraint per request, got {', '.join(kinds)}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError("regex must be a string")
+        if self.choices is not None and (
+                not isinstance(self.choices, list | tuple) or not self.choices
+                or not all(isinstance(c, str) for c in self.choices)):
+            raise ValueError("choices must be a non-empty list of strings")
+        if self.dtype is not None and self.dtype not in ("int", "float", "bool", "str"):
+            raise ValueError(f"dtype must be one of int, float, bool, str, got {self.dtype!r}")
+        if isinstance(self.json_schema, str):
+            try:
+                json.loads(self.json_schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not valid JSON: {e}") from None
+
+
+def _check_int(name: str, value: Any, lo: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+
+
+def _check_num(name: str, value: Any) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")

@@ -1,0 +1,47 @@
+"""Waiting-queue ordering and in-batch prefix dedup. Pure Python.
+
+``lpm`` (longest prefix match) puts the requests with the most cached prefix first, so
+what is cached is used before it is evicted; past ``LPM_MAX_QUEUE`` waiting requests the
+matching costs more than it saves and the order falls back to FCFS, as SGLang does.
+"""
+
+from __future__ import annotations
+
+from radixlm.radix.base import BasePrefixCache
+from radixlm.runtime.request import Req
+
+LPM_MAX_QUEUE = 256
+# A waiting request that shares at least this many uncached tokens with one already
+# picked for the current batch waits one step, then finds them cached.
+DEDUP_MIN_SHARED = 32
+
+
+def order_waiting(waiting: list[Req], policy: str, cache: BasePrefixCache) -> list[Req]:
+    """The waiting queue in the order admission should try it (stable)."""
+    if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
+        return list(waiting)
+    hits = {id(r): cache.cached_prefix_len(r.fill_ids[: r.max_cacheable_prefix])
+            for r in waiting}
+    return sorted(waiting, key=lambda r: -hits[id(r)])
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache) -> bool:
+    """True when ``req`` would recompute a prefix that a request already picked for this
+    batch is computing now (so it should wait a step and hit the cache instead)."""
+    if not picked:
+        return False
+    fill = req.fill_ids[: req.max_cacheable_prefix]
+    cached = cache.cached_prefix_len(fill)
+    for other in picked:
+        shared = common_prefix_len(fill, other.fill_ids)
+        if shared - cached >= DEDUP_MIN_SHARED:
+            return True
+    return False

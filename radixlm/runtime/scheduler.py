@@ -1,0 +1,429 @@
+"""Continuous batching on one thread.
+
+Each step is either an EXTEND batch (new requests, prefill chunks, resumed or
+jump-forwarded requests: anything with more than one token lacking K/V) under the token
+budget ``chunked_prefill_size``, or, when there is none, a DECODE step for every running
+request. When decode runs out of KV slots (after evicting the cache), the newest requests
+are retracted: their K/V goes to the cache or is freed and they wait to be recomputed.
+Nothing admitted is lost: it finishes, is retracted and resumed, or is aborted on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+import numpy as np
+
+from radixlm.runtime.forward_batch import ForwardMode
+from radixlm.runtime.kv_manager import KVManager
+from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch, StepOutput
+from radixlm.runtime.outputs import make_output
+from radixlm.runtime.request import Req, ReqStatus
+from radixlm.runtime.schedule_policy import order_waiting, shares_uncached_prefix
+
+logger = logging.getLogger(__name__)
+
+# Admission keeps this share of the running requests' remaining output budget free, so
+# that decode rarely has to retract.
+NEW_TOKEN_RATIO = 0.3
+
+
+class Scheduler:
+    def __init__(self, config, runner: ModelRunner, tokenizer, grammar_backend=None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.grammar_backend = grammar_backend
+        self.kv = KVManager(runner.pool.capacity, config.max_running_requests + 1,
+                            config.disable_radix_cache)
+        self.inbox: queue.Queue = queue.Queue()
+        self.grammar_pending: list[Req] = []
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # decoding: exactly one token lacks K/V
+        self.extending: list[Req] = []  # hold a row, more than one token lacks K/V
+        self.by_rid: dict[str, Req] = {}
+        self.bitmask_words = (runner.vocab_size + 31) // 32
+        self.stats = {"prompt_tokens_total": 0, "cached_tokens_total": 0,
+                      "generation_tokens_total": 0, "forced_tokens_total": 0,
+                      "num_requests_total": 0, "num_retractions_total": 0,
+                      "prefill_tokens_total": 0, "num_steps_total": 0}
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
+
+    # ------------------------------------------------------------------ thread API
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(("wake", None))
+        self.thread.join(timeout=30)
+
+    def submit(self, req: Req) -> None:
+        self.inbox.put(("add", req))
+
+    def abort(self, rid: str) -> None:
+        self.inbox.put(("abort", rid))
+
+    def call(self, fn: Callable[[], object], timeout: float = 60.0):
+        """Run ``fn`` on the scheduler thread between steps and return its result."""
+        done: queue.Queue = queue.Queue(maxsize=1)
+        self.inbox.put(("call", (fn, done)))
+        ok, value = done.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
+    @property
+    def num_active(self) -> int:
+        return len(self.running) + len(self.extending)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.extending or self.grammar_pending)
+
+    def all_reqs_holding_kv(self) -> list[Req]:
+        return [r for r in self.by_rid.values() if r.row is not None]
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._drain_inbox(block=not self.has_work())
+                self._poll_grammars()
+                self.step()
+            except Exception:  # the loop must survive anything
+                logger.error("scheduler loop error:\n%s", traceback.format_exc())
+        for req in list(self.by_rid.values()):
+            self._finish(req, {"type": "abort", "message": "engine shut down"}, insert=False)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = msg
+            if kind == "add":
+                self._add(payload)
+            elif kind == "abort":
+                self._abort(payload)
+            elif kind == "call":
+                fn, done = payload
+                try:
+                    done.put((True, fn()))
+                except Exception as e:  # report to the caller
+                    done.put((False, e))
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, req: Req) -> None:
+        self.by_rid[req.rid] = req
+        self.stats["num_requests_total"] += 1
+        if req.grammar_future is not None:
+            req.status = ReqStatus.GRAMMAR_PENDING
+            self.grammar_pending.append(req)
+        else:
+            req.status = ReqStatus.WAITING
+            self.waiting.append(req)
+
+    def _poll_grammars(self) -> None:
+        for req in [r for r in self.grammar_pending if r.grammar_future.done()]:
+            self.grammar_pending.remove(req)
+            try:
+                req.grammar = req.grammar_future.result()
+            except Exception as e:
+                self._finish(req, {"type": "abort", "message": f"invalid constraint: {e}",
+                                   "error": "invalid_constraint"}, insert=False)
+                continue
+            req.status = ReqStatus.WAITING
+            self.waiting.append(req)
+
+    def _abort(self, rid: str) -> None:
+        req = self.by_rid.get(rid)
+        if req is not None and not req.finished:
+            self._finish(req, {"type": "abort", "message": "aborted by request"})
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> None:
+        sb = self._schedule_extend() or self._schedule_decode()
+        if sb is None:
+            return
+        sampled = [r for r, s in zip(sb.reqs, sb.sample) if s]
+        try:
+            bitmask = self._fill_bitmask(sampled)
+            inputs = (self.runner.sampling_inputs(sampled, [self.runner.generator(r)
+                                                            for r in sampled], bitmask)
+                      if sampled else None)
+            out = self.runner.forward(sb, inputs)
+        except Exception as e:
+            logger.error("step failed:\n%s", traceback.format_exc())
+            for req in sb.reqs:
+                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
+                             insert=False)
+            return
+        self.stats["num_steps_total"] += 1
+        self._process(sb, out)
+
+    def _fill_bitmask(self, sampled: list[Req]):
+        rows = [i for i, r in enumerate(sampled) if r.grammar is not None]
+        if not rows:
+            return None
+        mask = np.full((len(sampled), self.bitmask_words), -1, dtype=np.int32)
+        for i in rows:
+            sampled[i].grammar.fill_bitmask(mask, i)
+        return mask
+
+    # ------------------------------------------------------------------ scheduling
+    def _reserve(self, reqs: list[Req]) -> int:
+        return int(NEW_TOKEN_RATIO * sum(
+            max(r.params.max_new_tokens - len(r.output_ids), 0) for r in reqs))
+
+    def _schedule_extend(self) -> ScheduleBatch | None:
+        budget = self.config.chunked_prefill_size
+        picked: list[Req] = []
+        prefix_lens, extend_lens, sample = [], [], []
+
+        def take(req: Req, n: int) -> None:  # after its n slots were allocated
+            picked.append(req)
+            prefix_lens.append(req.kv_len - n)
+            extend_lens.append(n)
+            sample.append(req.kv_len == req.fill_len and req.params.max_new_tokens > 0
+                          and len(req.output_ids) < req.params.max_new_tokens)
+
+        for req in list(self.extending):  # chunked prefills and jump-forwards first
+            n = min(req.pending_len, budget)
+            if n <= 0 or not self.kv.extend(req, n):
+                break
+            self.extending.remove(req)
+            take(req, n)
+            budget -= n
+        for req in order_waiting(self.waiting, self.config.schedule_policy, self.kv.cache):
+            if budget <= 0 or self.num_active + len(picked) >= self.config.max_running_requests:
+                break
+            if shares_uncached_prefix(req, picked, self.kv.cache):
+                continue
+            if not self.kv.admit(req, req.max_cacheable_prefix):
+                break
+            matched = req.kv_len
+            n = min(req.pending_len, budget)
+            reserve = self._reserve(self.running + self.extending + picked)
+            alone = not (self.running or self.extending or picked)
+            if (n < req.pending_len and picked) or (
+                    not alone and self.kv.available - n < reserve) or not self.kv.extend(req, n):
+                self.kv.release(req, insert=False)
+                break
+            if req.num_retractions == 0:
+                req.cached_tokens = matched
+                self.stats["cached_tokens_total"] += matched
+                self.stats["prompt_tokens_total"] += len(req.input_ids)
+            self.waiting.remove(req)
+            req.status = ReqStatus.RUNNING
+            take(req, n)
+            budget -= n
+        if not picked:
+            return None
+        self.stats["prefill_tokens_total"] += sum(extend_lens)
+        return ScheduleBatch(ForwardMode.EXTEND, picked, prefix_lens, extend_lens, sample)
+
+    def _schedule_decode(self) -> ScheduleBatch | None:
+        if not self.running:
+            return None
+        batch: list[Req] = []
+        for req in sorted(self.running, key=lambda r: r.created_at):
+            if req not in self.running:
+                continue  # retracted below
+            while not self.kv.extend(req, 1):
+                victim = max(self.running, key=lambda r: r.created_at)
+                self._retract(victim)
+                if victim is req:
+                    break
+            if req in self.running:
+                batch.append(req)
+        batch = [r for r in batch if r in self.running]
+        if not batch:
+            return None
+        n = len(batch)
+        return ScheduleBatch(ForwardMode.DECODE, batch, [r.kv_len - 1 for r in batch], [1] * n,
+                             [True] * n)
+
+    def _retract(self, req: Req) -> None:
+        """Give back a running request's K/V (to the cache) and queue it for recompute."""
+        self.running.remove(req)
+        if req.kv_len > req.fill_len - 1:  # its slot for this step was already taken
+            self.kv.truncate(req, req.fill_len - 1)
+        self.kv.release(req, insert=True)
+        req.status = ReqStatus.WAITING
+        req.num_retractions += 1
+        self.stats["num_retractions_total"] += 1
+        self.waiting.insert(0, req)
+        logger.info("retracted %s (%d tokens) for lack of KV slots", req.rid, req.fill_len)
+
+    # ------------------------------------------------------------------ results
+    def _process(self, sb: ScheduleBatch, out: StepOutput) -> None:
+        for i, req in enumerate(sb.reqs):
+            if req.finished:  # aborted while the step ran
+                continue
+            try:
+                self._record_fill_logprobs(req, out.fill_logprobs.get(i, []))
+                if req.kv_len == req.fill_len and not sb.sample[i]:
+                    # prefill done without sampling: max_new_tokens == 0 (or budget used)
+                    self._finish(req, {"type": "length", "length": len(req.output_ids)})
+                    continue
+                if i in out.next_ids:
+                    self._on_token(req, out.next_ids[i], out.logprobs[i])
+                elif sb.mode == ForwardMode.EXTEND:
+                    self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
+                if req.finished:
+                    continue
+                if sb.mode == ForwardMode.EXTEND and i in out.next_ids:
+                    self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
+                self._place(req)
+                self._stream(req)
+            except Exception as e:
+                logger.error("request %s failed:\n%s", req.rid, traceback.format_exc())
+                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
+                             insert=False)
+        if not self.has_work():
+            self.kv.check_integrity(self.all_reqs_holding_kv())
+
+    def _place(self, req: Req) -> None:
+        """Put an unfinished request where its next step will find it."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.extending:
+            self.extending.remove(req)
+        if req.pending_len == 1:
+            self.running.append(req)
+        else:
+            self.extending.append(req)
+
+    def _record_fill_logprobs(self, req: Req, entries: list) -> None:
+        n_input = len(req.input_ids)
+        for pos, lp, top in entries:
+            if pos < n_input:
+                req.input_token_logprobs.append((lp, req.input_ids[pos]))
+                req.input_top_logprobs.append(top)
+            elif pos - n_input == len(req.output_token_logprobs):
+                req.output_token_logprobs.append((lp, req.output_ids[pos - n_input]))
+                req.output_top_logprobs.append(top)
+
+    def _on_token(self, req: Req, token: int, logprob) -> None:
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        req.output_ids.append(token)
+        self.stats["generation_tokens_total"] += 1
+        if req.logprob.return_logprob:
+            req.output_token_logprobs.append((logprob[0], token))
+            req.output_top_logprobs.append(logprob[1])
+        if self._check_token_stop(req, token):
+            return
+        if req.grammar is not None:
+            if not req.grammar.accept_token(token):
+                self._finish(req, {"type": "abort", "message":
+                                   f"token {token} violates the constraint"})
+                return
+            if req.grammar.is_terminated():
+                self._detok_and_check(req)
+                self._finish(req, {"type": "stop", "matched": None})
+                return
+            if self.config.enable_jump_forward and self._jump_forward(req):
+                return
+        self._detok_and_check(req)
+
+    def _check_token_stop(self, req: Req, token: int) -> bool:
+        p = req.params
+        if len(req.output_ids) >= p.min_new_tokens:
+            if (token in req.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+                req.detok.update(req.output_ids[:-1])
+                self._finish(req, {"type": "stop", "matched": token})
+                return True
+        if len(req.output_ids) >= p.max_new_tokens:
+            self._detok_and_check(req)
+            if not req.finished:
+                self._finish(req, {"type": "length", "length": len(req.output_ids)})
+            return True
+        return False
+
+    def _detok_and_check(self, req: Req) -> None:
+        before = len(req.detok.text)
+        req.detok.update(req.output_ids)
+        if len(req.detok.text) > before and req.detok.check_stop(before):
+            self._finish(req, {"type": "stop", "matched": req.detok.matched})
+
+    def _jump_forward(self, req: Req) -> bool:
+        """Apply a forced continuation; True if the request finished while doing so."""
+        plan = req.grammar.jump_forward(req.output_ids)
+        if plan is None or not plan.token_ids:
+            return False
+        if plan.rollback:
+            del req.output_ids[-plan.rollback:]
+            keep = len(req.output_ids)
+            del req.output_token_logprobs[keep:]
+            del req.output_top_logprobs[keep:]
+            self.kv.truncate(req, min(req.kv_len, req.fill_len))
+        room = req.params.max_new_tokens - len(req.output_ids)
+        forced = plan.token_ids[:room]
+        req.output_ids.extend(forced)
+        req.forced_tokens += len(forced)
+        self.stats["forced_tokens_total"] += len(forced)
+        self._detok_and_check(req)
+        if not req.finished and len(req.output_ids) >= req.params.max_new_tokens:
+            self._finish(req, {"type": "length", "length": len(req.output_ids)})
+        return req.finished
+
+    def _stream(self, req: Req) -> None:
+        if req.stream and not req.finished:
+            text_len = len(req.detok.visible_text(final=False))
+            if text_len != req.last_streamed_len:
+                req.last_streamed_len = text_len
+                req.sink.put(make_output(req, self.tokenizer, final=False))
+
+    def _finish(self, req: Req, reason: dict, insert: bool = True) -> None:
+        req.finish(reason)
+        req.status = ReqStatus.FINISHED
+        for group in (self.running, self.extending, self.waiting, self.grammar_pending):
+            if req in group:
+                group.remove(req)
+        if req.row is not None:
+            self.kv.release(req, insert=insert)
+        self.by_rid.pop(req.rid, None)
+        self.runner.release_generator(req)
+        if req.grammar_future is not None and not req.grammar_future.done():
+            req.grammar_future.cancel()
+        req.detok.flush(req.output_ids if reason.get("type") != "stop"
+                        or not isinstance(reason.get("matched"), int)
+                        else req.output_ids[:-1])
+        req.sink.put(make_output(req, self.tokenizer, final=True))
+
+    # ------------------------------------------------------------------ admin
+    def flush_cache(self) -> bool:
+        if self.has_work() or self.all_reqs_holding_kv():
+            return False
+        freed = self.kv.cache.all_slots()
+        self.kv.cache.reset()
+        self.kv.slots.free(freed)
+        return True
+
+    def snapshot(self) -> dict:
+        kv = self.kv
+        used = kv.slots.usable - kv.slots.num_free
+        prompt = self.stats["prompt_tokens_total"]
+        return {
+            **self.stats,
+            "num_running": len(self.running) + len(self.extending),
+            "num_waiting": len(self.waiting),
+            "num_grammar_pending": len(self.grammar_pending),
+            "kv_used_tokens": used,
+            "kv_capacity": kv.slots.usable,
+            "kv_usage": used / max(kv.slots.usable, 1),
+            "tree_size": kv.cache.total_size,
+            "tree_evictable": kv.cache.evictable_size,
+            "cache_hit_rate": self.stats["cached_tokens_total"] / prompt if prompt else 0.0,
+        }
