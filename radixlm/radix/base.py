@@ -53,9 +53,10 @@ class BasePrefixCache(ABC):
     def insert(self, token_ids: Sequence[int], slots: Sequence[int]) -> int:
         """Add ``token_ids`` (with ``len(slots) == len(token_ids)``) to the cache.
 
-        Returns how many leading tokens were already cached. The cache takes ownership of
-        ``slots[returned:]``; the caller still owns ``slots[:returned]`` that it computed
-        itself and must free the ones that differ from the cache's own slots (duplicates).
+        Returns how many leading tokens were already cached. Afterwards the cache owns
+        exactly the slots that a following ``match_prefix(token_ids)`` returns (all of them
+        for the radix tree, none for the no-sharing twin); the caller keeps the rest and
+        frees its duplicates ``slots[its_cached_prefix_len:returned]``.
         """
 
     @abstractmethod
