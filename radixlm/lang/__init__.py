@@ -1,0 +1,40 @@
+"""The frontend language: programs of gen/select/roles/fork run against a backend."""
+
+from radixlm.lang.api import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    function,
+    gen,
+    gen_int,
+    gen_string,
+    get_default_backend,
+    get_server_info,
+    select,
+    set_default_backend,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixlm.lang.backend.base import Backend, BackendError
+from radixlm.lang.chat_template import ChatTemplate, ChatTemplateError
+from radixlm.lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from radixlm.lang.interpreter import ProgramError, ProgramState, ProgramStateGroup
+from radixlm.lang.program import SglFunction
+
+__all__ = [
+    "Backend", "BackendError", "ChatTemplate", "ChatTemplateError", "ProgramError",
+    "ProgramState", "ProgramStateGroup", "SglFunction", "assistant", "assistant_begin",
+    "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
+    "get_default_backend", "get_server_info", "greedy_token_selection", "select",
+    "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
+    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+]

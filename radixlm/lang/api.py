@@ -1,0 +1,219 @@
+"""The public primitives of the language: `function`, `gen`, `select`, roles, backends.
+
+```python
+import radixlm as sgl
+
+@sgl.function
+def qa(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=64))
+
+sgl.set_default_backend(sgl.Runtime())          # in-process engine
+state = qa.run(question="What is 2+2?", temperature=0)
+print(state["answer"])
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from radixlm.lang.backend.base import Backend
+from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixlm.lang.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    SamplingParams,
+    Select,
+    normalize_dtype,
+    normalize_json_schema,
+    to_expr,
+    validate_regex,
+)
+from radixlm.lang.program import SglFunction
+
+_default_backend: Backend | None = None
+
+
+def function(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """Decorator turning `def f(s, ...)` into a runnable program (`f.run`, `f.run_batch`)."""
+    if func is None:
+        return lambda f: SglFunction(f, **kwargs)
+    return SglFunction(func, **kwargs)
+
+
+def as_backend(backend: Any) -> Backend:
+    """Accept a Backend, or an in-process Engine (wrapped in a Runtime that does not own it)."""
+    if isinstance(backend, Backend):
+        return backend
+    if type(backend).__name__ == "Engine" and hasattr(backend, "generate"):
+        from radixlm.lang.backend.runtime_engine import Runtime
+
+        return Runtime(backend)
+    raise TypeError(f"not a backend: {type(backend).__name__} (use radixlm.Runtime, "
+                    "RuntimeEndpoint, OpenAI or an Engine)")
+
+
+def set_default_backend(backend: Any) -> None:
+    """Backend used by programs run without `backend=`."""
+    global _default_backend
+    _default_backend = as_backend(backend)
+
+
+def get_default_backend() -> Backend | None:
+    return _default_backend
+
+
+def _backend_or_default(backend: Any) -> Backend:
+    if backend is not None:
+        return as_backend(backend)
+    if _default_backend is None:
+        raise RuntimeError("no backend: call radixlm.set_default_backend(...) or pass backend=")
+    return _default_backend
+
+
+def flush_cache(backend: Any = None) -> bool:
+    """Empty the backend's prefix cache; False if it could not (requests running)."""
+    return _backend_or_default(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    return _backend_or_default(backend).get_server_info()
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < minimum):
+        raise ValueError(f"gen: {name} must be an int >= {minimum}, got {value!r}")
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: Any = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+) -> Expr:
+    """Generate text into variable `name`. Unset parameters take the run-level defaults.
+
+    At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model),
+    `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
+    raise ValueError here, where the program is written.
+    """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"gen: name must be a str, got {type(name).__name__}")
+    constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema),
+                                  ("dtype", dtype), ("choices", choices)) if v is not None]
+    if len(constraints) > 1:
+        raise ValueError(f"gen: at most one constraint allowed, got {constraints}")
+    if choices is not None:
+        return select(name, choices, temperature=temperature or 0.0,
+                      choices_method=choices_method or token_length_normalized)
+    _check_int("max_tokens", max_tokens, 0)
+    _check_int("min_tokens", min_tokens, 0)
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"gen: temperature must be >= 0, got {temperature}")
+    if isinstance(stop, str):
+        stop = [stop]
+    params = SamplingParams(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
+        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos, return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs, dtype=normalize_dtype(dtype),
+        regex=validate_regex(regex) if regex is not None else None,
+        json_schema=normalize_json_schema(json_schema) if json_schema is not None else None,
+    )
+    return Gen(name, params)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    """`gen` constrained to an integer."""
+    return gen(name, dtype="int", **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    """`gen` constrained to a double-quoted string."""
+    return gen(name, dtype="str", **kwargs)
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Expr:
+    """Append the choice the model finds most likely (scored in one batched request)."""
+    if not choices or not isinstance(choices, (list, tuple)):
+        raise ValueError(f"select: choices must be a non-empty list of str, got {choices!r}")
+    bad = [c for c in choices if not isinstance(c, str) or not c]
+    if bad:
+        raise ValueError(f"select: every choice must be a non-empty str, got {bad!r}")
+    if not isinstance(choices_method, ChoicesSamplingMethod):
+        raise TypeError("select: choices_method must be one of radixlm.lang.choices' methods")
+    if temperature is None or temperature < 0:
+        raise ValueError(f"select: temperature must be >= 0, got {temperature}")
+    return Select(name, list(choices), float(temperature), choices_method)
+
+
+def _role(role: str, expr: Any) -> Expr:
+    inner = [] if expr is None else [to_expr(expr)]
+    return ExprList([RoleBegin(role), *inner, RoleEnd(role)])
+
+
+def system(expr: Any = None) -> Expr:
+    """A system message around `expr` (text and/or expressions)."""
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> Expr:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> Expr:
+    return _role("assistant", expr)
+
+
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")

@@ -1,0 +1,158 @@
+"""`Runtime`: the in-process backend, driving a `radixlm.runtime.engine.Engine` directly."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.lang.backend.base import (
+    DEFAULT_TIMEOUT_S,
+    Backend,
+    BackendError,
+    ChoiceScores,
+    Prompt,
+    call_with_timeout,
+    common_prefix_len,
+    iter_with_timeout,
+)
+from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.ir import SamplingParams
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def _check_finished(out: dict[str, Any]) -> dict[str, Any]:
+    reason = out.get("meta_info", {}).get("finish_reason")
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        raise BackendError(f"request aborted: {reason.get('message')}")
+    return out
+
+
+class Runtime(Backend):
+    """Backend over an in-process Engine.
+
+    `Runtime(model="smollm2-135m-instruct", **engine_kwargs)` creates and owns an Engine
+    (shut down by `shutdown()` or `with`); `Runtime(engine)` wraps an existing one.
+    """
+
+    def __init__(self, model: Any = DEFAULT_MODEL, timeout: float = DEFAULT_TIMEOUT_S,
+                 **engine_kwargs: Any) -> None:
+        if isinstance(model, str):
+            from radixlm.runtime.engine import Engine
+
+            self.engine = Engine(model=model, **engine_kwargs)
+            self._owns_engine = True
+        else:
+            if engine_kwargs:
+                raise TypeError(f"engine options {sorted(engine_kwargs)} given with an existing "
+                                "Engine")
+            self.engine = model
+            self._owns_engine = False
+        self.timeout = timeout
+        self._chat_template: ChatTemplate | None = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def get_chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_tokenizer(self.engine.tokenizer)
+        return self._chat_template
+
+    def _call(self, what: str, **kwargs: Any) -> Any:
+        """engine.generate(**kwargs) for one prompt, aborted if it outlives the timeout."""
+        rid = kwargs["rid"] = f"lang-{uuid.uuid4().hex}"
+        return call_with_timeout(lambda: self.engine.generate(**kwargs), self.timeout, what,
+                                 on_timeout=lambda: self._abort(rid))
+
+    def _abort(self, rid: str | None) -> None:
+        if rid is not None:
+            try:
+                self.engine.abort(rid)
+            except Exception:  # best effort: the request may already be gone
+                pass
+
+    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+        out = self._call("generate", prompt=prompt.text,
+                         sampling_params=params.engine_sampling_params(),
+                         **params.logprob_kwargs())
+        out = _check_finished(out)
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, prompt: Prompt,
+                        params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:
+        rid = f"lang-{uuid.uuid4().hex}"
+        chunks = iter_with_timeout(
+            lambda: self.engine.generate(prompt=prompt.text,
+                                         sampling_params=params.engine_sampling_params(),
+                                         stream=True, rid=rid, **params.logprob_kwargs()),
+            self.timeout, "generate (stream)", on_timeout=lambda: self._abort(rid))
+        sent = ""
+        for chunk in chunks:
+            _check_finished(chunk)
+            text = chunk["text"]
+            yield text[len(sent):], chunk["meta_info"]
+            sent = text
+
+    def score_choices(self, prompt: Prompt, choices: list[str],
+                      need_unconditional: bool) -> ChoiceScores:
+        """One batched prefill of prompt+choice_i; logprobs only from the first token where
+        the tokenizations of the prompt and prompt+choice differ."""
+        tok = self.engine.tokenizer
+        prompt_ids = tok.encode(prompt.text, add_special_tokens=False)
+        full_ids = [tok.encode(prompt.text + c, add_special_tokens=False) for c in choices]
+        bounds = [common_prefix_len(prompt_ids, ids) for ids in full_ids]
+        bounds = [min(b, len(ids) - 1) for b, ids in zip(bounds, full_ids, strict=True)]
+        start = min(bounds)
+        outs = call_with_timeout(
+            lambda: self.engine.generate(input_ids=full_ids,
+                                         sampling_params={"max_new_tokens": 0},
+                                         return_logprob=True, logprob_start_len=start,
+                                         return_text_in_logprobs=True),
+            self.timeout, "select")
+        scored = []
+        for out, ids, b in zip(outs, full_ids, bounds, strict=True):
+            _check_finished(out)
+            entries = out["meta_info"]["input_token_logprobs"][b - start:]
+            if [e[1] for e in entries] != ids[b:]:
+                raise BackendError("engine input logprobs do not line up with the choice's "
+                                   f"tokens: {[e[1] for e in entries]} vs {ids[b:]}")
+            scored.append([tuple(e) for e in entries])
+        uncond = None
+        if need_unconditional:
+            outs_u = call_with_timeout(
+                lambda: self.engine.generate(input_ids=[ids[b:] for ids, b in
+                                                        zip(full_ids, bounds, strict=True)],
+                                             sampling_params={"max_new_tokens": 0},
+                                             return_logprob=True, logprob_start_len=0),
+                self.timeout, "select (unconditional)")
+            uncond = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]]
+                      for o in outs_u]
+        meta = {"prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
+                "cached_tokens": [o["meta_info"].get("cached_tokens", 0) for o in outs]}
+        return ChoiceScores(scored, uncond, meta)
+
+    def cache_prefix(self, prefix: str) -> None:
+        call_with_timeout(
+            lambda: self.engine.generate(prompt=prefix, sampling_params={"max_new_tokens": 0}),
+            self.timeout, "cache_prefix")
+
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"model_path": str(self.engine.model_path),
+                "model_name": self.engine.model_name,
+                **self.engine.get_stats()}
+
+    def shutdown(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
