@@ -1,0 +1,77 @@
+"""Shared fixtures: the real default model (converted once, cached), a transformers
+reference, and a tiny random-weight model with the same tokenizer for fast scheduler tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from radixlm.runtime.weights import load_tokenizer, resolve_model
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def engine_fp32():
+    """The real model in fp32 (exact comparisons with transformers)."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(dtype="float32", max_total_tokens=16384, log_level="warning")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A 2-layer random Llama with SmolLM2's tokenizer (GQA 4:2, head_dim 16)."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    vocab = len(tokenizer)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=1024, tie_word_embeddings=True,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    cfg.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    gen = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, scale=0.08):
+        return torch.randn(*shape, generator=gen) * scale
+
+    state = {"model.embed_tokens.weight": rnd(vocab, 64, scale=1.0),
+             "model.norm.weight": torch.ones(64)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        state.update({
+            p + "input_layernorm.weight": torch.ones(64),
+            p + "post_attention_layernorm.weight": torch.ones(64),
+            p + "self_attn.q_proj.weight": rnd(64, 64),
+            p + "self_attn.k_proj.weight": rnd(32, 64),
+            p + "self_attn.v_proj.weight": rnd(32, 64),
+            p + "self_attn.o_proj.weight": rnd(64, 64),
+            p + "mlp.gate_proj.weight": rnd(128, 64),
+            p + "mlp.up_proj.weight": rnd(128, 64),
+            p + "mlp.down_proj.weight": rnd(64, 128),
+        })
+    save_file(state, str(out / "model.safetensors"))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    return out
