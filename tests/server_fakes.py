@@ -197,3 +197,58 @@ class FakeEngine:
                                            for x in out]
             meta["input_top_logprobs"] = [None for _ in meta["input_token_logprobs"]]
         return {"text": text, "output_ids": list(out), "meta_info": meta}
+
+
+# ---------------------------------------------------------------- a real server on loopback
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadServer:
+    """uvicorn serving `app` on 127.0.0.1 in a daemon thread; `stop()` always ends it."""
+
+    def __init__(self, app: Any) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ThreadServer:
+        import time
+
+        self.thread.start()
+        for _ in range(500):  # up to ~10 s; fails loudly below otherwise
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.02)
+        raise RuntimeError("the test server did not start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def wait_until(predicate: Any, what: str, limit_s: float = 10.0) -> None:
+    """Poll `predicate` until true; fail after `limit_s` (a hang guard, not a timing test)."""
+    import time
+
+    end = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for: {what}")
+        time.sleep(0.01)
