@@ -21,6 +21,10 @@ SAMPLING_KEYS = {
 }
 
 
+class QueueFullError(RuntimeError):
+    """Stands in for radixlm.runtime.engine.QueueFullError (matched by name)."""
+
+
 class FakeTokenizer:
     """Character-level tokenizer with a ChatML-like template."""
 
@@ -33,7 +37,7 @@ class FakeTokenizer:
     def __call__(self, text: str) -> dict[str, list[int]]:
         return {"input_ids": self.encode(text)}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def decode(self, ids: list[int]) -> str:
@@ -111,6 +115,9 @@ class FakeEngine:
                       top_logprobs_num=top_logprobs_num,
                       return_text_in_logprobs=return_text_in_logprobs, rid=rid)
         self._validate(kwargs)
+        limit = self.config.max_queued_requests
+        if limit is not None and self.forced_waiting + 1 > limit:
+            raise QueueFullError(f"waiting queue is full ({self.forced_waiting}/{limit})")
         self.calls.append(kwargs)
         gen = self._run(kwargs)
         if stream:

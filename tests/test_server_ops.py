@@ -99,10 +99,12 @@ def test_queue_full_is_429_with_retry_after() -> None:
     assert "radixlm_rejected_requests_total" in client.get("/metrics").text
 
 
-def test_engine_config_queue_limit_is_used() -> None:
-    fake = FakeEngine(max_queued_requests=0)
+def test_engine_queue_full_error_is_429() -> None:
+    fake = FakeEngine(max_queued_requests=0)  # the engine raises QueueFullError itself
     client = TestClient(create_app(fake))
-    assert client.post("/generate", json={"text": "hi"}).status_code == 429
+    r = client.post("/generate", json={"text": ["a", "b"]})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert "queue is full" in r.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------- disconnects and timeouts

@@ -7,6 +7,7 @@ body size cap, access log, HTTP metrics).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -58,7 +59,9 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
 
 
 async def _metrics(request: Request) -> Response:
-    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # rendering reads engine.get_stats(), which waits for the scheduler thread: not on the loop
+    body = await asyncio.to_thread(get_state(request).metrics.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def _error_response(exc: ApiError) -> JSONResponse:

@@ -70,11 +70,16 @@ def clean_sampling(params: dict[str, Any] | None) -> dict[str, Any]:
 def _count_prompt(state: ServerState, call: GenCall) -> int:
     if call.input_ids is not None:
         return len(call.input_ids)
-    return len(state.engine.tokenizer(call.text)["input_ids"])
+    # the engine tokenizes prompts the same way (no special tokens added)
+    return len(state.engine.tokenizer.encode(call.text, add_special_tokens=False))
 
 
-def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
-    """Check context length and queue room for `calls`; raise ApiError (400/429/503)."""
+async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
+    """Check context length and queue room for `calls`; raise ApiError (400/429/503).
+
+    The queue check here covers a server-side limit; the engine enforces its own
+    `max_queued_requests` with QueueFullError (also answered 429), so when both limits are
+    the same the engine's stats are not fetched (get_stats waits for the scheduler thread)."""
     if state.shutting_down:
         raise ApiError(503, "server is shutting down")
     ctx = state.context_len
@@ -92,9 +97,11 @@ def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
             call.sampling["max_new_tokens"] = room
         elif isinstance(max_new, int) and max_new > room:
             call.sampling["max_new_tokens"] = room  # clamp, as SGLang does
-    limit = state.queue_limit
-    if limit is not None:
-        waiting = int(state.engine.get_stats().get("num_waiting", 0))
+    limit = state.settings.max_queued_requests
+    engine_limit = getattr(getattr(state.engine, "config", None), "max_queued_requests", None)
+    if limit is not None and limit != engine_limit:
+        stats = await asyncio.to_thread(state.engine.get_stats)
+        waiting = int(stats.get("num_waiting", 0))
         if waiting + len(calls) > limit:
             state.metrics.rejected.labels(reason="queue_full").inc()
             raise ApiError(429, f"the waiting queue is full ({waiting} waiting, limit {limit}); "
@@ -107,7 +114,7 @@ def _engine_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if type(exc).__name__ == "QueueFullError":  # the engine's own admission error
-        return ApiError(429, str(exc) or "the waiting queue is full", code="queue_full",
+        return ApiError(429, f"{exc}; retry later", code="queue_full",
                         headers={"Retry-After": "1"})
     if isinstance(exc, (ValueError, TypeError)):
         return ApiError(400, str(exc))

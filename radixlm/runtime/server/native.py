@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -81,7 +82,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     """SGLang's /generate: a dict for one prompt and n == 1, else a list (prompt-major)."""
     state = get_state(request)
     calls = build_native_calls(body, request.state.request_id)
-    admit(state, calls)
+    await admit(state, calls)
     single = not body.is_batch and len(calls) == 1
     if body.stream:
         return SSEResponse(_native_stream(state, calls, single))
@@ -173,7 +174,7 @@ async def get_server_info(request: Request) -> dict[str, Any]:
                             if dataclasses.is_dataclass(config) else dict(vars(config or {})))
     settings = dataclasses.asdict(state.settings)
     settings["api_key"] = None if settings["api_key"] is None else "<redacted>"
-    info.update(server=settings, stats=state.engine.get_stats(),
+    info.update(server=settings, stats=await asyncio.to_thread(state.engine.get_stats),
                 context_length=state.context_len, model_path=str(state.engine.model_path),
                 version=_version())
     return info
@@ -190,7 +191,7 @@ def _version() -> str:
 @router.api_route("/flush_cache", methods=["POST", "GET"])
 async def flush_cache(request: Request) -> Response:
     """Empty the radix cache; 400 (nothing done) while requests are running."""
-    if get_state(request).engine.flush_cache():
+    if await asyncio.to_thread(get_state(request).engine.flush_cache):
         return PlainTextResponse("Cache flushed.\n")
     return PlainTextResponse("Cache not flushed: requests are running or waiting.\n",
                              status_code=400)

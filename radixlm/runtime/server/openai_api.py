@@ -144,7 +144,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     top = body.logprobs
     calls = _fan_out(body, body.prompts, openai_sampling(body, body.max_tokens), top,
                      request.state.request_id)
-    admit(state, calls)
+    await admit(state, calls)
     cid, created = f"cmpl-{calls[0].rid}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
     if body.stream:
@@ -227,7 +227,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                      request.state.request_id)
     for call in calls:  # no max_tokens: up to the context, as in OpenAI
         call.sampling.setdefault("max_new_tokens", max(state.context_len - len(ids), 0))
-    admit(state, calls)
+    await admit(state, calls)
     head = {"id": f"chatcmpl-{calls[0].rid}", "created": int(time.time()),
             "model": state.model_id}
     if body.stream:

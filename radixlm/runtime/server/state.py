@@ -18,7 +18,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None  # Bearer key required on every route but /health
-    max_queued_requests: int | None = None  # None: engine.config's value, else unbounded
+    max_queued_requests: int | None = None  # server-side bound (the engine has its own)
     request_timeout: float | None = None  # seconds per request; abort + 504 when exceeded
     max_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
     served_model_name: str | None = None  # /v1/models id; default: engine.model_name
@@ -80,13 +80,6 @@ class ServerState:
     def context_len(self) -> int:
         """Max tokens of prompt + output."""
         return int(self.engine.context_len)
-
-    @property
-    def queue_limit(self) -> int | None:
-        """Max waiting requests before 429 (server setting, else the engine's, else None)."""
-        if self.settings.max_queued_requests is not None:
-            return self.settings.max_queued_requests
-        return getattr(getattr(self.engine, "config", None), "max_queued_requests", None)
 
     def abort(self, rid: str) -> None:
         """Ask the engine to abort `rid`; never raises (the request may be gone already)."""
