@@ -1,0 +1,147 @@
+"""Offline throughput and latency of the engine vs HF transformers ``generate``.
+
+    .venv/bin/python benchmarks/bench_offline.py [--quick] [--skip-hf] [--out results.json]
+
+Same prompts for every system in one run. Reports single-stream decode tok/s, prefill
+tok/s, batch-64 throughput with mixed output lengths (continuous batching), TTFT/TPOT
+p50/p99, and HF transformers generate (bf16, static batch) as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+WORDS = ("the of and to in is was for on that with as by at from his her an were are which "
+         "this be or had not but what all when there can who been one more time city river "
+         "water music history science garden market winter summer story people world").split()
+
+
+def make_prompt(rng: random.Random, tokenizer, n_tokens: int) -> list[int]:
+    text = " ".join(rng.choice(WORDS) for _ in range(n_tokens * 2))
+    return tokenizer.encode(text, add_special_tokens=False)[:n_tokens]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
+
+
+def bench_engine(engine, prompts, out_lens, single_ids, single_new, prefill_prompts) -> dict:
+    res = {}
+    engine.generate(input_ids=single_ids, sampling_params={"max_new_tokens": 8,
+                                                           "temperature": 0})  # warm-up
+    engine.flush_cache()
+    t = time.perf_counter()
+    out = engine.generate(input_ids=single_ids, sampling_params={
+        "max_new_tokens": single_new, "temperature": 0, "ignore_eos": True})
+    e2e = time.perf_counter() - t
+    ttft = out["meta_info"]["ttft"]
+    res["single_decode_tok_s"] = (single_new - 1) / (e2e - ttft)
+    engine.flush_cache()
+    t = time.perf_counter()
+    engine.generate(input_ids=prefill_prompts, sampling_params={"max_new_tokens": 1,
+                                                                "temperature": 0})
+    res["prefill_tok_s"] = sum(map(len, prefill_prompts)) / (time.perf_counter() - t)
+    engine.flush_cache()
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in out_lens]
+    t = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    wall = time.perf_counter() - t
+    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    ttfts = [o["meta_info"]["ttft"] for o in outs]
+    tpots = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"])
+             / max(o["meta_info"]["completion_tokens"] - 1, 1) for o in outs]
+    res.update({"batch_throughput_tok_s": toks / wall, "batch_wall_s": wall,
+                "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99),
+                "tpot_p50_s": pct(tpots, 0.5), "tpot_p99_s": pct(tpots, 0.99)})
+    return res
+
+
+def bench_hf(model_dir, prompts, out_lens, single_ids, single_new, prefill_prompts) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
+    res = {}
+    with torch.inference_mode():
+        ids = torch.tensor([single_ids])
+        model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2)
+        t = time.perf_counter()
+        model(ids)
+        ttft = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=single_new,
+                       min_new_tokens=single_new, do_sample=False, pad_token_id=2)
+        res["single_decode_tok_s"] = (single_new - 1) / (time.perf_counter() - t - ttft)
+        t = time.perf_counter()
+        for p in prefill_prompts:
+            model(torch.tensor([p]))
+        res["prefill_tok_s"] = sum(map(len, prefill_prompts)) / (time.perf_counter() - t)
+        width = max(map(len, prompts))
+        batch = torch.full((len(prompts), width), 2)
+        mask = torch.zeros_like(batch)
+        for i, p in enumerate(prompts):  # left padding
+            batch[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        t = time.perf_counter()
+        model.generate(batch, attention_mask=mask, max_new_tokens=max(out_lens),
+                       min_new_tokens=max(out_lens), do_sample=False, pad_token_id=2)
+        wall = time.perf_counter() - t
+    res["batch_throughput_tok_s"] = sum(out_lens) / wall  # useful tokens, static batch
+    res["batch_wall_s"] = wall
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes for a smoke run")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from radixlm.runtime.engine import Engine
+
+    rng = random.Random(0)
+    engine = Engine(args.model, attention_backend=args.attention_backend, log_level="warning")
+    tok = engine.tokenizer
+    batch = 8 if args.quick else args.batch
+    prompts = [make_prompt(rng, tok, rng.randint(64, 256)) for _ in range(batch)]
+    out_lens = [rng.randint(32, 64 if args.quick else 256) for _ in range(batch)]
+    single_ids = make_prompt(rng, tok, 64)
+    single_new = 32 if args.quick else 128
+    prefill_prompts = [make_prompt(rng, tok, 512) for _ in range(2 if args.quick else 8)]
+    results = {"config": {"batch": batch, "single_new_tokens": single_new,
+                          "dtype": str(engine.runner.dtype),
+                          "attention_backend": engine.runner.attention_backend_name}}
+    results["radixlm"] = bench_engine(engine, prompts, out_lens, single_ids, single_new,
+                                      prefill_prompts)
+    model_dir = engine.model_path
+    engine.shutdown()
+    if not args.skip_hf:
+        results["hf_transformers"] = bench_hf(model_dir, prompts, out_lens, single_ids,
+                                              single_new, prefill_prompts)
+        hf, ours = results["hf_transformers"], results["radixlm"]
+        results["speedup"] = {k: ours[k] / hf[k] for k in
+                              ("single_decode_tok_s", "prefill_tok_s", "batch_throughput_tok_s")}
+    print(json.dumps(results, indent=2))
+    print(f"\n{'metric':<28}{'radixlm':>12}{'hf':>12}{'speedup':>10}")
+    for k in ("single_decode_tok_s", "prefill_tok_s", "batch_throughput_tok_s"):
+        hf = results.get("hf_transformers", {}).get(k, float("nan"))
+        print(f"{k:<28}{results['radixlm'][k]:>12.1f}{hf:>12.1f}"
+              f"{results['radixlm'][k] / hf if hf == hf else float('nan'):>10.2f}")
+    for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+        print(f"{k:<28}{results['radixlm'][k]:>12.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
