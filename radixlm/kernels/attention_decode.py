@@ -22,7 +22,7 @@ from radixlm.kernels.triton_utils import dot_precision
 
 BLOCK_N = 64  # KV rows per inner step
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
-TARGET_PROGRAMS = 2 * 132  # about two stage-1 programs per SM of an H100/H200
+TARGET_PROGRAMS = 4 * 132  # about four stage-1 programs per SM of an H100/H200
 
 
 @triton.jit

@@ -106,7 +106,7 @@ def extend_attention(
         max_extend_len = int(extend_lens.max())
     block_d = triton.next_power_of_2(head_dim)
     block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 64 else 32
+    block_n = 64 if block_d <= 128 else 32
     grid = (batch, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, out, k_cache, v_cache, req_to_token, req_pool_indices,

@@ -15,15 +15,15 @@ a CPU device only works under ``TRITON_INTERPRET=1`` (that is how the kernel tes
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from radixlm import envs
 from radixlm.kernels import ref
 
-KERNELS_ENV = "RADIXLM_KERNELS"
+KERNELS_ENV = "RADIXLM_KERNELS"  # declared in radixlm.envs (kernels_override)
 KERNEL_CHOICES = ("auto", "ref", "triton")
 
 
@@ -83,7 +83,7 @@ def triton_ops() -> KernelOps:
 
 def kernels_choice() -> str:
     """The value of ``RADIXLM_KERNELS`` (validated; ``auto`` when unset)."""
-    choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+    choice = (envs.kernels_override() or "auto").strip().lower() or "auto"
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"{KERNELS_ENV} must be one of {KERNEL_CHOICES}, got {choice!r}")
     return choice
