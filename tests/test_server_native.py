@@ -142,6 +142,13 @@ def test_generate_bad_input_is_400_naming_the_problem(client: TestClient, body: 
     assert needle in r.json()["error"]["message"]
 
 
+def test_json_body_without_json_content_type(client: TestClient) -> None:
+    r = client.post("/generate", content=b'{"text": "hi", "sampling_params": '
+                    b'{"max_new_tokens": 2}}',
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["text"] == "ab"
+
+
 def test_invalid_json_body_is_400(client: TestClient) -> None:
     r = client.post("/generate", content=b"{not json", headers={"content-type":
                                                                  "application/json"})

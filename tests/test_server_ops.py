@@ -207,6 +207,7 @@ def test_metrics_after_requests(slow: tuple[FakeEngine, str]) -> None:
             if ln.startswith("radixlm_time_to_first_token_seconds_count")]
     assert float(ttft[0].split()[-1]) >= 1
     assert 'radixlm_requests_total{finish_reason="length"}' in text
+    assert 'radixlm_http_requests_total{method="POST",route="/generate",status="200"}' in text
 
 
 def test_two_apps_in_one_process_have_separate_metrics() -> None:

@@ -53,7 +53,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnected, _disconnected)
-    known = {r.path for r in app.routes if hasattr(r, "path")}
+    known = {"/metrics"} | {r.path for router in (native.router, openai_api.router)
+                            for r in router.routes if hasattr(r, "path")}
     app.add_middleware(GuardMiddleware, state=state, known_paths=known)
     return app
 
@@ -136,7 +137,7 @@ class GuardMiddleware:
         try:
             error = self._check_auth(scope["path"], headers)
             if error is None:
-                receive, error = await self._read_body(receive, headers)
+                receive, error = await self._read_body(scope, receive, headers)
             if error is not None:
                 await _error_response(error)(scope, receive, send_with_id)
             else:
@@ -156,9 +157,10 @@ class GuardMiddleware:
         return ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    async def _read_body(self, receive: Receive,
+    async def _read_body(self, scope: Scope, receive: Receive,
                          headers: dict[str, str]) -> tuple[Receive, ApiError | None]:
-        """Buffer the body up to the cap; replay it to the app, then pass receive through."""
+        """Buffer the body up to the cap; replay it to the app, then pass receive through.
+        A JSON body sent without a JSON content type (`curl -d '{...}'`) is read as JSON."""
         cap = self.state.settings.max_body_bytes
         too_big = ApiError(413, f"the request body exceeds {cap} bytes", code="body_too_large")
         length = headers.get("content-length")
@@ -176,6 +178,9 @@ class GuardMiddleware:
             if size > cap:
                 return receive, too_big
         body, sent = b"".join(chunks), [False]
+        if "json" not in headers.get("content-type", "") and body.lstrip()[:1] in (b"{", b"["):
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope["headers"].append((b"content-type", b"application/json"))
 
         async def replay() -> Message:
             if not sent[0]:
