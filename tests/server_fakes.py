@@ -187,7 +187,7 @@ class FakeEngine:
                 reason: dict[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"id": kw["rid"], "prompt_tokens": len(ids),
                                 "completion_tokens": len(out), "cached_tokens": 2,
-                                "finish_reason": reason, "e2e_latency": 0.01}
+                                "finish_reason": reason, "e2e_latency": 0.01, "ttft": 0.005}
         if kw["return_logprob"]:
             t = kw["return_text_in_logprobs"]
 

@@ -210,6 +210,31 @@ def test_metrics_after_requests(slow: tuple[FakeEngine, str]) -> None:
     assert 'radixlm_http_requests_total{method="POST",route="/generate",status="200"}' in text
 
 
+def test_non_streamed_ttft_comes_from_the_engine_and_requests_are_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    client = TestClient(create_app(FakeEngine()))
+    with caplog.at_level("INFO", logger="radixlm.server"):
+        r = client.post("/generate", json={"text": "hi", "rid": "logged",
+                                           "sampling_params": {"max_new_tokens": 2}})
+    lines = [json.loads(rec.getMessage()) for rec in caplog.records
+             if rec.name == "radixlm.server"]
+    gen = next(x for x in lines if x["event"] == "generation")
+    assert gen["rid"] == "logged" and gen["completion_tokens"] == 2
+    http = next(x for x in lines if x["event"] == "http_request")
+    assert http["request_id"] == r.headers["x-request-id"] and http["status"] == 200
+    text = client.get("/metrics").text
+    assert "radixlm_time_to_first_token_seconds_sum 0.005" in text
+
+
+def test_bad_engine_option_exits_2() -> None:
+    from radixlm.runtime.server.launch import serve
+
+    def bad(**_: object) -> FakeEngine:
+        raise ValueError("context_length must be >= 2")
+
+    assert serve({}, ServerSettings(port=free_port()), "warning", engine_factory=bad) == 2
+
+
 def test_two_apps_in_one_process_have_separate_metrics() -> None:
     a, b = TestClient(create_app(FakeEngine())), TestClient(create_app(FakeEngine()))
     a.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})

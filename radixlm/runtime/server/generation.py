@@ -142,8 +142,8 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
     async def one(call: GenCall) -> dict[str, Any]:
         out = await engine.async_generate(**call.engine_kwargs())
         pending.discard(call.rid)
-        state.metrics.observe_finished(out.get("meta_info", {}).get("finish_reason"),
-                                       time.perf_counter() - t0)
+        state.metrics.observe_finished(call.rid, out.get("meta_info", {}),
+                                       time.perf_counter() - t0, streamed=False)
         return out
 
     gen = asyncio.ensure_future(asyncio.gather(*(one(c) for c in calls)))
@@ -212,7 +212,8 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
             reason = chunk.get("meta_info", {}).get("finish_reason")
             if reason is not None:
                 finished = True
-                state.metrics.observe_finished(reason, now - t0)
+                state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
+                                               streamed=True)
             yield chunk
             if finished:
                 break

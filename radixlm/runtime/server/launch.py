@@ -51,7 +51,11 @@ def serve(engine_kwargs: dict[str, Any], settings: ServerSettings, log_level: st
         engine_factory = Engine
     kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     logger.info("loading engine: %s", kwargs)
-    engine = engine_factory(**kwargs)
+    try:
+        engine = engine_factory(**kwargs)
+    except ValueError as exc:  # a bad option: say so without a traceback
+        logger.error("cannot start the engine: %s", exc)
+        return 2
     try:
         app = create_app(engine, settings)
         config = uvicorn.Config(app, host=settings.host, port=settings.port,

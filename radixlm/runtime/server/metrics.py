@@ -7,6 +7,7 @@ tokens) are read from `engine.get_stats()` at scrape time by a custom collector.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -92,12 +93,23 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_EngineStatsCollector(get_stats))
 
-    def observe_finished(self, finish_reason: Any, e2e_s: float) -> None:
-        """Count one finished request and record its latency."""
+    def observe_finished(self, rid: str, meta: dict[str, Any], e2e_s: float,
+                         streamed: bool) -> None:
+        """Count one finished request, record its latencies (TTFT from the engine's
+        meta_info["ttft"] when not streamed) and log it as one JSON line."""
+        finish_reason = meta.get("finish_reason")
         reason = finish_reason.get("type", "unknown") if isinstance(finish_reason, dict) else (
             str(finish_reason) if finish_reason else "unknown")
         self.requests.labels(finish_reason=reason).inc()
         self.e2e.observe(e2e_s)
+        if not streamed and isinstance(meta.get("ttft"), int | float):
+            self.ttft.observe(float(meta["ttft"]))
+        logger.info(json.dumps({
+            "event": "generation", "rid": rid, "finish_reason": reason,
+            "prompt_tokens": meta.get("prompt_tokens"),
+            "completion_tokens": meta.get("completion_tokens"),
+            "cached_tokens": meta.get("cached_tokens"), "e2e_ms": round(e2e_s * 1000, 2),
+            "streamed": streamed}))
 
     def render(self) -> bytes:
         """All metrics in the Prometheus text exposition format."""
