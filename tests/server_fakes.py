@@ -147,6 +147,10 @@ class FakeEngine:
         target = params["choices"][0] if params.get("choices") else None
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
+        if params.get("regex") == "(":  # compiles "asynchronously" and fails, as the engine
+            yield self._result(kw, ids, [], "", {"type": "abort", "error": "invalid_constraint",
+                                                 "message": "invalid constraint: bad regex"})
+            return
         self.running[rid] = len(ids)
         self.totals["prompt"] += len(ids)
         out: list[int] = []

@@ -194,3 +194,14 @@ def test_health_generate(client: TestClient, fake: FakeEngine) -> None:
     assert client.get("/health").status_code == 200
     assert client.get("/health_generate").status_code == 200
     assert fake.calls[-1]["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_constraint_failing_in_the_engine_is_400(client: TestClient) -> None:
+    r = client.post("/generate", json={"text": "hi", "sampling_params": {"regex": "("}})
+    assert r.status_code == 400 and "bad regex" in r.json()["error"]["message"]
+    r = client.post("/generate", json={"text": "hi", "stream": True,
+                                       "sampling_params": {"regex": "("}})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and "bad regex" in json.loads(events[-2])["error"]["message"]
+    r = client.post("/v1/completions", json={"prompt": "hi", "regex": "("})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_constraint"

@@ -122,6 +122,22 @@ def _engine_error(exc: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def _request_error(meta: dict[str, Any]) -> ApiError | None:
+    """A request the engine aborted because of its own input (e.g. a constraint that failed
+    to compile: finish_reason {"type": "abort", "error": "invalid_constraint"} or one with a
+    4xx "status_code", as SGLang sends) is answered as a 400, not as a result."""
+    reason = meta.get("finish_reason")
+    if not isinstance(reason, dict) or reason.get("type") != "abort":
+        return None
+    status = reason.get("status_code")
+    if reason.get("error") == "invalid_constraint" or (isinstance(status, int)
+                                                       and 400 <= status < 500):
+        return ApiError(status if isinstance(status, int) else 400,
+                        str(reason.get("message", "invalid request")),
+                        code=reason.get("error"))
+    return None
+
+
 async def _wait_disconnect(request: Request) -> None:
     """Return when the client disconnects (the body has been read already)."""
     while True:
@@ -153,9 +169,14 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
                                      return_when=asyncio.FIRST_COMPLETED)
         if gen in done:
             try:
-                return gen.result()
+                results = gen.result()
             except Exception as exc:
                 raise _engine_error(exc) from exc
+            for out in results:
+                error = _request_error(out.get("meta_info", {}))
+                if error is not None:
+                    raise error
+            return results
         if watch in done:
             raise ClientDisconnected()
         raise ApiError(504, f"request timed out after {state.settings.request_timeout} s; "
@@ -212,6 +233,9 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
             reason = chunk.get("meta_info", {}).get("finish_reason")
             if reason is not None:
                 finished = True
+                error = _request_error(chunk["meta_info"])
+                if error is not None:
+                    raise error
                 state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
                                                streamed=True)
             yield chunk
