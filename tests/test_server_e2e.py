@@ -81,6 +81,8 @@ def test_model_info_matches_the_tokenizer(url: str, tokenizer) -> None:
     sys_prompt = info["default_system_prompt"]
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False)
     assert sys_prompt and sys_prompt in rendered
+    toks = httpx.post(url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
+    assert toks == tokenizer.encode("Hello world", add_special_tokens=False)
     server_info = httpx.get(url + "/get_server_info").json()
     assert server_info["max_running_requests"] == 16
     assert server_info["stats"]["kv_capacity"] >= 8192 - 1

@@ -205,3 +205,14 @@ def test_constraint_failing_in_the_engine_is_400(client: TestClient) -> None:
     assert events[-1] == "[DONE]" and "bad regex" in json.loads(events[-2])["error"]["message"]
     r = client.post("/v1/completions", json={"prompt": "hi", "regex": "("})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_constraint"
+
+
+def test_aliases_tokenize_detokenize(client: TestClient) -> None:
+    assert client.get("/model_info").json() == client.get("/get_model_info").json()
+    assert client.get("/server_info").status_code == 200
+    assert client.get("/get_server_args").status_code == 200
+    r = client.post("/tokenize", json={"prompt": "hi"}).json()
+    assert r == {"tokens": [104, 105], "count": 2, "max_model_len": 64}
+    assert client.post("/tokenize", json={"prompt": ["a", "bc"]}).json()["count"] == [1, 2]
+    assert client.post("/detokenize", json={"tokens": [104, 105]}).json() == {"text": "hi"}
+    assert client.post("/detokenize", json={"tokens": ["x"]}).status_code == 400

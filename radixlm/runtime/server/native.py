@@ -125,6 +125,7 @@ def _health_token(state: ServerState) -> int:
 
 
 @router.get("/get_model_info")
+@router.get("/model_info")
 async def get_model_info(request: Request) -> dict[str, Any]:
     """Model path, tokenizer path, and what a client needs to format chats itself."""
     state = get_state(request)
@@ -134,6 +135,7 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "tokenizer_path": str(engine.model_path),
         "model_name": state.model_id,
         "is_generation": True,
+        "preferred_sampling_params": None,
         "context_length": state.context_len,
         "chat_template": getattr(tok, "chat_template", None),
         "default_system_prompt": default_system_prompt(tok),
@@ -166,6 +168,8 @@ def default_system_prompt(tok: Any) -> str | None:
 
 
 @router.get("/get_server_info")
+@router.get("/server_info")
+@router.get("/get_server_args")
 async def get_server_info(request: Request) -> dict[str, Any]:
     """Engine config, server settings (the API key redacted) and engine stats."""
     state = get_state(request)
@@ -218,3 +222,42 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
     for rid in rids:
         state.abort(rid)
     return {"aborted": rids}
+
+
+class TokenizeRequest(BaseModel):
+    """Body of POST /tokenize."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | list[str]
+    add_special_tokens: bool = False
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    """Token ids of a prompt (a list for a list of prompts), as the engine tokenizes them."""
+    state = get_state(request)
+    enc = state.engine.tokenizer.encode
+    if isinstance(body.prompt, str):
+        tokens: Any = enc(body.prompt, add_special_tokens=body.add_special_tokens)
+        count: Any = len(tokens)
+    else:
+        tokens = [enc(p, add_special_tokens=body.add_special_tokens) for p in body.prompt]
+        count = [len(t) for t in tokens]
+    return {"tokens": tokens, "count": count, "max_model_len": state.context_len}
+
+
+class DetokenizeRequest(BaseModel):
+    """Body of POST /detokenize."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int]
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    """Text of a list of token ids."""
+    tok = get_state(request).engine.tokenizer
+    try:
+        return {"text": tok.decode(body.tokens)}
+    except Exception as exc:  # noqa: BLE001 - e.g. ids outside the vocabulary
+        raise ApiError(400, f"cannot decode the tokens: {exc}", param="tokens") from exc
