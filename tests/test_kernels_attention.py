@@ -31,25 +31,23 @@ DEVICES = [
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 HEADS = [(4, 4), (6, 2)]  # (H, Hkv): GQA ratios 1 and 3
-CAPACITY, MAX_RUNNING, MAX_CONTEXT = 600, 6, 256
+CAPACITY, MAX_RUNNING, MAX_CONTEXT = 1400, 6, 208
 ROWS = [3, 0, 5, 1]  # req_to_token row of each request
 SHARED = 70  # requests 1 and 3 share their first SHARED slots
 
 
 def make_pool(device: str, dtype: torch.dtype, kv_heads: int, head_dim: int,
               num_layers: int = 1, seed: int = 0) -> SimpleNamespace:
-    """Random K/V everywhere; each row of ``req_to_token`` lists distinct scattered slots,
-    and rows ``ROWS[1]`` and ``ROWS[3]`` start with the same ``SHARED`` slots."""
+    """Random K/V everywhere; each row of ``req_to_token`` lists its own scattered slots, no
+    slot in two rows (so a step never writes one slot twice) except that rows ``ROWS[1]``
+    and ``ROWS[3]`` start with the same ``SHARED`` slots."""
     gen = torch.Generator().manual_seed(seed)
     shape = (CAPACITY, kv_heads, head_dim)
-    req_to_token = torch.zeros(MAX_RUNNING, MAX_CONTEXT, dtype=torch.int32)
-    for row in range(MAX_RUNNING):
-        req_to_token[row] = torch.randperm(CAPACITY, generator=gen)[:MAX_CONTEXT].int()
-    shared = torch.randperm(CAPACITY, generator=gen)[:SHARED].int()
+    perm = torch.randperm(CAPACITY, generator=gen).int()
+    shared, own = perm[:SHARED], perm[SHARED : SHARED + MAX_RUNNING * MAX_CONTEXT]
+    req_to_token = own.view(MAX_RUNNING, MAX_CONTEXT).clone()
     for row in (ROWS[1], ROWS[3]):
-        rest = [s for s in req_to_token[row].tolist() if s not in set(shared.tolist())]
-        req_to_token[row] = torch.cat([shared, torch.tensor(rest, dtype=torch.int32)])[
-            :MAX_CONTEXT]
+        req_to_token[row, :SHARED] = shared
     return SimpleNamespace(
         k_buffer=[torch.randn(shape, generator=gen).to(device, dtype) for _ in range(num_layers)],
         v_buffer=[torch.randn(shape, generator=gen).to(device, dtype) for _ in range(num_layers)],
@@ -66,7 +64,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", HEADS)
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("num_kv_splits", [None, 4, 7])
+@pytest.mark.parametrize("num_kv_splits", [None, 7])
 def test_decode_attention(device: str, dtype: torch.dtype, heads: int, kv_heads: int,
                           head_dim: int, num_kv_splits: int | None) -> None:
     # Lengths: a lone token, shared prefix + a few (two requests), not multiples of 64.
@@ -95,11 +93,11 @@ def test_choose_num_kv_splits() -> None:
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_extend_attention(device: str, dtype: torch.dtype, heads: int, kv_heads: int,
                           head_dim: int) -> None:
-    # Empty prefix, one new token after a shared prefix, a 90-token extend spanning two
-    # query blocks, and 65 new tokens after the same shared prefix.
+    # Empty prefix, one new token after a shared prefix, 20 new after 5 cached, and 65 new
+    # (two query blocks) after the same shared prefix.
     pool = make_pool(device, dtype, kv_heads, head_dim, seed=head_dim * heads)
     prefix_lens = torch.tensor([0, SHARED, 5, SHARED], device=device)
-    extend_lens = torch.tensor([3, 1, 90, 65], device=device)
+    extend_lens = torch.tensor([3, 1, 20, 65], device=device)
     rows = torch.tensor(ROWS, device=device)
     q = torch.randn(int(extend_lens.sum()), heads, head_dim,
                     generator=torch.Generator().manual_seed(2)).to(device, dtype)
@@ -142,8 +140,8 @@ def test_triton_backend_matches_twins_over_extend_then_decode(device: str,
     backend = create_attention_backend("triton", pool, heads, kv_heads, head_dim)
     scale = head_dim**-0.5
     gen = torch.Generator().manual_seed(3)
-    steps = [(ForwardMode.EXTEND, [0, SHARED, 5], [3, 9, 70]),
-             (ForwardMode.DECODE, [3, SHARED + 9, 75], [1, 1, 1])]
+    steps = [(ForwardMode.EXTEND, [0, SHARED, 5, SHARED], [3, 9, 70, 4]),
+             (ForwardMode.DECODE, [3, SHARED + 9, 75, SHARED + 4], [1, 1, 1, 1])]
     for mode, prefix_lens, extend_lens in steps:
         batch = _batch(mode, prefix_lens, extend_lens, pool, device)
         backend.init_forward_metadata(batch)
