@@ -15,6 +15,7 @@ a CPU device only works under ``TRITON_INTERPRET=1`` (that is how the kernel tes
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import torch
 from radixlm import envs
 from radixlm.kernels import ref
 
+logger = logging.getLogger(__name__)
 KERNELS_ENV = "RADIXLM_KERNELS"  # declared in radixlm.envs (kernels_override)
 KERNEL_CHOICES = ("auto", "ref", "triton")
 
@@ -91,8 +93,16 @@ def kernels_choice() -> str:
 
 def get_ops(device: torch.device | str) -> KernelOps:
     """Kernels for tensors on ``device``: Triton on CUDA, the torch twins otherwise, unless
-    ``RADIXLM_KERNELS`` forces one."""
+    ``RADIXLM_KERNELS`` forces one. ``auto`` on CUDA falls back to the twins (with a
+    warning) where triton cannot be imported."""
     choice = kernels_choice()
-    if choice == "auto":
-        choice = "triton" if torch.device(device).type == "cuda" else "ref"
-    return triton_ops() if choice == "triton" else REF_OPS
+    if choice == "ref" or (choice == "auto" and torch.device(device).type != "cuda"):
+        return REF_OPS
+    try:
+        return triton_ops()
+    except ImportError:
+        if choice == "triton":
+            raise
+        logger.warning("triton is not importable; using the torch reference kernels on %s",
+                       device)
+        return REF_OPS
