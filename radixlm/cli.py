@@ -14,9 +14,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("engine (None/unset means the engine's default)")
     e.add_argument("--model", default=DEFAULT_MODEL,
                    help="model alias, local HF directory or .gguf file")
-    e.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
-    e.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    e.add_argument("--attention-backend", choices=["auto", "torch", "triton"])
+    # values are validated by EngineConfig (one list of choices, kept there)
+    e.add_argument("--dtype", help="auto | bfloat16 | float16 | float32")
+    e.add_argument("--device", help="auto | cpu | cuda")
+    e.add_argument("--attention-backend", help="auto | torch | triton")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
     e.add_argument("--max-total-tokens", type=int, help="KV pool capacity in tokens")
     e.add_argument("--mem-fraction", type=float, help="memory share for the KV pool")
@@ -24,7 +25,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-queued-requests", type=int,
                    help="waiting-queue bound; further requests get 429")
     e.add_argument("--chunked-prefill-size", type=int)
-    e.add_argument("--schedule-policy", choices=["lpm", "fcfs"])
+    e.add_argument("--schedule-policy", help="lpm | fcfs | ...")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--random-seed", type=int)
