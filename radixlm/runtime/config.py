@@ -12,6 +12,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | torch | triton
+    # Weight-only int4 for few-row (decode) steps on CPU: auto = on for bf16 models whose
+    # source is a Q4_1 GGUF (exact), int4 = always (quantizing other sources), none = off.
+    weight_quant: str = "auto"
     context_length: int | None = None  # default: the model's max_position_embeddings
     max_total_tokens: int | None = None  # KV pool capacity; default from mem_fraction
     mem_fraction: float = 0.15  # share of (free) memory for the KV pool when not given
@@ -30,6 +33,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|bfloat16|float16|float32, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
+        if self.weight_quant not in ("auto", "int4", "none"):
+            raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm|fcfs, got {self.schedule_policy!r}")
         if self.max_running_requests < 1:

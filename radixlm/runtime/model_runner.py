@@ -13,9 +13,10 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.kv_pool import KVPool
 from radixlm.runtime.models.llama import LlamaModel
+from radixlm.runtime.models.quant import int4_supported
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampler import Sampler, SamplingInputs
-from radixlm.runtime.weights import load_hf_config, load_state_dict
+from radixlm.runtime.weights import load_hf_config, load_q4_1_linears, load_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class ModelRunner:
         self.config = config
         self.device, self.dtype = pick_device_dtype(config)
         hf_config = load_hf_config(model_dir)
-        self.model = LlamaModel(hf_config, load_state_dict(model_dir), self.dtype, self.device)
+        self.int4 = self._int4_blocks(config, model_dir, hf_config)
+        self.model = LlamaModel(hf_config, load_state_dict(model_dir), self.dtype, self.device,
+                                self.int4)
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
         capacity = self._pool_capacity(config, cfg)
@@ -81,8 +84,20 @@ class ModelRunner:
                                              cfg.head_dim)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
-        logger.info("model on %s/%s, KV pool %d tokens, attention %s", self.device,
-                    self.dtype, capacity, name)
+        logger.info("model on %s/%s%s, KV pool %d tokens, attention %s", self.device,
+                    self.dtype, " (+int4 decode linears)" if self.int4 is not None else "",
+                    capacity, name)
+
+    def _int4_blocks(self, config: EngineConfig, model_dir, hf_config) -> dict | None:
+        """None (no int4), or exact Q4_1 source blocks ({} means quantize)."""
+        if config.weight_quant == "none" or self.device.type != "cpu" or not int4_supported():
+            return None
+        if config.weight_quant == "auto" and self.dtype != torch.bfloat16:
+            return None
+        blocks = load_q4_1_linears(model_dir, hf_config)
+        if config.weight_quant == "auto" and not blocks:
+            return None
+        return blocks
 
     def _pool_capacity(self, config: EngineConfig, cfg) -> int:
         if config.max_total_tokens is not None:

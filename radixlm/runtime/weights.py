@@ -156,6 +156,40 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from, if it is still there."""
+    marker = Path(model_dir) / "radixlm_source.json"
+    if not marker.exists():
+        return None
+    path = Path(json.loads(marker.read_text())["gguf"])
+    return path if path.exists() else None
+
+
+def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
+    """Q4_1 linears of the GGUF behind ``model_dir`` under HF names, as
+    ``(q [N, K], scale [N, K/32], zero [N, K/32])`` torch tensors ready for int4 packing
+    (rows un-permuted like the dequantized weights). Empty if there is no such source."""
+    from radixlm.runtime.models.quant import q4_1_from_gguf
+
+    source = gguf_source(model_dir)
+    if source is None:
+        return {}
+    out = {}
+    for name, (q, d, m) in q4_1_from_gguf(source).items():
+        parts = name.split(".")
+        if parts[0] != "blk" or parts[2] not in _GGUF_TO_HF:
+            continue
+        kind = parts[2]
+        if hf_config.model_type != "qwen2" and kind in ("attn_q", "attn_k"):
+            heads = (hf_config.num_attention_heads if kind == "attn_q"
+                     else hf_config.num_key_value_heads)
+            q, d, m = (_reverse_permute(a, heads) for a in (q, d, m))
+        hf = f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.{parts[3]}"
+        out[hf] = (torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(d),
+                   torch.from_numpy(m + 8 * d))
+    return out
+
+
 def load_tokenizer(model: str | Path = DEFAULT_MODEL):
     """The transformers tokenizer (with chat template) of ``model``."""
     from transformers import AutoTokenizer

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from radixlm.kernels.dispatch import get_ops
 from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4
 
 
 @dataclass(frozen=True)
@@ -76,21 +77,36 @@ def rope_inv_freq(hf_config, device: torch.device) -> tuple[torch.Tensor, float]
     return inv.float(), float(scaling)
 
 
+def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: dict | None):
+    """One Linear over the row-concatenation of ``names`` (e.g. q, k, v projections).
+    ``int4``: HF name -> (q, scale, zero) of exact source blocks, or {} to quantize."""
+    weight = torch.cat([w[n + ".weight"] for n in names])
+    packed = None
+    if int4 is not None:
+        if all(n in int4 for n in names):
+            q, sc, z = (torch.cat([int4[n][i] for n in names]) for i in range(3))
+            packed = pack_int4(q, sc, z)
+        else:
+            packed = quantize_int4(weight)
+    return Linear(weight, bias, packed)
+
+
 class LlamaLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int,
+                 int4: dict | None = None) -> None:
         self.cfg, self.layer_id = cfg, layer_id
         self.input_norm = w["input_layernorm.weight"]
         self.post_norm = w["post_attention_layernorm.weight"]
-        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                              w["self_attn.v_proj.weight"]])
-        self.qkv_bias = (
+        qkv_bias = (
             torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
                        w["self_attn.v_proj.bias"]])
             if cfg.qkv_bias and "self_attn.q_proj.bias" in w else None
         )
-        self.o_proj = w["self_attn.o_proj.weight"]
-        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.down = w["mlp.down_proj.weight"]
+        self.qkv = _fused_linear(w, ["self_attn.q_proj", "self_attn.k_proj",
+                                     "self_attn.v_proj"], qkv_bias, int4)
+        self.o_proj = _fused_linear(w, ["self_attn.o_proj"], None, int4)
+        self.gate_up = _fused_linear(w, ["mlp.gate_proj", "mlp.up_proj"], None, int4)
+        self.down = _fused_linear(w, ["mlp.down_proj"], None, int4)
 
     def forward(self, h, residual, cos, sin, attn, batch: ForwardBatch, ops):
         cfg = self.cfg
@@ -99,16 +115,16 @@ class LlamaLayer:
             x = ops.rmsnorm(h, self.input_norm, cfg.rms_norm_eps)
         else:
             x, residual = ops.rmsnorm(h, self.input_norm, cfg.rms_norm_eps, residual)
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = self.qkv(x)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)  # (T, H, D)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # (T, Hkv, D)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         q, k = ops.apply_rotary(q, k, cos, sin)
         o = attn.forward(q, k, v, self.layer_id, batch)  # (T, H, D)
-        h = F.linear(o.reshape(-1, cfg.q_size), self.o_proj)
+        h = self.o_proj(o.reshape(-1, cfg.q_size))
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
-        h = F.linear(ops.silu_and_mul(F.linear(x, self.gate_up)), self.down)
+        h = self.down(ops.silu_and_mul(self.gate_up(x)))
         return h, residual
 
 
@@ -116,7 +132,9 @@ class LlamaModel:
     """Weights as plain tensors (no nn.Module bookkeeping in the hot path)."""
 
     def __init__(self, hf_config, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, int4: dict | None = None) -> None:
+        """``int4``: None for plain weights; else HF name -> (q, scale, zero) of exact
+        source blocks (missing names are quantized from the weights)."""
         self.hf_config = hf_config
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.dtype, self.device = dtype, device
@@ -132,7 +150,10 @@ class LlamaModel:
         for i in range(cfg.num_layers):
             prefix = f"model.layers.{i}."
             w = {k[len(prefix):]: get(k) for k in state if k.startswith(prefix)}
-            self.layers.append(LlamaLayer(cfg, w, i))
+            blocks = None if int4 is None else {
+                k[len(prefix):].rsplit(".", 1)[0]: v for k, v in int4.items()
+                if k.startswith(prefix)}
+            self.layers.append(LlamaLayer(cfg, w, i, blocks))
         self.norm = get("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in state:
             self.lm_head = self.embed
