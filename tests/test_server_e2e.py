@@ -174,16 +174,20 @@ def test_openai_json_schema_response(url: str) -> None:
 
 
 def test_health_answers_during_a_generation(url: str) -> None:
-    body = {"text": "Count:", "stream": True,
-            "sampling_params": {**GREEDY, "max_new_tokens": 48, "ignore_eos": True}}
+    body = {"text": "Count:", "stream": True, "rid": "long-one",
+            "sampling_params": {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}}
     with httpx.Client(base_url=url, timeout=120) as c, c.stream("POST", "/generate",
                                                                 json=body) as r:
         chunks = sse_chunks(r.iter_lines())
         next(chunks)
         assert c.get("/health").status_code == 200
+        # abort right after /health answered: had the loop been blocked until the
+        # generation ended, the request would have finished by length instead
+        assert c.post("/abort_request", json={"rid": "long-one"}).status_code == 200
         after = list(chunks)
-    # chunks still in flight after /health answered: the generation was not finished
-    assert any(isinstance(x, dict) and x["meta_info"]["finish_reason"] is None for x in after)
+    assert after[-1] == "[DONE]"
+    final = after[-2]["meta_info"]
+    assert final["finish_reason"]["type"] == "abort" and final["completion_tokens"] < 200
 
 
 def test_client_disconnect_aborts_and_frees_kv(url: str) -> None:

@@ -1,0 +1,10 @@
+"""HTTP server: SGLang-compatible native API, OpenAI-compatible API, Prometheus metrics.
+
+`create_app(engine, settings)` builds the FastAPI app; `launch.serve(...)` runs it (what
+`radixlm serve` does). See README.md in this folder.
+"""
+
+from radixlm.runtime.server.app import create_app
+from radixlm.runtime.server.state import ServerSettings
+
+__all__ = ["ServerSettings", "create_app"]
