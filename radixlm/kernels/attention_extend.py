@@ -76,6 +76,12 @@ def _extend_kernel(
              mask=i_mask[:, None] & d_mask[None, :])
 
 
+def block_sizes(block_d: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)`` for a padded head dim: 64 x 64 up to 128, smaller above (the
+    fp32 D=128 tiles already take ~115 KB of shared memory on sm_90)."""
+    return (64, 64) if block_d <= 128 else (32, 32)
+
+
 def extend_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -105,8 +111,7 @@ def extend_attention(
     if max_extend_len is None:
         max_extend_len = int(extend_lens.max())
     block_d = triton.next_power_of_2(head_dim)
-    block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 128 else 32
+    block_m, block_n = block_sizes(block_d)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, out, k_cache, v_cache, req_to_token, req_pool_indices,

@@ -82,3 +82,70 @@ def _patch_interpreter_bf16() -> None:
     builder.cast_impl = patched_cast
     builder.create_dot = patched_dot
     builder._radixlm_bf16_patched = True
+
+
+_POINTER_ARGS = {
+    "req_to_token_ptr": "*i32", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",
+    "prefix_lens_ptr": "*i64", "extend_lens_ptr": "*i64", "extend_start_loc_ptr": "*i64",
+    "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "loc_ptr": "*i64", "logits_ptr": "*fp32",
+    "mask_ptr": "*i32", "scale": "fp32", "eps": "fp32",
+}
+
+
+def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
+                            head_dims: tuple[int, ...] = (64, 128)) -> list[str]:
+    """Compile every kernel ahead of time for ``sm_<arch>`` (no GPU needed: Triton ships
+    ``ptxas``), in the configurations the wrappers launch. Catches what the interpreter
+    cannot: type errors of compiled control flow, dot shape limits, shared memory overflow.
+    Must run in a process where ``TRITON_INTERPRET`` was never set. Returns one line per
+    compiled kernel; raises on the first failure."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.kernels import (
+        activation,
+        attention_decode,
+        attention_extend,
+        bitmask,
+        kv_store,
+        norm,
+        rotary,
+    )
+    from radixlm.kernels.triton_utils import dot_precision
+
+    target, done = GPUTarget("cuda", arch, 32), []
+
+    def build(kernel, types: dict[str, str], constexprs: dict, num_warps: int = 4) -> None:
+        params = list(inspect.signature(kernel.fn).parameters)
+        signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in params}
+        source = ASTSource(fn=kernel, signature=signature,
+                           constexprs={(params.index(k),): v for k, v in constexprs.items()})
+        compiled = triton.compile(source, target=target,
+                                  options={"num_warps": num_warps, "num_stages": 2})
+        done.append(f"{kernel.fn.__name__} {constexprs} smem={compiled.metadata.shared}")
+
+    for dtype in dtypes:
+        types = {**{p: f"*{dtype}" for p in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr",
+                                              "x_ptr", "res_ptr", "w_ptr", "h_ptr", "k_ptr",
+                                              "v_ptr", "cos_ptr", "sin_ptr")}, **_POINTER_ARGS}
+        precision = dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
+                                                  "fp16": "float16"}[dtype]))
+        for d in head_dims:
+            build(attention_decode._decode_stage1_kernel, types,
+                  {"BLOCK_H": 16, "BLOCK_N": attention_decode.BLOCK_N, "BLOCK_D": d,
+                   "DOT_PRECISION": precision})
+            build(attention_decode._decode_stage2_kernel, types, {"BLOCK_D": d}, num_warps=1)
+            block_m, block_n = attention_extend.block_sizes(d)
+            build(attention_extend._extend_kernel, types,
+                  {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": d,
+                   "DOT_PRECISION": precision})
+            build(rotary._rotary_kernel, types, {"BLOCK": d // 2}, num_warps=1)
+            build(kv_store._store_kv_kernel, types, {"BLOCK_D": d}, num_warps=1)
+        for has_residual in (False, True):
+            build(norm._rmsnorm_kernel, types, {"HAS_RESIDUAL": has_residual, "BLOCK": 1024})
+        build(activation._silu_and_mul_kernel, types, {"BLOCK": 1024})
+    build(bitmask._bitmask_kernel, _POINTER_ARGS, {"BLOCK": 1024})
+    return done
