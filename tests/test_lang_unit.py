@@ -319,6 +319,20 @@ def test_run_batch_precaches_prefix_and_keeps_order(fake):
     assert all(c[1].text.startswith(fake.cached[0]) for c in fake.calls)
 
 
+def test_trace_follows_inline_subprograms_without_running_them(fake):
+    @sgl.function
+    def header(s, title):
+        s += "=== " + title + " ===\n"
+
+    @sgl.function
+    def doc(s, body):
+        header(s, title="A constant title that is long enough to be worth caching")
+        s += body + sgl.gen("x", max_tokens=1)
+
+    assert doc.trace_prefix(backend=fake).startswith("=== A constant title")
+    assert fake.calls == [] and fake.cached == []
+
+
 def test_untraceable_program_still_runs(fake):
     @sgl.function
     def f(s, items):

@@ -62,7 +62,9 @@ class SglFunction:
         return tuple(bound.args[1:]), dict(bound.kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if args and isinstance(args[0], ProgramState):
+        from radixlm.lang.tracer import TracerState
+
+        if args and isinstance(args[0], (ProgramState, TracerState)):
             state = args[0]
             call_args, call_kwargs = self._call_kwargs(args[1:], kwargs)
             return self.func(state, *call_args, **call_kwargs)

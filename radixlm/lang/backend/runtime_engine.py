@@ -112,12 +112,13 @@ class Runtime(Backend):
         bounds = [common_prefix_len(prompt_ids, ids) for ids in full_ids]
         bounds = [min(b, len(ids) - 1) for b, ids in zip(bounds, full_ids, strict=True)]
         start = min(bounds)
+        rids = [f"lang-{uuid.uuid4().hex}" for _ in choices]
         outs = call_with_timeout(
             lambda: self.engine.generate(input_ids=full_ids,
                                          sampling_params={"max_new_tokens": 0},
                                          return_logprob=True, logprob_start_len=start,
-                                         return_text_in_logprobs=True),
-            self.timeout, "select")
+                                         return_text_in_logprobs=True, rid=rids),
+            self.timeout, "select", on_timeout=lambda: [self._abort(r) for r in rids])
         scored = []
         for out, ids, b in zip(outs, full_ids, bounds, strict=True):
             _check_finished(out)
