@@ -27,8 +27,9 @@ from radixlm.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixlm.lang.interpreter import ProgramError, ProgramState, ProgramStateGroup
+from radixlm.lang.interpreter import ProgramError
 from radixlm.lang.program import SglFunction
+from radixlm.lang.state import ProgramState, ProgramStateGroup
 
 __all__ = [
     "Backend", "BackendError", "ChatTemplate", "ChatTemplateError", "ProgramError",

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixlm.lang.backend.base import BackendError
-from radixlm.lang.interpreter import ProgramState, run_program
 from radixlm.lang.ir import SamplingParams, normalize_dtype
+from radixlm.lang.state import ProgramState, run_program
 from radixlm.lang.tracer import MIN_PREFIX_CHARS, extract_prefix
 
 logger = logging.getLogger(__name__)

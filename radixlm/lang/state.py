@@ -1,0 +1,240 @@
+"""`ProgramState` (the `s` of a program), fork groups, and running a program function.
+
+The state is the program thread's handle on a `StreamExecutor` (interpreter.py): `+=`
+submits expressions, `s["x"]` waits for a variable, `fork` makes concurrent copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from radixlm.lang.backend.base import Backend
+from radixlm.lang.interpreter import _POLL_S, ProgramError, StreamExecutor
+from radixlm.lang.ir import (
+    Expr,
+    ExprList,
+    RoleBegin,
+    RoleEnd,
+    SamplingParams,
+    VarScopeBegin,
+    VarScopeEnd,
+    to_expr,
+)
+
+
+class _RoleScope:
+    def __init__(self, state: ProgramState, begin: Expr, end: Expr) -> None:
+        self.state, self.begin, self.end = state, begin, end
+
+    def __enter__(self) -> ProgramState:
+        self.state.executor.submit(self.begin)
+        return self.state
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.state.executor.submit(self.end)
+
+
+class ProgramState:
+    """The `s` of a program: append with `+=`, read variables with `s["name"]`."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self.executor = executor
+        self.ret_value: Any = None
+
+    def __iadd__(self, other: Any) -> ProgramState:
+        self.executor.submit(to_expr(other))
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.executor.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self.executor.variables
+
+    def get_var(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.executor.set_var(name, value)
+
+    def get_meta_info(self, name: str) -> Any:
+        """Backend metadata of the step that set `name` (tokens, cached_tokens, logprobs...)."""
+        self.executor.get_var(name)
+        return self.executor.meta_info.get(name)
+
+    def sync(self) -> None:
+        self.executor.sync()
+
+    def text(self) -> str:
+        self.sync()
+        return self.executor.text_
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return list(self.executor.messages_)
+
+    def error(self) -> BaseException | None:
+        self.sync()
+        return self.executor.error_
+
+    def fork(self, size: int = 1) -> ProgramStateGroup:
+        """`size` copies of this state that continue independently (and concurrently)."""
+        return ProgramStateGroup([ProgramState(e) for e in self.executor.fork(size)], self)
+
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is None:
+            return _RoleScope(self, RoleBegin(role), RoleEnd(role))
+        self.executor.submit(ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)]))
+        return None
+
+    def system(self, expr: Any = None) -> Any:
+        """Append a system message, or with no argument, a `with` scope for one."""
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    def var_scope(self, name: str) -> _RoleScope:
+        """`with s.var_scope("x"): ...` sets `s["x"]` to the text appended inside."""
+        return _RoleScope(self, VarScopeBegin(name), VarScopeEnd(name))
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Yield new text as it is produced (of the whole state or of one variable).
+
+        Without `stream=True` this yields the final value once.
+        """
+        ex = self.executor
+        if not ex.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        sent = 0
+        while True:
+            with ex.changed:
+                finished = ex.is_finished or (
+                    var_name is not None and _event_set(ex.variable_event.get(var_name)))
+                current = ex.text_ if var_name is None else ex.variables.get(var_name, "")
+                if len(current) == sent and not finished:
+                    ex.changed.wait(_POLL_S)
+                    continue
+            if len(current) > sent:
+                yield current[sent:]
+                sent = len(current)
+            elif finished:
+                return
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        """Async version of `text_iter`."""
+        it = self.text_iter(var_name)
+        loop = asyncio.get_running_loop()
+        done = object()
+        while True:
+            piece = await loop.run_in_executor(None, next, it, done)
+            if piece is done:
+                return
+            yield piece
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+
+def _event_set(event: threading.Event | None) -> bool:
+    return event is not None and event.is_set()
+
+
+class ProgramStateGroup:
+    """The result of `s.fork(n)`: index it, iterate it, `+=` to all, `join()` back."""
+
+    def __init__(self, states: list[ProgramState], src: ProgramState) -> None:
+        self.states = states
+        self.src = src
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        if value is not self.states[i]:
+            raise TypeError("a forked state can only be extended with +=, not replaced")
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        """Append to every fork: an expression/str, a list (one per fork), or fn(i) -> expr."""
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} items for {len(self.states)} forks")
+            items = list(other)
+        elif callable(other) and not isinstance(other, Expr):
+            items = [other(i) for i in range(len(self.states))]
+        else:
+            items = [other] * len(self.states)
+        for state, item in zip(self.states, items, strict=True):
+            state += item
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for all forks and copy their new variables to the parent as lists.
+
+        `mode="concate_join"` instead appends every fork's new text to the parent's text.
+        """
+        src = self.src.executor
+        for state in self.states:
+            state.sync()
+        if mode == "gather_variable":
+            self.src.sync()
+            before = set(src.variables)
+            for state in self.states:
+                ex = state.executor
+                for k in ex.variables:
+                    if k not in before:
+                        src.variables.setdefault(k, []).append(ex.variables[k])
+                        src.meta_info.setdefault(k, []).append(ex.meta_info.get(k))
+                        src._names.add(k)
+                        src.variable_event.setdefault(k, threading.Event()).set()
+        elif mode == "concate_join":
+            start = len(self.src.text())
+            self.src += "".join(s.executor.text_[start:] for s in self.states)
+        else:
+            raise ValueError(f"unknown join mode {mode!r}")
+        if src.error_ is None:
+            src.error_ = next((s.executor.error_ for s in self.states if s.executor.error_),
+                              None)
+
+
+def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs: dict,
+                default_params: SamplingParams, stream: bool) -> ProgramState:
+    """Run `func(state, *args, **kwargs)`; with `stream` return at once, the program running
+    in a background thread."""
+    state = ProgramState(StreamExecutor(backend, default_params, stream=stream))
+
+    def body() -> None:
+        try:
+            state.ret_value = func(state, *args, **kwargs)
+        except ProgramError:
+            pass  # the cause is already state.error()
+        except BaseException as e:
+            if not stream:
+                raise
+            state.executor.error_ = state.executor.error_ or e
+        finally:
+            state.executor.end()
+
+    if stream:
+        threading.Thread(target=body, daemon=True, name="radixlm-program-main").start()
+    else:
+        body()
+    return state
