@@ -69,8 +69,24 @@ def _pool(batch: int, context: int, kv_heads: int, head_dim: int, dtype: torch.d
     return k, v, r2t
 
 
+def _with_config(module, config, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with ``module.CONFIG_OVERRIDE = config`` (a launch-shape sweep)."""
+    if config is None:
+        return fn
+
+    def run() -> object:
+        module.CONFIG_OVERRIDE = config
+        try:
+            return fn()
+        finally:
+            module.CONFIG_OVERRIDE = None
+
+    return run
+
+
 def decode_case(batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
-                splits: int | None = None, dtype: torch.dtype = torch.bfloat16) -> Case:
+                splits: int | None = None, config=None,
+                dtype: torch.dtype = torch.bfloat16) -> Case:
     from radixlm.kernels import attention_decode, ref
 
     k, v, r2t = _pool(batch, context, kv_heads, head_dim, dtype)
@@ -84,14 +100,15 @@ def decode_case(batch: int, context: int, heads: int, kv_heads: int, head_dim: i
     label = f"decode B{batch} L{context} H{heads}/{kv_heads} D{head_dim}"
     if splits is not None:
         label += f" splits={splits}"
-    return (label,
-            lambda: attention_decode.decode_attention(*args, num_kv_splits=splits,
-                                                      max_seq_len=context),
-            lambda: ref.decode_attention(*args), nbytes, flops)
+    if config is not None:
+        label += f" n{config.block_n}w{config.num_warps}s{config.num_stages}"
+    run = _with_config(attention_decode, config, lambda: attention_decode.decode_attention(
+        *args, num_kv_splits=splits, max_seq_len=context))
+    return label, run, lambda: ref.decode_attention(*args), nbytes, flops
 
 
 def extend_case(batch: int, prefix: int, extend: int, heads: int, kv_heads: int,
-                head_dim: int, dtype: torch.dtype = torch.bfloat16) -> Case:
+                head_dim: int, config=None, dtype: torch.dtype = torch.bfloat16) -> Case:
     from radixlm.kernels import attention_extend, ref
 
     k, v, r2t = _pool(batch, prefix + extend, kv_heads, head_dim, dtype)
@@ -104,9 +121,12 @@ def extend_case(batch: int, prefix: int, extend: int, heads: int, kv_heads: int,
     flops = 4.0 * keys_seen * heads * head_dim
     nbytes = (2 * batch * (prefix + extend) * kv_heads * head_dim * k.element_size()
               + 2 * q.numel() * q.element_size())
-    return (f"extend B{batch} P{prefix}+E{extend} H{heads}/{kv_heads} D{head_dim}",
-            lambda: attention_extend.extend_attention(*args, max_extend_len=extend),
-            lambda: ref.extend_attention(*args), nbytes, flops)
+    label = f"extend B{batch} P{prefix}+E{extend} H{heads}/{kv_heads} D{head_dim}"
+    if config is not None:
+        label += f" m{config.block_m}n{config.block_n}w{config.num_warps}s{config.num_stages}"
+    run = _with_config(attention_extend, config, lambda: attention_extend.extend_attention(
+        *args, max_extend_len=extend))
+    return label, run, lambda: ref.extend_attention(*args), nbytes, flops
 
 
 def elementwise_cases(tokens: int = 8192, hidden: int = 4096, ffn: int = 14336,
@@ -150,6 +170,20 @@ def elementwise_cases(tokens: int = 8192, hidden: int = 4096, ffn: int = 14336,
     ]
 
 
+def decode_sweep() -> list[Case]:
+    from radixlm.kernels.attention_decode import LaunchConfig
+
+    shapes = [(32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (32, 4, 3), (128, 8, 2)]
+    return [decode_case(8, 32768, 32, 8, 128, config=LaunchConfig(*s)) for s in shapes]
+
+
+def extend_sweep() -> list[Case]:
+    from radixlm.kernels.attention_extend import LaunchConfig
+
+    shapes = [(64, 64, 4), (64, 64, 8), (128, 64, 8), (128, 32, 8), (64, 32, 4)]
+    return [extend_case(4, 1024, 1024, 32, 8, 128, config=LaunchConfig(*s)) for s in shapes]
+
+
 def bench_kernels(peak_bw: float | None, peak_flops: float | None, deadline: float) -> list:
     from triton.testing import do_bench
 
@@ -164,6 +198,8 @@ def bench_kernels(peak_bw: float | None, peak_flops: float | None, deadline: flo
                                  for s in (None, 4, 8, 16, 32)]),
         ("extend prefix", lambda: [extend_case(4, 1024, 1024, 32, 8, 128)]),
         ("extend prefill", lambda: [extend_case(1, 0, 4096, 32, 8, 128)]),
+        ("decode launch sweep", decode_sweep),
+        ("extend launch sweep", extend_sweep),
     ]
     results = []
     for label, build in builders:

@@ -14,15 +14,34 @@ the ``G = H / Hkv`` query heads of a group share it through one ``tl.dot``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_utils import dot_precision
 
-BLOCK_N = 64  # KV rows per inner step
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
 TARGET_PROGRAMS = 4 * 132  # about four stage-1 programs per SM of an H100/H200
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Stage-1 tile and launch shape. The default keeps the sm_90 build at 168 registers
+    (BLOCK_N 64 with 4 warps needs 255 and spills); ``benchmarks/gpu_check.py`` sweeps others
+    by setting ``CONFIG_OVERRIDE``."""
+
+    block_n: int = 32  # KV rows per inner step
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+CONFIG_OVERRIDE: LaunchConfig | None = None
+
+
+def launch_config(head_dim: int) -> LaunchConfig:
+    return CONFIG_OVERRIDE or LaunchConfig()
 
 
 @triton.jit
@@ -33,7 +52,7 @@ def _decode_stage1_kernel(
     mid_o_stride_b, mid_o_stride_h, mid_o_stride_s, mid_lse_stride_b, mid_lse_stride_h,
     scale, group, head_dim, num_splits,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -60,7 +79,10 @@ def _decode_stage1_kernel(
         slots = tl.load(req_to_token_ptr + row * r2t_stride + n, mask=n_mask, other=0)
         kv_off = (slots.to(tl.int64)[:, None] * cache_stride_s + kv_head * cache_stride_h
                   + d[None, :])
-        kv_mask = n_mask[:, None] & d_mask[None, :]
+        if EVEN_D:  # a row mask only, so whole rows load as vectors
+            kv_mask = n_mask[:, None]
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
         qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
@@ -166,14 +188,16 @@ def decode_attention(
         buffers = alloc_decode_buffers(batch, num_heads, head_dim, num_kv_splits, q.device)
     mid_o, mid_lse = buffers
     block_d = triton.next_power_of_2(head_dim)
+    config = launch_config(head_dim)
     _decode_stage1_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
         mid_o, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         scale, group, head_dim, num_kv_splits,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n,
+        BLOCK_D=block_d, EVEN_D=block_d == head_dim, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     _decode_stage2_kernel[(batch, num_heads)](
         mid_o, mid_lse, out, seq_lens,

@@ -118,13 +118,14 @@ def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
 
     target, done = GPUTarget("cuda", arch, 32), []
 
-    def build(kernel, types: dict[str, str], constexprs: dict, num_warps: int = 4) -> None:
+    def build(kernel, types: dict[str, str], constexprs: dict, num_warps: int = 4,
+              num_stages: int = 2) -> None:
         params = list(inspect.signature(kernel.fn).parameters)
         signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in params}
         source = ASTSource(fn=kernel, signature=signature,
                            constexprs={(params.index(k),): v for k, v in constexprs.items()})
         compiled = triton.compile(source, target=target,
-                                  options={"num_warps": num_warps, "num_stages": 2})
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
         done.append(f"{kernel.fn.__name__} {constexprs} smem={compiled.metadata.shared}")
 
     for dtype in dtypes:
@@ -134,14 +135,15 @@ def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
         precision = dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                   "fp16": "float16"}[dtype]))
         for d in head_dims:
+            dec = attention_decode.launch_config(d)
             build(attention_decode._decode_stage1_kernel, types,
-                  {"BLOCK_H": 16, "BLOCK_N": attention_decode.BLOCK_N, "BLOCK_D": d,
-                   "DOT_PRECISION": precision})
+                  {"BLOCK_H": 16, "BLOCK_N": dec.block_n, "BLOCK_D": d, "EVEN_D": True,
+                   "DOT_PRECISION": precision}, dec.num_warps, dec.num_stages)
             build(attention_decode._decode_stage2_kernel, types, {"BLOCK_D": d}, num_warps=1)
-            block_m, block_n = attention_extend.block_sizes(d)
+            ext = attention_extend.launch_config(d)
             build(attention_extend._extend_kernel, types,
-                  {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": d,
-                   "DOT_PRECISION": precision})
+                  {"BLOCK_M": ext.block_m, "BLOCK_N": ext.block_n, "BLOCK_D": d,
+                   "EVEN_D": True, "DOT_PRECISION": precision}, ext.num_warps, ext.num_stages)
             build(rotary._rotary_kernel, types, {"BLOCK": d // 2}, num_warps=1)
             build(kv_store._store_kv_kernel, types, {"BLOCK_D": d}, num_warps=1)
         for has_residual in (False, True):
