@@ -34,6 +34,7 @@ def reference(tiny_model_dir):
     {"max_total_tokens": 4096},
     {"max_total_tokens": 4096, "disable_radix_cache": True, "chunked_prefill_size": 16},
     {"max_total_tokens": 4096, "max_running_requests": 3, "schedule_policy": "fcfs"},
+    {"max_total_tokens": 4096, "kv_mirror_mb": 0},  # decode gathers through req_to_token
     {"max_total_tokens": 180},  # far too small for 20 requests: forces retraction
     {"max_total_tokens": 180, "disable_radix_cache": True, "chunked_prefill_size": 32},
 ])
@@ -101,7 +102,7 @@ def test_aborts_and_concurrency_keep_pool_consistent(tiny_model_dir):
         assert len(results) == 16
         kinds = {r["meta_info"]["finish_reason"]["type"] for r in results.values()}
         assert kinds <= {"length", "abort"} and "length" in kinds
-        for i, r in results.items():
+        for r in results.values():
             if r["meta_info"]["finish_reason"]["type"] == "length":
                 assert len(r["output_ids"]) == 60
         engine.check_integrity()

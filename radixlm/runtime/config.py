@@ -15,6 +15,9 @@ class EngineConfig:
     # Weight-only int4 for few-row (decode) steps on CPU: auto = on for bf16 models whose
     # source is a Q4_1 GGUF (exact), int4 = always (quantizing other sources), none = off.
     weight_quant: str = "auto"
+    # torch attention backend: memory for the dense per-row K/V mirror that lets decode
+    # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
+    kv_mirror_mb: int | None = None
     context_length: int | None = None  # default: the model's max_position_embeddings
     max_total_tokens: int | None = None  # KV pool capacity; default from mem_fraction
     mem_fraction: float = 0.15  # share of (free) memory for the KV pool when not given

@@ -34,6 +34,8 @@ class ForwardBatch:
     seq_lens_cpu: list[int] = field(default_factory=list)
     prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_lens_cpu: list[int] = field(default_factory=list)
+    # Unique id of the request on each row (a row is reused by later requests).
+    owner_ids: list[int] = field(default_factory=list)
     # Filled by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: Any = None
 

@@ -80,8 +80,11 @@ class ModelRunner:
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
         name = resolve_backend_name(config.attention_backend, self.device)
         self.attention_backend_name = name
+        options = {}
+        if name == "torch" and config.kv_mirror_mb is not None:
+            options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
         self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
-                                             cfg.head_dim)
+                                             cfg.head_dim, **options)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
         logger.info("model on %s/%s%s, KV pool %d tokens, attention %s", self.device,
@@ -216,6 +219,7 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             prefix_lens_cpu=list(sb.prefix_lens),
             extend_lens_cpu=list(sb.extend_lens),
+            owner_ids=[r.uid for r in sb.reqs],
         )
         return fb, logit_rows
 

@@ -11,12 +11,15 @@ it finishes. ``row`` is the request's row of ``req_to_token``; entries before
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.sampling_params import SamplingParams
+
+_uids = itertools.count(1)
 
 
 class ReqStatus(enum.Enum):
@@ -71,6 +74,7 @@ class Req:
     finished_at: float | None = None
     last_streamed_len: int = -1
     aborted: bool = False
+    uid: int = field(default_factory=lambda: next(_uids))
 
     @property
     def fill_ids(self) -> list[int]:

@@ -59,7 +59,8 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
 
 
 def create_attention_backend(name: str, pool, num_heads: int, num_kv_heads: int,
-                             head_dim: int) -> AttentionBackend:
+                             head_dim: int, **options) -> AttentionBackend:
+    """Instantiate a registered backend; ``options`` are backend-specific keywords."""
     module_name, cls_name = ATTENTION_BACKENDS[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(pool, num_heads, num_kv_heads, head_dim)
+    return cls(pool, num_heads, num_kv_heads, head_dim, **options)
