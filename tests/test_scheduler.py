@@ -36,6 +36,7 @@ def reference(tiny_model_dir):
     {"max_total_tokens": 4096, "max_running_requests": 3, "schedule_policy": "fcfs"},
     {"max_total_tokens": 4096, "kv_mirror_mb": 0},  # decode gathers through req_to_token
     {"max_total_tokens": 180},  # far too small for 20 requests: forces retraction
+    {"max_total_tokens": 180, "radix_eviction_policy": "lfu"},
     {"max_total_tokens": 180, "disable_radix_cache": True, "chunked_prefill_size": 32},
 ])
 def test_batched_equals_alone(tiny_model_dir, reference, opts):

@@ -26,6 +26,7 @@ class EngineConfig:
     chunked_prefill_size: int = 1024  # max new tokens in one prefill step
     schedule_policy: str = "lpm"  # lpm | fcfs
     disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"  # lru | lfu
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
     random_seed: int = 0
@@ -38,6 +39,9 @@ class EngineConfig:
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
         if self.weight_quant not in ("auto", "int4", "none"):
             raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
+        if self.radix_eviction_policy not in ("lru", "lfu"):
+            raise ValueError("radix_eviction_policy must be lru|lfu, got "
+                             f"{self.radix_eviction_policy!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm|fcfs, got {self.schedule_policy!r}")
         if self.max_running_requests < 1:

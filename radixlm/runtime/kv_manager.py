@@ -12,10 +12,12 @@ from radixlm.runtime.request import Req
 
 
 class KVManager:
-    def __init__(self, capacity: int, num_rows: int, disable_radix_cache: bool) -> None:
+    def __init__(self, capacity: int, num_rows: int, disable_radix_cache: bool,
+                 eviction_policy: str = "lru") -> None:
         self.slots = SlotAllocator(capacity)
         self.rows = RowAllocator(num_rows)
-        self.cache = create_prefix_cache(self.slots.free, disable_radix_cache=disable_radix_cache)
+        self.cache = create_prefix_cache(self.slots.free, disable_radix_cache=disable_radix_cache,
+                                         eviction_policy=eviction_policy)
 
     @property
     def available(self) -> int:

@@ -40,7 +40,7 @@ class Scheduler:
         self.runner = runner
         self.grammar_backend = grammar_backend
         self.kv = KVManager(runner.pool.capacity, config.max_running_requests + 1,
-                            config.disable_radix_cache)
+                            config.disable_radix_cache, config.radix_eviction_policy)
         self.inbox: queue.Queue = queue.Queue()
         self.grammar_pending: list[Req] = []
         self.waiting: list[Req] = []
