@@ -28,9 +28,9 @@ TARGET_PROGRAMS = 4 * 132  # about four stage-1 programs per SM of an H100/H200
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Stage-1 tile and launch shape. The default keeps the sm_90 build at 168 registers
-    (BLOCK_N 64 with 4 warps needs 255 and spills); ``benchmarks/gpu_check.py`` sweeps others
-    by setting ``CONFIG_OVERRIDE``."""
+    """Stage-1 tile and launch shape. The default builds for sm_90 at 168 registers and a
+    16-byte stack (BLOCK_N 64 with 4 warps needs 255 and spills more); guessed without a GPU:
+    ``benchmarks/gpu_check.py`` sweeps others by setting ``CONFIG_OVERRIDE``."""
 
     block_n: int = 32  # KV rows per inner step
     num_warps: int = 4
