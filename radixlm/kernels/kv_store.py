@@ -11,17 +11,17 @@ import triton.language as tl
 def _store_kv_kernel(
     k_cache_ptr, v_cache_ptr, loc_ptr, k_ptr, v_ptr,
     cache_stride_s, cache_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-    head_dim,
-    BLOCK_D: tl.constexpr,
+    num_kv_heads, head_dim,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64)  # one program writes every KV head of one token
+    h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
-    mask = d < head_dim
+    mask = (h < num_kv_heads)[:, None] & (d < head_dim)[None, :]
     slot = tl.load(loc_ptr + t).to(tl.int64)
-    dst = slot * cache_stride_s + head * cache_stride_h + d
-    k = tl.load(k_ptr + t * k_stride_t + head * k_stride_h + d, mask=mask)
-    v = tl.load(v_ptr + t * v_stride_t + head * v_stride_h + d, mask=mask)
+    dst = slot * cache_stride_s + h[:, None] * cache_stride_h + d[None, :]
+    k = tl.load(k_ptr + t * k_stride_t + h[:, None] * k_stride_h + d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * v_stride_t + h[:, None] * v_stride_h + d[None, :], mask=mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -41,9 +41,10 @@ def store_kv(
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    _store_kv_kernel[(num_tokens, num_kv_heads)](
+    block_h, block_d = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
+    _store_kv_kernel[(num_tokens,)](
         k_cache, v_cache, loc, k, v,
         k_cache.stride(0), k_cache.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=1,
+        num_kv_heads, head_dim,
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2,
     )
