@@ -81,7 +81,9 @@ class ChatTemplate:
         except Exception as e:
             raise ChatTemplateError(f"chat template cannot render role {role!r}: {e}") from e
         if not full.startswith(before) or full.count(_SENTINEL) != 1:
-            raise ChatTemplateError(f"cannot isolate role {role!r} in the chat template")
+            raise ChatTemplateError(
+                f"cannot isolate role {role!r} in the chat template: adding a message does "
+                f"not extend the rendered text ({before[-40:]!r} vs {full[-60:]!r})")
         prefix, suffix = full[len(before):].split(_SENTINEL)
         return prefix, suffix
 
