@@ -261,3 +261,21 @@ def test_openai_backend_against_server(backend):
     assert state.error() is None, state.error()
     assert "Paris" in state["city"]
     assert state["yn"] == "yes"
+
+
+def test_openai_completion_model_against_server(backend):
+    if not hasattr(backend, "url"):
+        pytest.skip("needs the HTTP server")
+    oai = sgl.OpenAI("smollm2-135m-instruct", base_url=backend.url + "/v1",
+                     is_chat_model=False)
+
+    @sgl.function
+    def complete(s):
+        s += "The capital of Italy is Rome. The capital of France is"
+        s += sgl.gen("city", max_tokens=3, stop=[".", "\n"])
+        s += "\nQ: Is Paris in Europe?\nA:" + sgl.select("yn", [" yes", " no"])
+
+    state = complete.run(backend=oai, temperature=0)
+    assert state.error() is None, state.error()
+    assert state["city"].strip() == "Paris"
+    assert state["yn"] == " yes"

@@ -106,6 +106,8 @@ class OpenAI(Backend):
             choice = resp.choices[0]
             text = choice.message.content or ""
         else:
+            if params.return_logprob:
+                kw["logprobs"] = params.top_logprobs_num or 1
             resp = self._call(self.client.completions.create, prompt=prompt.text, **kw)
             choice = resp.choices[0]
             text = choice.text
@@ -185,10 +187,14 @@ class OpenAI(Backend):
 
 
 def _first_top_logprobs(logprobs: Any) -> dict[str, float]:
+    """{token text: logprob} of the first answer token (chat or legacy completions shape)."""
     try:
-        first = logprobs["content"][0]
-        return {t["token"]: t["logprob"] for t in first["top_logprobs"]} or {
-            first["token"]: first["logprob"]}
+        if "content" in logprobs:  # chat
+            first = logprobs["content"][0]
+            return {t["token"]: t["logprob"] for t in first["top_logprobs"]} or {
+                first["token"]: first["logprob"]}
+        return dict(logprobs["top_logprobs"][0]) or {
+            logprobs["tokens"][0]: logprobs["token_logprobs"][0]}
     except (TypeError, KeyError, IndexError):
         return {}
 
