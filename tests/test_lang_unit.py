@@ -489,8 +489,31 @@ def test_import_radixlm_is_light_and_exports_dsl():
             "'RuntimeEndpoint','Runtime','OpenAI']\n"
             "missing = [n for n in names if not hasattr(sgl, n)]\n"
             "assert not missing, missing\n"
-            "print('torch' in sys.modules)\n")
+            "print('torch' in sys.modules)\n"
+            "from radixlm.runtime.engine import Engine\n"
+            "assert sgl.Engine is Engine\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # the DSL and its HTTP backends need no torch
+
+
+def test_set_default_backend_accepts_an_engine():
+    class Engine:  # stands in for radixlm.runtime.engine.Engine (matched by name)
+        tokenizer = None
+
+        def generate(self, **kwargs):
+            return {"text": "ok", "meta_info": {"finish_reason": {"type": "length"}}}
+
+    engine = Engine()
+    sgl.set_default_backend(engine)
+    backend = sgl.get_default_backend()
+    assert isinstance(backend, sgl.Runtime) and backend.engine is engine
+    @sgl.function
+    def plain(s):
+        s += "1+1=" + sgl.gen("answer", max_tokens=1)
+
+    assert plain.run()["answer"] == "ok"
+    backend.shutdown()  # does not own the engine: nothing to shut down
+    with pytest.raises(TypeError, match="not a backend"):
+        sgl.set_default_backend(object())
