@@ -250,6 +250,25 @@ def test_fork_runs_children_concurrently_and_join_gathers(fake):
     assert draft_prompts[0].startswith("Question:") and draft_prompts[0].endswith("Draft 0: ")
 
 
+def test_concate_join_and_fork_failure_reaches_parent():
+    backend = FakeBackend(fail_on="BAD")
+
+    @sgl.function
+    def f(s):
+        s += "P:"
+        forks = s.fork(2)
+        forks += ["one", "two"]
+        forks.join("concate_join")
+        s += "|"
+        bad = s.fork(2)
+        bad += ["ok" + sgl.gen("g", max_tokens=1), "BAD" + sgl.gen("g", max_tokens=1)]
+        s["from_fork"] = bad[1]["g"]  # raises ProgramError: that fork failed
+
+    state = f.run(backend=backend)
+    assert state.text() == "P:onetwo|"
+    assert isinstance(state.error(), BackendError)
+
+
 def test_fork_list_and_iteration(fake):
     @sgl.function
     def f(s):

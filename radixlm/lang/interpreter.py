@@ -62,6 +62,7 @@ class StreamExecutor:
         self.error_: BaseException | None = None
         self.is_finished = False
         self.children: list[StreamExecutor] = []
+        self.fork_start = 0  # length of the parent's text when this state was forked
         self.changed = threading.Condition()  # notified on every text/variable change
         # Program-thread bookkeeping, checked when an expression is submitted.
         self._names: set[str] = set()
@@ -139,6 +140,7 @@ class StreamExecutor:
             child = StreamExecutor(self.backend, self.default_params, self.stream,
                                    self._chat_template)
             child.text_ = self.text_
+            child.fork_start = len(self.text_)
             child.messages_ = list(self.messages_)
             child.variables = dict(self.variables)
             child.meta_info = dict(self.meta_info)

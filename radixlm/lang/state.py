@@ -206,8 +206,7 @@ class ProgramStateGroup:
                         src._names.add(k)
                         src.variable_event.setdefault(k, threading.Event()).set()
         elif mode == "concate_join":
-            start = len(self.src.text())
-            self.src += "".join(s.executor.text_[start:] for s in self.states)
+            self.src += "".join(s.executor.text_[s.executor.fork_start:] for s in self.states)
         else:
             raise ValueError(f"unknown join mode {mode!r}")
         if src.error_ is None:
@@ -224,8 +223,8 @@ def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs:
     def body() -> None:
         try:
             state.ret_value = func(state, *args, **kwargs)
-        except ProgramError:
-            pass  # the cause is already state.error()
+        except ProgramError as e:  # a step failed; keep its cause (maybe from a fork)
+            state.executor.error_ = state.executor.error_ or e.__cause__ or e
         except BaseException as e:
             if not stream:
                 raise
