@@ -10,7 +10,7 @@ from __future__ import annotations
 from radixlm.radix.base import BasePrefixCache
 from radixlm.runtime.request import Req
 
-LPM_MAX_QUEUE = 256
+LPM_MAX_QUEUE = 128
 # A waiting request that shares at least this many uncached tokens with one already
 # picked for the current batch waits one step, then finds them cached.
 DEDUP_MIN_SHARED = 32
@@ -25,23 +25,14 @@ def order_waiting(waiting: list[Req], policy: str, cache: BasePrefixCache) -> li
     return sorted(waiting, key=lambda r: -hits[id(r)])
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache) -> bool:
     """True when ``req`` would recompute a prefix that a request already picked for this
     batch is computing now (so it should wait a step and hit the cache instead)."""
     if not picked:
         return False
     fill = req.fill_ids[: req.max_cacheable_prefix]
-    cached = cache.cached_prefix_len(fill)
-    for other in picked:
-        shared = common_prefix_len(fill, other.fill_ids)
-        if shared - cached >= DEDUP_MIN_SHARED:
-            return True
-    return False
+    end = cache.cached_prefix_len(fill) + DEDUP_MIN_SHARED
+    if end > len(fill):
+        return False
+    head = fill[:end]  # slice comparisons run in C; no per-token Python loop
+    return any(other.fill_ids[:end] == head for other in picked)

@@ -204,7 +204,9 @@ class Scheduler:
             self.extending.remove(req)
             take(req, n)
             budget -= n
-        for req in order_waiting(self.waiting, self.config.schedule_policy, self.kv.cache):
+        full = self.num_active + len(picked) >= self.config.max_running_requests
+        waiting = [] if full or budget <= 0 else self.waiting
+        for req in order_waiting(waiting, self.config.schedule_policy, self.kv.cache):
             if budget <= 0 or self.num_active + len(picked) >= self.config.max_running_requests:
                 break
             if shares_uncached_prefix(req, picked, self.kv.cache):
