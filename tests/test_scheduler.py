@@ -130,3 +130,25 @@ def test_queue_limit(tiny_model_dir):
         with pytest.raises(QueueFullError):
             engine.generate(input_ids=prompts(3), sampling_params=PARAMS)
         assert len(engine.generate(input_ids=prompts(2), sampling_params=PARAMS)) == 2
+
+
+def test_failure_in_one_request_spares_its_neighbours(tiny_model_dir):
+    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
+                log_level="critical") as engine:
+        sched = engine.scheduler
+        original = sched._on_token
+
+        def flaky(req, token, logprob):
+            if req.rid == "bad" and len(req.output_ids) >= 3:
+                raise RuntimeError("boom")
+            return original(req, token, logprob)
+
+        sched._on_token = flaky
+        ps = prompts(3, seed=9)
+        outs = engine.generate(input_ids=ps, sampling_params=PARAMS, rid=["ok1", "bad", "ok2"])
+        assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert "boom" in outs[1]["meta_info"]["finish_reason"]["message"]
+        assert [len(o["output_ids"]) for o in (outs[0], outs[2])] == [20, 20]
+        engine.check_integrity()
+        again = engine.generate(input_ids=ps[0], sampling_params=PARAMS)  # loop still alive
+        assert again["output_ids"] == outs[0]["output_ids"]
