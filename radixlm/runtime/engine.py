@@ -281,7 +281,9 @@ class Engine:
         return bool(self.scheduler.call(self.scheduler.flush_cache))
 
     def get_stats(self) -> dict:
-        return self.scheduler.call(self.scheduler.snapshot)
+        """Counters and gauges; read without waiting for the scheduler thread (each value
+        is consistent on its own, not necessarily with the others)."""
+        return self.scheduler.snapshot()
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""

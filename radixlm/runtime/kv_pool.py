@@ -74,8 +74,12 @@ class KVPool:
         self.capacity = capacity
         self.dtype, self.device = dtype, device
         shape = (capacity, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # empty, not zeros: pages are committed only as slots get used. Slot 0 (padding) is
+        # zeroed because masked attention positions still read it (0 * NaN would be NaN).
+        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in self.k_buffer + self.v_buffer:
+            buf[0].zero_()
         self.req_to_token = torch.zeros((max_running, max_context), dtype=torch.int32,
                                         device=device)
 
