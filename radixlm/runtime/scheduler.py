@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 # Admission keeps this share of the running requests' remaining output budget free, so
 # that decode rarely has to retract.
 NEW_TOKEN_RATIO = 0.3
+# A decoding request hands its K/V to the prefix cache every this many output tokens, so
+# that concurrent requests can share what it generated.
+DECODE_INSERT_INTERVAL = 64
 
 
 class Scheduler:
@@ -286,6 +289,8 @@ class Scheduler:
                     continue
                 if sb.mode == ForwardMode.EXTEND and i in out.next_ids:
                     self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
+                elif len(req.output_ids) % DECODE_INSERT_INTERVAL == 0:
+                    self.kv.cache_unfinished(req, req.kv_len)  # share generated text too
                 self._place(req)
                 self._stream(req)
             except Exception as e:
