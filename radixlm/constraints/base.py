@@ -97,5 +97,5 @@ class GrammarBackend(ABC):
         """Compile (or fetch from cache) off the calling thread; the future yields a fresh
         per-request ``Grammar`` or raises ``ValueError`` with a clear message."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027
         """Release worker threads."""

@@ -30,6 +30,7 @@ class _Meta:
     use_mirror: bool
     rows: torch.Tensor | None = None  # [B] rows of the batch (decode)
     num_rows: int = 0  # rows 0 .. num_rows - 1 cover the batch (decode)
+    identity: bool = False  # the batch's rows are exactly 0 .. B-1, in order (decode)
     mask: torch.Tensor | None = None  # [num_rows or B, 1, 1, L] bool (decode)
     slot_idx: torch.Tensor | None = None  # [B, L] (decode, gather fallback)
     # extend: per request (first row in T, new tokens, prefix len, row, prefix slots)
@@ -101,7 +102,8 @@ class TorchAttentionBackend(AttentionBackend):
                 lens = torch.zeros(num_rows, dtype=torch.int64, device=batch.seq_lens.device)
                 lens[batch.req_pool_indices] = batch.seq_lens
                 mask = (arange[None, :] < lens[:, None])[:, None, None, :]
-                batch.attn_metadata = _Meta(True, batch.req_pool_indices, num_rows, mask)
+                batch.attn_metadata = _Meta(True, batch.req_pool_indices, num_rows, mask=mask,
+                                            identity=rows == list(range(len(rows))))
             else:
                 slot_idx = self.pool.req_to_token[batch.req_pool_indices, :max_len].long()
                 mask = (arange[None, :] < batch.seq_lens[:, None])[:, None, None, :]
@@ -132,13 +134,16 @@ class TorchAttentionBackend(AttentionBackend):
         mk[rows, pos] = k.to(mk.dtype)
         mv[rows, pos] = v.to(mv.dtype)
         length = batch.max_seq_len
-        q_rows = q.new_zeros(meta.num_rows, self.num_heads, 1, self.head_dim)
-        q_rows[rows] = q.unsqueeze(2)
+        if meta.identity:  # the batch is rows 0 .. B-1 in order: no scatter/gather of q
+            q_rows = q.unsqueeze(2)
+        else:
+            q_rows = q.new_zeros(meta.num_rows, self.num_heads, 1, self.head_dim)
+            q_rows[rows] = q.unsqueeze(2)
         out = F.scaled_dot_product_attention(
             q_rows, mk[:meta.num_rows, :length].transpose(1, 2),
             mv[:meta.num_rows, :length].transpose(1, 2), attn_mask=meta.mask,
             scale=self.scale, enable_gqa=True)  # (rows, H, 1, D)
-        return out[rows].squeeze(2)
+        return (out if meta.identity else out[rows]).squeeze(2)
 
     def _decode_gather(self, q, k_cache, v_cache, meta: _Meta) -> torch.Tensor:
         keys = k_cache[meta.slot_idx].transpose(1, 2)  # (B, Hkv, L, D)
