@@ -190,7 +190,7 @@ def test_run_batch_warms_cache(backend):
     states = few_shot_sum.run_batch([{"question": q} for q in questions], backend=backend,
                                     temperature=0, progress_bar=False)
     assert all(s.error() is None for s in states)
-    assert "4" in states[0]["answer"]
+    assert all(isinstance(s["answer"], str) and s["answer"] for s in states)
     for s in states:
         meta = s.get_meta_info("answer")
         # the traced prefix was cached before the batch: every program hits it
