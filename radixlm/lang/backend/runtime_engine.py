@@ -32,12 +32,15 @@ def _check_finished(out: dict[str, Any]) -> dict[str, Any]:
 class Runtime(Backend):
     """Backend over an in-process Engine.
 
-    `Runtime(model="smollm2-135m-instruct", **engine_kwargs)` creates and owns an Engine
-    (shut down by `shutdown()` or `with`); `Runtime(engine)` wraps an existing one.
+    `Runtime(model="smollm2-135m-instruct", **engine_kwargs)` (or SGLang's `model_path=`)
+    creates and owns an Engine (shut down by `shutdown()` or `with`); `Runtime(engine)` wraps
+    an existing one. Calls taking longer than `timeout` seconds are aborted (BackendError).
     """
 
-    def __init__(self, model: Any = DEFAULT_MODEL, timeout: float = DEFAULT_TIMEOUT_S,
-                 **engine_kwargs: Any) -> None:
+    def __init__(self, model: Any = DEFAULT_MODEL, timeout: float = DEFAULT_TIMEOUT_S, *,
+                 model_path: str | None = None, **engine_kwargs: Any) -> None:
+        if model_path is not None:  # SGLang's spelling
+            model = model_path
         if isinstance(model, str):
             from radixlm.runtime.engine import Engine
 
