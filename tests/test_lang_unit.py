@@ -475,6 +475,31 @@ def test_endpoint_down_is_a_clear_error():
     assert time.perf_counter() - t0 < 10
 
 
+def test_openai_backend_down_is_a_state_error():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = sgl.OpenAI("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=5)
+
+    @sgl.function
+    def chat(s):
+        s += sgl.user("hi")
+        s += sgl.assistant(sgl.gen("x", max_tokens=2))
+
+    state = chat.run(backend=backend)
+    assert isinstance(state.error(), BackendError)
+    assert "cannot reach" in str(state.error())
+
+    @sgl.function
+    def not_after_assistant(s):
+        s += sgl.user("hi" + sgl.gen("x", max_tokens=2))
+
+    state = not_after_assistant.run(backend=backend)
+    assert "right after an assistant role begins" in str(state.error())
+
+
 # ---- choices methods -----------------------------------------------------------------------
 
 def test_choice_methods_differ_as_documented():
