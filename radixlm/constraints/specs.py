@@ -1,0 +1,76 @@
+"""Constraint specs from sampling parameters: exactly one of ``regex``, ``json_schema``,
+``choices``, ``dtype`` per request, normalized into a hashable ``ConstraintSpec``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from radixlm.constraints import regex_parts as rp
+from radixlm.constraints.base import CONSTRAINT_KINDS, ConstraintSpec
+
+# dtype -> regex of the whole output. "str" is a JSON string literal (quotes included).
+DTYPE_REGEX: dict[str, str] = {
+    "int": rp.INTEGER,
+    "float": rp.NUMBER,
+    "bool": rp.BOOLEAN,
+    "str": rp.STRING,
+}
+DEFAULT_WHITESPACE = r"[ ]?"  # at most one space between JSON tokens: no runaway whitespace
+
+
+def choices_regex(choices: tuple[str, ...]) -> str:
+    """Alternation of the escaped literal choices."""
+    return "(?:" + "|".join(rp.literal_regex(c) for c in choices) + ")"
+
+
+def normalize_json_schema(value: Any) -> str:
+    """A pydantic model class, a dict or a JSON string -> compact JSON text. Key order is
+    kept (it is the order properties are generated in), so equal dicts give equal text."""
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        value = value.model_json_schema()
+    elif isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    elif not isinstance(value, (dict, bool)):
+        raise ValueError("json_schema must be a dict, a JSON string or a pydantic model class, "
+                         f"got {type(value).__name__}")
+    if not isinstance(value, (dict, bool)):
+        raise ValueError(f"json_schema must be a JSON object, got {type(value).__name__}")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_from_sampling_params(params: dict) -> ConstraintSpec | None:
+    """The constraint named in ``params`` (None if none). Raises ValueError if more than one
+    kind is given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may
+    override the default ``[ ]?``."""
+    given = [k for k in CONSTRAINT_KINDS if params.get(k) is not None]
+    if len(given) > 1:
+        raise ValueError(f"at most one constraint per request, got {', '.join(given)}")
+    ws = params.get("whitespace_pattern")
+    if ws is not None and (not given or given[0] != "json_schema"):
+        raise ValueError("whitespace_pattern applies to json_schema only")
+    if ws is not None and not isinstance(ws, str):
+        raise ValueError("whitespace_pattern must be a string")
+    if not given:
+        return None
+    kind = given[0]
+    value = params[kind]
+    if kind == "regex":
+        if not isinstance(value, str) or not value:
+            raise ValueError("regex must be a non-empty string")
+        return ConstraintSpec("regex", value)
+    if kind == "json_schema":
+        return ConstraintSpec("json_schema", normalize_json_schema(value),
+                              ws if ws is not None else DEFAULT_WHITESPACE)
+    if kind == "choices":
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+            raise ValueError("choices must be a non-empty list of strings")
+        if not all(isinstance(c, str) and c for c in value):
+            raise ValueError("choices must be non-empty strings")
+        return ConstraintSpec("choices", tuple(value))
+    if value not in DTYPE_REGEX:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_REGEX)}, got {value!r}")
+    return ConstraintSpec("dtype", value)
