@@ -48,6 +48,8 @@ def test_batched_equals_alone(tiny_model_dir, reference, opts):
         stats = engine.get_stats()
         if opts["max_total_tokens"] == 180:
             assert stats["num_retractions_total"] > 0
+            if not opts.get("disable_radix_cache"):
+                assert stats["evicted_tokens_total"] > 0
         engine.check_integrity()
 
 

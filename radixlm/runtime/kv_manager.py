@@ -18,6 +18,7 @@ class KVManager:
         self.rows = RowAllocator(num_rows)
         self.cache = create_prefix_cache(self.slots.free, disable_radix_cache=disable_radix_cache,
                                          eviction_policy=eviction_policy)
+        self.evicted_total = 0  # tokens evicted from the cache to make room
 
     @property
     def available(self) -> int:
@@ -27,7 +28,7 @@ class KVManager:
     def alloc(self, n: int) -> list[int] | None:
         """``n`` slots, evicting unlocked cache leaves if needed; None if impossible."""
         if n > self.slots.num_free:
-            self.cache.evict(n - self.slots.num_free)
+            self.evicted_total += self.cache.evict(n - self.slots.num_free)
         return self.slots.alloc(n)
 
     # ------------------------------------------------------------------ admission

@@ -432,5 +432,6 @@ class Scheduler:
             "kv_usage": used / max(kv.slots.usable, 1),
             "tree_size": kv.cache.total_size,
             "tree_evictable": kv.cache.evictable_size,
+            "evicted_tokens_total": kv.evicted_total,
             "cache_hit_rate": self.stats["cached_tokens_total"] / prompt if prompt else 0.0,
         }
