@@ -6,7 +6,11 @@ parts (the Engine, torch) load only when first used.
 
 from typing import Any
 
-from radixlm.lang import (
+from radixlm import envs as _envs
+
+_envs.configure_openmp()  # before anything imports torch
+
+from radixlm.lang import (  # noqa: E402
     Backend,
     BackendError,
     ProgramError,
