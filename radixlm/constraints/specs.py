@@ -42,10 +42,13 @@ def normalize_json_schema(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def spec_from_sampling_params(params: dict) -> ConstraintSpec | None:
-    """The constraint named in ``params`` (None if none). Raises ValueError if more than one
-    kind is given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may
-    override the default ``[ ]?``."""
+def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:
+    """The constraint named in ``params`` (a dict, or an object with those attributes such
+    as ``SamplingParams``; None if no constraint). Raises ValueError if more than one kind is
+    given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may override the
+    default ``[ ]?``."""
+    if not isinstance(params, dict):
+        params = {k: getattr(params, k, None) for k in (*CONSTRAINT_KINDS, "whitespace_pattern")}
     given = [k for k in CONSTRAINT_KINDS if params.get(k) is not None]
     if len(given) > 1:
         raise ValueError(f"at most one constraint per request, got {', '.join(given)}")

@@ -1,0 +1,86 @@
+"""The tokenizer's vocabulary as raw bytes, and an outlines-core ``Vocabulary`` built from it.
+
+Tokens are mapped to the exact bytes they spell, never through a lossy string round trip:
+byte-level BPE tokens (GPT-2, Llama 3, SmolLM2) go through the inverse of GPT-2's
+byte-to-unicode table; SentencePiece tokens map ``▁`` to a space and ``<0xHH>`` to that
+byte. Special and added-special tokens are left out: EOS is handled by the grammar, outside
+the index, and other special tokens are never allowed under a constraint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import outlines_core
+
+
+@lru_cache(maxsize=1)
+def unicode_to_bytes() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode`` table (printable stand-ins for all 256 bytes)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _is_byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    return decoder is not None and "ByteLevel" in repr(decoder)
+
+
+def token_bytes(token: str, byte_level: bool) -> bytes | None:
+    """The bytes a vocabulary string stands for (None if it can't be decoded losslessly)."""
+    if byte_level:
+        table = unicode_to_bytes()
+        try:
+            return bytes(table[c] for c in token)
+        except KeyError:
+            return None
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        return bytes([int(token[3:5], 16)])
+    return token.replace("\u2581", " ").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class TokenVocab:
+    """Token id -> bytes for every usable (non-special) token, plus a content hash."""
+
+    id_to_bytes: dict[int, bytes]
+    special_ids: frozenset[int]
+    tokenizer_hash: str
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TokenVocab:
+        byte_level = _is_byte_level(tokenizer)
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        for tid, tok in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+            if getattr(tok, "special", False):
+                special.add(tid)
+        id_to_bytes: dict[int, bytes] = {}
+        for token, tid in tokenizer.get_vocab().items():
+            if tid in special:
+                continue
+            b = token_bytes(token, byte_level)
+            if b:
+                id_to_bytes[tid] = b
+        h = hashlib.sha256()
+        for tid in sorted(id_to_bytes):
+            h.update(tid.to_bytes(4, "little") + len(id_to_bytes[tid]).to_bytes(2, "little"))
+            h.update(id_to_bytes[tid])
+        return cls(id_to_bytes, frozenset(special), h.hexdigest()[:16])
+
+    def outlines_vocabulary(self, eos_token_id: int) -> outlines_core.Vocabulary:
+        """outlines-core needs an EOS id; we give one and strip it from masks ourselves."""
+        by_bytes: dict[bytes, list[int]] = {}
+        for tid, b in self.id_to_bytes.items():
+            by_bytes.setdefault(b, []).append(tid)
+        return outlines_core.Vocabulary(eos_token_id, by_bytes)
