@@ -336,7 +336,7 @@ class SchemaTranslator:
         out = [dict(b) for b in branches]
         for i in range(len(out)):
             for j in range(len(out)):
-                a, b = out[i], out[j]
+                a, b = out[i], branches[j]  # narrowed i against the real j
                 if i == j or self.excludes(a, b):
                     continue
                 missing = [q for q in b.get("required", []) if q not in a.get("required", [])]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import outlines_core
 
 from radixlm.constraints.base import Grammar
 
@@ -70,3 +71,51 @@ def accepts_text(grammar: Grammar, tokenizer, text: str) -> bool:
         if not g.accept_token(t):
             return False
     return g.is_accepting()  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ byte-level (regex) checks
+# An index over a 256-token vocabulary of single bytes has the same language as the real one
+# (same regex, same Rust DFA) but builds ~100x faster: what the soundness checks walk.
+
+_BYTE_EOS = 256
+_BYTE_CLOSERS = b'"}],0a1'
+
+
+def byte_index(regex: str) -> outlines_core.Index:
+    """outlines-core index of ``regex`` over single-byte tokens (token id = byte value)."""
+    vocab = outlines_core.Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
+    return outlines_core.Index(regex, vocab)
+
+
+def index_accepts(index: outlines_core.Index, data: bytes) -> bool:
+    """Whether the byte-level ``index`` matches exactly ``data``."""
+    state = index.get_initial_state()
+    for b in data:
+        state = index.get_next_state(state, b)
+        if state is None:
+            return False
+    return index.is_final_state(state)
+
+
+def byte_random_walk(index: outlines_core.Index, seed: int, explore_steps: int = 40,
+                     max_steps: int = 3000) -> bytes | None:
+    """A random member of the index's language (None if the walk didn't end)."""
+    rng = random.Random(seed)
+    state = index.get_initial_state()
+    out = bytearray()
+    for step in range(max_steps):
+        allowed = index.get_allowed_tokens(state)
+        final = index.is_final_state(state)
+        if final and (step >= explore_steps or rng.random() < 0.2 or len(allowed) == 1):
+            return bytes(out)
+        choices = [t for t in allowed if t != _BYTE_EOS]
+        if not choices:
+            return bytes(out) if final else None
+        pick = None
+        if step >= explore_steps and rng.random() < 0.8:
+            pick = next((b for b in _BYTE_CLOSERS if b in choices), None)
+        if pick is None:
+            pick = rng.choice(choices)
+        state = index.get_next_state(state, pick)
+        out.append(pick)
+    return None
