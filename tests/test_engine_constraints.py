@@ -1,0 +1,97 @@
+"""Constraints inside the batch on the real model: outputs conform, masks don't leak,
+jump-forward on and off both valid, bad constraints fail clearly and alone."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "email": {"type": "string", "format": "email"}},
+    "required": ["name", "age"],
+}
+
+
+def chat(tokenizer, text: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@pytest.fixture(scope="module")
+def jf_off_engine():
+    from radixlm.runtime.engine import Engine
+
+    with Engine(dtype="float32", max_total_tokens=8192, enable_jump_forward=False,
+                log_level="warning") as engine:
+        yield engine
+
+
+def test_mixed_batch_each_row_follows_its_own_constraint(engine_fp32, tokenizer):
+    prompts = [chat(tokenizer, "Describe Ada Lovelace as JSON."),
+               chat(tokenizer, "What is the phone number of the office?"),
+               chat(tokenizer, "Is the sky blue? Answer yes or no."),
+               chat(tokenizer, "Write a short greeting."),
+               chat(tokenizer, "How many legs does a spider have?")]
+    params = [
+        {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(PERSON)},
+        {"temperature": 0, "max_new_tokens": 20, "regex": r"\(\d{3}\) \d{3}-\d{4}"},
+        {"temperature": 0, "max_new_tokens": 8, "choices": ["yes", "no", "maybe not"]},
+        {"temperature": 0, "max_new_tokens": 12},
+        {"temperature": 0.8, "max_new_tokens": 8, "dtype": "int", "seed": 3},
+    ]
+    free_alone = engine_fp32.generate(prompts[3], params[3])
+    outs = engine_fp32.generate(prompts, params)
+    jsonschema.validate(json.loads(outs[0]["text"]), PERSON)
+    assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", outs[1]["text"])
+    assert outs[2]["text"] in ("yes", "no", "maybe not")
+    assert outs[3]["output_ids"] == free_alone["output_ids"]  # no mask leaked into it
+    assert re.fullmatch(r"-?\d+", outs[4]["text"])
+    engine_fp32.check_integrity()
+
+
+def test_jump_forward_on_and_off_both_valid(engine_fp32, jf_off_engine, tokenizer):
+    schema = {"type": "object", "properties": {
+        "first_name_of_the_person": {"type": "string", "maxLength": 12},
+        "last_name_of_the_person": {"type": "string", "maxLength": 12},
+        "is_currently_employed": {"type": "boolean"}},
+        "required": ["first_name_of_the_person", "last_name_of_the_person",
+                     "is_currently_employed"]}
+    prompt = chat(tokenizer, "Invent a person and give their details as JSON.")
+    params = {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(schema)}
+    on = engine_fp32.generate(prompt, params)
+    off = jf_off_engine.generate(prompt, params)
+    for out in (on, off):
+        jsonschema.validate(json.loads(out["text"]), schema)
+    assert on["meta_info"].get("forced_tokens", 0) > 0
+    assert off["meta_info"].get("forced_tokens", 0) == 0
+    assert engine_fp32.get_stats()["forced_tokens_total"] > 0
+
+
+def test_constrained_logprobs_report_masked_distribution(engine_fp32, tokenizer):
+    out = engine_fp32.generate(chat(tokenizer, "Pick a color."),
+                               {"temperature": 0, "max_new_tokens": 4,
+                                "choices": ["red", "green"]},
+                               return_logprob=True, top_logprobs_num=3)
+    assert out["text"] in ("red", "green")
+    first_top = out["meta_info"]["output_top_logprobs"][0]
+    finite = [tid for lp, tid, _ in first_top if lp > float("-inf")]
+    assert finite and all(any(c.startswith(tokenizer.decode([t])) for c in ("red", "green"))
+                          for t in finite)  # only tokens that can start a choice
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"json_schema": "{not json"}, "JSON"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}, "schema"),
+    ({"regex": "(unclosed"}, "regex"),
+    ({"regex": "a", "json_schema": {"type": "string"}}, "constraint"),
+])
+def test_bad_constraints_raise_before_queueing(engine_fp32, params, words):
+    with pytest.raises(ValueError, match=f"(?i){words}"):
+        engine_fp32.generate("hi", {"max_new_tokens": 4, **params})
+    engine_fp32.check_integrity()
