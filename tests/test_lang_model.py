@@ -91,20 +91,20 @@ def greedy(program, backend, **kwargs):
 def capital_chat(s, country):
     s += sgl.user(f"What is the capital of {country}? Answer in one short sentence.")
     s += sgl.assistant(sgl.gen("answer", max_tokens=12, stop="\n"))
-    s += sgl.user("And how many legs does a dog have? Reply with a number.")
-    s += sgl.assistant(sgl.gen_int("legs", max_tokens=4))
+    s += sgl.user("What is 3 + 4?")
+    s += sgl.assistant("3 + 4 = " + sgl.gen_int("sum", max_tokens=4))
 
 
 def test_multi_turn_chat_and_gen_int(backend):
     state = greedy(capital_chat, backend, country="France")
     assert "Paris" in state["answer"]
-    assert int(state["legs"]) == 4
+    assert int(state["sum"]) == 7
     roles = [m["role"] for m in state.messages()]
     assert roles == ["system", "user", "assistant", "user", "assistant"]
     assert state.messages()[0]["content"].startswith("You are a helpful AI assistant")
     # the prompt text is exactly the model's own chat template applied to the messages
     assert state.text() == backend.get_chat_template().render(state.messages())
-    meta = state.get_meta_info("legs")
+    meta = state.get_meta_info("sum")
     assert meta["cached_tokens"] > 0 and meta["completion_tokens"] <= 4
 
 
