@@ -341,6 +341,17 @@ def test_run_batch_precaches_prefix_and_keeps_order(fake):
     assert all(c[1].text.startswith(fake.cached[0]) for c in fake.calls)
 
 
+def test_trace_keeps_prefix_when_primitive_params_are_arguments(fake):
+    @sgl.function
+    def mc(s, question, options, n):
+        s += FEW_SHOT + question + sgl.select("answer", options)
+        s += sgl.gen("more", max_tokens=n)
+
+    assert mc.trace_prefix(backend=fake) == FEW_SHOT
+    state = mc.run(question="Q: 5+5?\nA: ", options=["10", "11"], n=2, backend=fake)
+    assert state["answer"] == "10" and state["more"] == "xx"
+
+
 def test_trace_follows_inline_subprograms_without_running_them(fake):
     @sgl.function
     def header(s, title):

@@ -22,6 +22,7 @@ from typing import Any
 from radixlm.lang.backend.base import Backend
 from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlm.lang.ir import (
+    Argument,
     Expr,
     ExprList,
     Gen,
@@ -120,6 +121,9 @@ def gen(
     `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
     raise ValueError here, where the program is written.
     """
+    if _placeholder(max_tokens, min_tokens, stop, temperature, regex, json_schema, dtype,
+                    choices):
+        return Gen(name)  # tracing with placeholder arguments: the trace stops here anyway
     if name is not None and not isinstance(name, str):
         raise TypeError(f"gen: name must be a str, got {type(name).__name__}")
     constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema),
@@ -165,6 +169,8 @@ def select(
     choices_method: ChoicesSamplingMethod = token_length_normalized,
 ) -> Expr:
     """Append the choice the model finds most likely (scored in one batched request)."""
+    if _placeholder(choices, temperature):
+        return Select(name, [], 0.0, choices_method)  # tracing: the trace stops here
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"select: choices must be a non-empty list of str, got {choices!r}")
     bad = [c for c in choices if not isinstance(c, str) or not c]
@@ -175,6 +181,13 @@ def select(
     if temperature is None or temperature < 0:
         raise ValueError(f"select: temperature must be >= 0, got {temperature}")
     return Select(name, list(choices), float(temperature), choices_method)
+
+
+def _placeholder(*values: Any) -> bool:
+    """True while tracing when a parameter is (or holds) a program-argument placeholder."""
+    return any(isinstance(v, Argument) or (isinstance(v, (list, tuple)) and
+                                           any(isinstance(x, Argument) for x in v))
+               for v in values)
 
 
 def _role(role: str, expr: Any) -> Expr:
