@@ -65,17 +65,29 @@ def q4_1_from_gguf(gguf_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray, n
     return out
 
 
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 (for the LM head, whose GGUF source is Q8_0)."""
+    scales = (w.float().abs().amax(1) / 127).clamp(min=1e-8)
+    q = (w.float() / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scales.to(torch.bfloat16)
+
+
 class Linear:
-    """``y = x @ W.T (+ b)``: bf16/fp32 GEMM, or the int4 kernel for few rows."""
+    """``y = x @ W.T (+ b)``: bf16/fp32 GEMM, or a weight-only kernel (int4 groups or int8
+    channels) for few rows."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 int4=None) -> None:
-        self.weight, self.bias, self.int4 = weight, bias, int4
+                 int4=None, int8=None) -> None:
+        self.weight, self.bias, self.int4, self.int8 = weight, bias, int4, int8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int4 is not None and x.shape[0] <= INT4_MAX_ROWS:
-            packed, sz = self.int4
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed,
-                                                           GROUP, sz).to(x.dtype)
+        if x.shape[0] <= INT4_MAX_ROWS and (self.int4 is not None or self.int8 is not None):
+            xb = x.to(torch.bfloat16)
+            if self.int4 is not None:
+                packed, sz = self.int4
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, GROUP, sz)
+            else:
+                y = torch.ops.aten._weight_int8pack_mm(xb, *self.int8)
+            y = y.to(x.dtype)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
