@@ -26,6 +26,7 @@ from radixlm.constraints import specs
 from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
 from radixlm.constraints.cache import DiskCache, LRUCache, cache_key
 from radixlm.constraints.jump_forward import ForcedTextFinder, retokenize, utf8_prefix
+from radixlm.constraints.regex_parts import build_index
 from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
 from radixlm.constraints.vocab import TokenVocab
 
@@ -249,7 +250,7 @@ class OutlinesGrammarBackend(GrammarBackend):
                 self._stats["disk_hits"] += 1
         else:
             try:
-                index = outlines_core.Index(regex, self._ov)
+                index = build_index(regex, self._ov)
             except (ValueError, RuntimeError) as exc:
                 msg = str(exc)
                 if "incompatible" in msg or "no transitions" in msg.lower():

@@ -135,6 +135,8 @@ class SchemaTranslator:
         self.ref_siblings = "2019-09" in meta or self.draft2020
         self.validator = validator_cls(root, format_checker=validator_cls.FORMAT_CHECKER)
         self.ref_stack: list[str] = []
+        self.memo: dict[tuple, str | Exception] = {}
+        self.work = 0  # characters of regex built so far, kept or not
 
     def translate(self) -> str:
         try:
@@ -154,12 +156,26 @@ class SchemaTranslator:
             return self.any_value()
         if s is False or (isinstance(s, dict) and s.get("not", 0) in _NOTHING):
             raise _Unsat(f"'false' schema at '{ptr}'")
+        key = (json.dumps(s, sort_keys=True, default=str), tuple(self.ref_stack))
+        hit = self.memo.get(key)
+        if isinstance(hit, Exception):
+            raise hit
+        if hit is not None:
+            return hit
         s, pushed = self.resolve(s, ptr)
         try:
             out = self._node(s, ptr)
+            self.work += len(out)
+            if self.work > 200 * self.max_regex_chars:
+                raise ValueError(f"schema too large: translation built over "
+                                 f"{200 * self.max_regex_chars} characters of regex")
             if len(out) > self.max_regex_chars:
                 raise _TooDeep(f"regex over {self.max_regex_chars} characters at '{ptr}'")
+            self.memo[key] = out
             return out
+        except (_Unsat, _TooDeep, _Reject) as exc:
+            self.memo[key] = exc
+            raise
         finally:
             del self.ref_stack[len(self.ref_stack) - pushed:]
 
@@ -478,10 +494,9 @@ class SchemaTranslator:
         if hi is not None and lo > hi:
             raise _Unsat(f"minLength > maxLength at '{ptr}'")
         if hi is None:
-            rep = "*" if lo == 0 else f"{{{lo},}}"
-        else:
-            rep = f"{{{lo},{max(lo, min(int(hi), MAX_REPEAT))}}}"
-        return f'"{rp.STRING_CHAR}{rep}"'
+            return f'"{rp.STRING_CHAR}' + ("*" if lo == 0 else f"{{{lo},}}") + '"'
+        # Counted: unescaped characters only (a subset; see regex_parts.PLAIN_CHAR).
+        return f'"{rp.PLAIN_CHAR}{{{lo},{max(lo, min(int(hi), MAX_REPEAT))}}}"'
 
     # ------------------------------------------------------------------------ arrays, objects
 
@@ -621,7 +636,7 @@ class SchemaTranslator:
             if s.get("minProperties", 0) > 0:
                 raise
             return rf"\{{{ws}\}}"
-        pair = f'"{rp.STRING_CHAR}{{1,{MAX_REPEAT}}}"{ws}:{ws}{value}'
+        pair = f'"{rp.STRING_CHAR}+"{ws}:{ws}{value}'
         mx = s.get("maxProperties")
         if mx == 0:
             return rf"\{{{ws}\}}"

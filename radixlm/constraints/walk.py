@@ -13,6 +13,7 @@ import numpy as np
 import outlines_core
 
 from radixlm.constraints.base import Grammar
+from radixlm.constraints.regex_parts import build_index
 
 _CLOSERS = ['"}', '"]', '"', "}", "]", "},", "],", ",", "0", "1", "true", "null", "a"]
 
@@ -84,7 +85,7 @@ _BYTE_CLOSERS = b'"}],0a1'
 def byte_index(regex: str) -> outlines_core.Index:
     """outlines-core index of ``regex`` over single-byte tokens (token id = byte value)."""
     vocab = outlines_core.Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
-    return outlines_core.Index(regex, vocab)
+    return build_index(regex, vocab)
 
 
 def index_accepts(index: outlines_core.Index, data: bytes) -> bool:
