@@ -1,0 +1,213 @@
+"""The outlines-core backend on the real SmolLM2 tokenizer, no model: vocabulary round trip,
+masks (EOS, padded vocab, row isolation), simulated decoding with and without
+jump-forward validated by jsonschema, bad input, budgets, caches."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import jsonschema
+import numpy as np
+import pytest
+
+from radixlm.constraints import ConstraintSpec, create_grammar_backend, spec_from_sampling_params
+from radixlm.constraints.outlines_backend import OutlinesGrammarBackend
+from radixlm.constraints.walk import accepts_text, allowed_ids, random_walk
+
+PAD = 96  # logits wider than the tokenizer, like a padded embedding
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD,
+                                [tokenizer.eos_token_id, 0], disk_cache=False)
+    yield be
+    be.shutdown()
+
+
+def compile_(backend, **params):
+    return backend.compile_async(spec_from_sampling_params(params)).result(timeout=60)
+
+
+KEYS = {"type": "object", "properties": {
+    "first_name": {"type": "string", "maxLength": 10},
+    "last_name": {"type": "string", "maxLength": 10},
+    "year_of_birth": {"type": "integer", "minimum": 1900, "maximum": 2024},
+    "favourite_colour": {"enum": ["red", "green", "blue"]},
+    "is_active_member": {"type": "boolean"},
+    "address": {"type": "object", "properties": {
+        "street_name": {"type": "string"}, "postal_code": {"type": "string",
+                                                           "pattern": "^[0-9]{5}$"}},
+        "required": ["street_name", "postal_code"]}},
+    "required": ["first_name", "last_name", "year_of_birth", "favourite_colour",
+                 "is_active_member", "address"]}
+
+
+def test_vocabulary_round_trip(tokenizer, backend):
+    vocab = backend.vocab.id_to_bytes
+    assert len(vocab) == len(tokenizer) - len(backend.vocab.special_ids)
+    assert not set(vocab) & set(tokenizer.all_special_ids)
+    for tid, data in vocab.items():
+        text = tokenizer.decode([tid])
+        try:
+            assert data.decode("utf-8") == text, tid
+        except UnicodeDecodeError:
+            assert "\ufffd" in text, tid  # a partial character: the tokenizer can't show it
+    sample = 'Zoë {"naïve": "日本語 🙂", "x": [1, 2.5e-3]}\n\tend'
+    ids = tokenizer.encode(sample, add_special_tokens=False)
+    assert b"".join(vocab[t] for t in ids) == sample.encode("utf-8")
+
+
+def test_eos_only_in_final_states_and_padded_bits_unset(tokenizer, backend):
+    g = compile_(backend, regex=r"[0-9]{2,3}")
+    eos = backend.eos_ids
+    digit = tokenizer.convert_tokens_to_ids("7")
+    seen = []
+    for _ in range(3):
+        ids = set(allowed_ids(g, backend.words).tolist())
+        seen.append(ids)
+        assert max(ids) < len(tokenizer), "a padded-vocab bit was set"
+        if len(seen) > 1 and g.is_accepting():
+            assert set(eos) <= ids
+        else:
+            assert not set(eos) & ids
+            assert not g.accept_token(eos[0])
+        assert g.accept_token(digit)
+    assert g.is_terminated()  # "777": only EOS left
+    assert allowed_ids(g, backend.words).tolist() == sorted(eos)
+    assert g.accept_token(eos[1]) and g.is_terminated()
+    assert not g.accept_token(digit)
+    g.rollback(2)
+    assert not g.is_terminated() and g.accept_token(digit)
+
+
+def test_rows_of_two_grammars_do_not_leak(tokenizer, backend):
+    a = compile_(backend, choices=["yes", "no"])
+    b = compile_(backend, dtype="int")
+    mask = np.full((3, backend.words), -1, dtype=np.int32)
+    a.fill_bitmask(mask, 0)
+    b.fill_bitmask(mask, 1)
+    alone = np.zeros((1, backend.words), dtype=np.int32)
+    a.fill_bitmask(alone, 0)
+    assert (mask[0] == alone[0]).all()
+    b.fill_bitmask(alone, 0)
+    assert (mask[1] == alone[0]).all()
+    assert (mask[2] == -1).all()
+    assert not (mask[0] & mask[1]).any()  # "yes"/"no" starts share nothing with digits
+
+
+@pytest.mark.parametrize("jump", [False, True])
+def test_json_schema_decoding_validates(tokenizer, backend, jump):
+    g = compile_(backend, json_schema=KEYS)
+    forced_total = 0
+    for seed in range(4):
+        out, done, forced = random_walk(g.copy(), tokenizer, backend.words, backend.eos_ids,
+                                        seed, jump_forward=jump)
+        assert done
+        value = json.loads(tokenizer.decode(out))
+        jsonschema.validate(value, KEYS, format_checker=jsonschema.FormatChecker())
+        forced_total += forced
+    if jump:
+        assert forced_total > 20, "jump-forward never forced the keys"
+    else:
+        assert forced_total == 0
+
+
+def test_jump_forward_plan_is_canonical_and_advances_state(tokenizer, backend):
+    g = compile_(backend, json_schema=KEYS)
+    first = tokenizer.encode('{"', add_special_tokens=False)
+    out = []
+    for t in first:
+        assert g.accept_token(t)
+        out.append(t)
+    plan = g.jump_forward(out)
+    assert plan is not None and plan.token_ids
+    new_out = out[:len(out) - plan.rollback] + plan.token_ids
+    text = tokenizer.decode(new_out)
+    assert text.startswith('{"first_name"') and len(text) > len('{"first')
+    # The plan is the tokenizer's own tokenization of the text (canonical boundary).
+    assert new_out == tokenizer.encode(text, add_special_tokens=False)
+    assert g.forced_text() == "" or len(g.forced_text()) < 2 or g.jump_forward(new_out)
+
+
+def test_choices_and_dtypes(tokenizer, backend):
+    choices = ["a", "ab", "abc", "Paris, France"]
+    g = compile_(backend, choices=choices)
+    got = set()
+    for seed in range(12):
+        out, done, _ = random_walk(g.copy(), tokenizer, backend.words, backend.eos_ids, seed,
+                                   explore_steps=0)
+        assert done
+        got.add(tokenizer.decode(out))
+    assert got <= set(choices) and len(got) >= 2
+    for c in choices:  # every choice is reachable (leftmost-first regex pitfall)
+        assert accepts_text(g, tokenizer, c)
+    for dtype, parse in (("int", int), ("float", float), ("bool", json.loads)):
+        g = compile_(backend, dtype=dtype)
+        for seed in range(3):
+            out, done, _ = random_walk(g.copy(), tokenizer, backend.words, backend.eos_ids,
+                                       seed, explore_steps=3)
+            assert done
+            parse(tokenizer.decode(out))
+
+
+def test_bad_input(backend):
+    cases = [
+        ({"json_schema": "{bad json"}, "not valid JSON"),
+        ({"json_schema": {"type": "object", "properties": {"a": {"minimum": "x"}}}},
+         "invalid JSON schema"),
+        ({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},
+         "multipleOf.*/properties/a/multipleOf"),
+        ({"regex": "(a"}, "invalid regex"),
+    ]
+    for params, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            backend.validate(spec_from_sampling_params(params))
+    with pytest.raises(ValueError, match="at most one constraint"):
+        spec_from_sampling_params({"regex": "a", "dtype": "int"})
+    fut = backend.compile_async(ConstraintSpec("regex", r"a[^\x00-\U0010FFFF]b"))
+    with pytest.raises(ValueError, match="empty language"):
+        fut.result(timeout=30)
+    # A failed request leaves the backend usable.
+    assert compile_(backend, regex="ok") is not None
+
+
+def test_budgets(tokenizer):
+    be = OutlinesGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id],
+                                disk_cache=False, max_index_mb=0.5)
+    try:
+        with pytest.raises(ValueError, match="index of .* exceeds the budget"):
+            be.compile_async(ConstraintSpec("regex", r'"[a-z ]{0,30}"')).result(timeout=60)
+        with pytest.raises(ValueError, match="regex of .* characters exceeds"):
+            be.max_regex_chars = 50
+            be.validate(ConstraintSpec("choices", tuple(f"choice{i}" for i in range(20))))
+        be.max_regex_chars = 100_000
+        be.compile_timeout_s = 0.001
+        with pytest.raises(ValueError, match="time budget"):
+            be.compile_async(ConstraintSpec("regex", r"[a-z]{1,12}@[a-z]{1,12}")).result(30)
+        assert be.stats()["failures"] >= 2
+    finally:
+        be.shutdown()
+
+
+def test_compiles_off_thread_and_caches(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
+    be = OutlinesGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    threads = []
+    build = be._build
+    monkeypatch.setattr(be, "_build", lambda *a: threads.append(
+        threading.current_thread().name) or build(*a))
+    spec = ConstraintSpec("regex", r"(cat|dog)s?")
+    g1 = be.compile_async(spec).result(timeout=30)
+    g2 = be.compile_async(spec).result(timeout=30)
+    assert threads and all(t.startswith("grammar-compile") for t in threads)
+    assert g1 is not g2 and g1.c is g2.c  # fresh state, shared compiled form
+    assert be.stats()["compiles"] == 1 and be.stats()["memory_hits"] == 1
+    assert list((tmp_path / "grammars").glob("*.pkl"))
+    be.shutdown()
+    be2 = OutlinesGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    g3 = be2.compile_async(spec).result(timeout=30)
+    assert be2.stats()["disk_hits"] == 1
+    assert accepts_text(g3, tokenizer, "dogs") and not accepts_text(g3, tokenizer, "cow")
+    be2.shutdown()
