@@ -245,9 +245,8 @@ def test_backend_error_is_state_error(backend):
         state["y"]
 
 
+@pytest.mark.parametrize("backend", ["endpoint"], indirect=True)  # needs the HTTP server
 def test_openai_backend_against_server(backend):
-    if not hasattr(backend, "url"):
-        pytest.skip("needs the HTTP server")
     oai = sgl.OpenAI("smollm2-135m-instruct", base_url=backend.url + "/v1")
 
     @sgl.function
@@ -263,9 +262,8 @@ def test_openai_backend_against_server(backend):
     assert state["yn"] == "yes"
 
 
+@pytest.mark.parametrize("backend", ["endpoint"], indirect=True)  # needs the HTTP server
 def test_openai_completion_model_against_server(backend):
-    if not hasattr(backend, "url"):
-        pytest.skip("needs the HTTP server")
     oai = sgl.OpenAI("smollm2-135m-instruct", base_url=backend.url + "/v1",
                      is_chat_model=False)
 
