@@ -186,7 +186,10 @@ def test_budgets(tokenizer):
         be.compile_timeout_s = 0.001
         with pytest.raises(ValueError, match="time budget"):
             be.compile_async(ConstraintSpec("regex", r"[a-z]{1,12}@[a-z]{1,12}")).result(30)
-        assert be.stats()["failures"] >= 2
+        be.compile_timeout_s, be.max_states = 30.0, 10
+        with pytest.raises(ValueError, match="automaton states exceed the budget of 10"):
+            be.compile_async(ConstraintSpec("regex", r"[a-z]{20}")).result(timeout=30)
+        assert be.stats()["failures"] >= 3
     finally:
         be.shutdown()
 

@@ -29,6 +29,7 @@ from radixlm.constraints.jump_forward import ForcedTextFinder, retokenize, utf8_
 from radixlm.constraints.regex_parts import build_index
 from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
 from radixlm.constraints.vocab import TokenVocab
+from radixlm.constraints.walk import byte_index
 
 
 @dataclass
@@ -161,14 +162,14 @@ class OutlinesGrammarBackend(GrammarBackend):
 
     Budgets per compile: ``compile_timeout_s`` (the request's future fails; the worker
     finishes in the background, outlines-core can't be interrupted), ``max_regex_chars``
-    (checked before building), ``max_index_mb`` (the index's serialized size, checked
-    after building; the index is dropped if over)."""
+    and ``max_states`` (checked before building the token index), ``max_index_mb`` (the
+    index's serialized size, a memory estimate checked after building; dropped if over)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int = 2,
                  compile_timeout_s: float = 30.0, max_regex_chars: int = 100_000,
                  max_index_mb: float = 512.0, enable_jump_forward: bool = True,
                  disk_cache: bool = True, memory_cache_size: int = 64,
-                 strict_schema: bool = True, max_ref_depth: int = 3):
+                 strict_schema: bool = True, max_ref_depth: int = 3, max_states: int = 30_000):
         self.tokenizer = tokenizer
         self.vocab = TokenVocab.from_tokenizer(tokenizer)
         self.vocab_size = int(vocab_size)
@@ -183,6 +184,7 @@ class OutlinesGrammarBackend(GrammarBackend):
         self.compile_timeout_s = compile_timeout_s
         self.max_regex_chars = max_regex_chars
         self.max_index_bytes = int(max_index_mb * (1 << 20))
+        self.max_states = max_states
         self.enable_jump_forward = enable_jump_forward
         self.strict_schema = strict_schema
         self.max_ref_depth = max_ref_depth
@@ -249,6 +251,13 @@ class OutlinesGrammarBackend(GrammarBackend):
             with self._lock:
                 self._stats["disk_hits"] += 1
         else:
+            # States budget, checked on the byte-level automaton (same regex, 256-token
+            # vocabulary: ~1/30 of the cost). The token index costs ~0.7 ms and up to tens of
+            # KiB per state here; at ~60k states one allocation went past 4 GiB and aborted.
+            states = len(byte_index(regex).get_transitions())
+            if states > self.max_states:
+                raise ValueError(f"constraint too large: {states} automaton states exceed the "
+                                 f"budget of {self.max_states}")
             try:
                 index = build_index(regex, self._ov)
             except (ValueError, RuntimeError) as exc:
