@@ -157,6 +157,18 @@ class OutlinesGrammar(Grammar):
         return None
 
 
+def _clear_errors(build, regex: str, *args) -> outlines_core.Index:
+    """Run an index build, turning outlines-core's errors into messages a user can act on."""
+    try:
+        return build(regex, *args)
+    except (ValueError, RuntimeError) as exc:
+        msg = str(exc)
+        if "incompatible" in msg or "no transitions" in msg.lower():
+            raise ValueError(f"regex matches no string this tokenizer can produce "
+                             f"(empty language): {regex[:200]!r}") from None
+        raise ValueError(f"cannot compile regex {regex[:200]!r}: {msg}") from None
+
+
 class OutlinesGrammarBackend(GrammarBackend):
     """Compiles specs for one tokenizer on a thread pool, with memory and disk caches.
 
@@ -254,18 +266,11 @@ class OutlinesGrammarBackend(GrammarBackend):
             # States budget, checked on the byte-level automaton (same regex, 256-token
             # vocabulary: ~1/30 of the cost). The token index costs ~0.7 ms and up to tens of
             # KiB per state here; at ~60k states one allocation went past 4 GiB and aborted.
-            states = len(byte_index(regex).get_transitions())
+            states = len(_clear_errors(byte_index, regex).get_transitions())
             if states > self.max_states:
                 raise ValueError(f"constraint too large: {states} automaton states exceed the "
                                  f"budget of {self.max_states}")
-            try:
-                index = build_index(regex, self._ov)
-            except (ValueError, RuntimeError) as exc:
-                msg = str(exc)
-                if "incompatible" in msg or "no transitions" in msg.lower():
-                    raise ValueError(f"regex matches no string this tokenizer can produce "
-                                     f"(empty language): {regex[:200]!r}") from None
-                raise ValueError(f"cannot compile regex {regex[:200]!r}: {msg}") from None
+            index = _clear_errors(build_index, regex, self._ov)
             if index.get_final_states() == set() or not index.get_final_states():
                 raise ValueError(f"regex has an empty language: {regex[:200]!r}")
             data = pickle.dumps(index)
