@@ -35,10 +35,14 @@ def cache_key(*parts: Any) -> str:
 
 
 class LRUCache:
-    """A small thread-safe LRU map."""
+    """A thread-safe LRU map bounded by entry count and, optionally, by total weight
+    (``weigh(value)``, e.g. bytes)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, max_weight: float = float("inf"), weigh=None):
         self.capacity = capacity
+        self.max_weight = max_weight
+        self._weigh = weigh or (lambda value: 0)
+        self._weight = 0
         self._data: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -51,10 +55,15 @@ class LRUCache:
 
     def put(self, key: str, value: Any) -> None:
         with self._lock:
+            if key in self._data:
+                self._weight -= self._weigh(self._data[key])
             self._data[key] = value
+            self._weight += self._weigh(value)
             self._data.move_to_end(key)
-            while len(self._data) > self.capacity:
-                self._data.popitem(last=False)
+            while len(self._data) > 1 and (len(self._data) > self.capacity
+                                           or self._weight > self.max_weight):
+                _, old = self._data.popitem(last=False)
+                self._weight -= self._weigh(old)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -76,6 +85,12 @@ class DiskCache:
                 return pickle.load(f)
         except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
             return None
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except OSError:
+            return 0
 
     def put_bytes(self, key: str, data: bytes) -> bool:
         if len(data) > self.max_entry_bytes:

@@ -44,6 +44,7 @@ class CompiledGrammar:
     outlines_eos: int
     words: int
     jump: ForcedTextFinder | None
+    nbytes: int = 0  # serialized index size: the memory estimate the cache is bounded by
     rows: dict[int, tuple[np.ndarray, bool]] = field(default_factory=dict)
 
     def row(self, state: int) -> tuple[np.ndarray, bool]:
@@ -175,13 +176,16 @@ class OutlinesGrammarBackend(GrammarBackend):
     Budgets per compile: ``compile_timeout_s`` (the request's future fails; the worker
     finishes in the background, outlines-core can't be interrupted), ``max_regex_chars``
     and ``max_states`` (checked before building the token index), ``max_index_mb`` (the
-    index's serialized size, a memory estimate checked after building; dropped if over)."""
+    index's serialized size, a memory estimate checked after building; dropped if over).
+    The in-memory cache holds at most ``memory_cache_size`` grammars and
+    ``memory_cache_mb`` of (estimated) index memory."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int = 2,
                  compile_timeout_s: float = 30.0, max_regex_chars: int = 100_000,
                  max_index_mb: float = 512.0, enable_jump_forward: bool = True,
                  disk_cache: bool = True, memory_cache_size: int = 64,
-                 strict_schema: bool = True, max_ref_depth: int = 3, max_states: int = 30_000):
+                 strict_schema: bool = True, max_ref_depth: int = 3, max_states: int = 30_000,
+                 memory_cache_mb: float = 2048.0):
         self.tokenizer = tokenizer
         self.vocab = TokenVocab.from_tokenizer(tokenizer)
         self.vocab_size = int(vocab_size)
@@ -201,7 +205,8 @@ class OutlinesGrammarBackend(GrammarBackend):
         self.strict_schema = strict_schema
         self.max_ref_depth = max_ref_depth
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
-        self._memory = LRUCache(memory_cache_size)
+        self._memory = LRUCache(memory_cache_size, memory_cache_mb * (1 << 20),
+                                lambda c: c.nbytes)
         self._disk = DiskCache() if disk_cache else None
         self._inflight: dict[str, Future] = {}
         self._regexes = LRUCache(256)  # spec -> regex, filled by validate()
@@ -259,6 +264,7 @@ class OutlinesGrammarBackend(GrammarBackend):
         """Runs on a worker thread (outlines-core releases the GIL while building)."""
         t0 = time.perf_counter()
         index = self._disk.get(key) if self._disk else None
+        nbytes = self._disk.size(key) if isinstance(index, outlines_core.Index) else 0
         if isinstance(index, outlines_core.Index):
             with self._lock:
                 self._stats["disk_hits"] += 1
@@ -274,6 +280,7 @@ class OutlinesGrammarBackend(GrammarBackend):
             if index.get_final_states() == set() or not index.get_final_states():
                 raise ValueError(f"regex has an empty language: {regex[:200]!r}")
             data = pickle.dumps(index)
+            nbytes = len(data)
             if len(data) > self.max_index_bytes:
                 raise ValueError(f"constraint too large: index of {len(data) >> 20} MiB exceeds "
                                  f"the budget of {self.max_index_bytes >> 20} MiB")
@@ -283,7 +290,7 @@ class OutlinesGrammarBackend(GrammarBackend):
         if self.enable_jump_forward:
             jump = ForcedTextFinder(index, self.vocab.id_to_bytes, self.outlines_eos)
         compiled = CompiledGrammar(regex, index, self.vocab, self.tokenizer, self.eos_ids,
-                                   self.outlines_eos, self.words, jump)
+                                   self.outlines_eos, self.words, jump, nbytes)
         compiled.row(index.get_initial_state())
         with self._lock:
             self._stats["compiles"] += 1
