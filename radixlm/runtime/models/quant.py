@@ -82,12 +82,13 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= INT4_MAX_ROWS and (self.int4 is not None or self.int8 is not None):
-            xb = x.to(torch.bfloat16)
+            xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
             if self.int4 is not None:
                 packed, sz = self.int4
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, GROUP, sz)
             else:
                 y = torch.ops.aten._weight_int8pack_mm(xb, *self.int8)
-            y = y.to(x.dtype)
+            if y.dtype != x.dtype:
+                y = y.to(x.dtype)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
