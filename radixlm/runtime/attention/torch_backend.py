@@ -119,8 +119,8 @@ class TorchAttentionBackend(AttentionBackend):
     # ------------------------------------------------------------------ attention
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.pool.k_buffer[layer_id], self.pool.v_buffer[layer_id]
-        k_cache[batch.out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[batch.out_cache_loc] = v.to(v_cache.dtype)
+        k_cache[batch.out_cache_loc] = k  # index_put casts if the pool dtype differs
+        v_cache[batch.out_cache_loc] = v
         meta: _Meta = batch.attn_metadata
         if batch.mode == ForwardMode.DECODE:
             if meta.use_mirror:
@@ -131,8 +131,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode_mirror(self, q, k, v, layer_id, batch, meta: _Meta) -> torch.Tensor:
         mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
         rows, pos = meta.rows, batch.seq_lens - 1
-        mk[rows, pos] = k.to(mk.dtype)
-        mv[rows, pos] = v.to(mv.dtype)
+        mk[rows, pos] = k
+        mv[rows, pos] = v
         length = batch.max_seq_len
         if meta.identity:  # the batch is rows 0 .. B-1 in order: no scatter/gather of q
             q_rows = q.unsqueeze(2)

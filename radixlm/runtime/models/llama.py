@@ -95,8 +95,8 @@ class LlamaLayer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int,
                  int4: dict | None = None) -> None:
         self.cfg, self.layer_id = cfg, layer_id
-        self.input_norm = w["input_layernorm.weight"].float()  # norms run in fp32
-        self.post_norm = w["post_attention_layernorm.weight"].float()
+        self.input_norm = w["input_layernorm.weight"]
+        self.post_norm = w["post_attention_layernorm.weight"]
         qkv_bias = (
             torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
                        w["self_attn.v_proj.bias"]])
@@ -154,7 +154,7 @@ class LlamaModel:
                 k[len(prefix):].rsplit(".", 1)[0]: v for k, v in int4.items()
                 if k.startswith(prefix)}
             self.layers.append(LlamaLayer(cfg, w, i, blocks))
-        self.norm = get("model.norm.weight").float()
+        self.norm = get("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in state:
             self.lm_head = self.embed
         else:
