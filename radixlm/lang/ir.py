@@ -119,25 +119,20 @@ def normalize_json_schema(schema: Any) -> str:
 
     Returns the schema as a JSON string. Raises ValueError naming what is wrong.
     """
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        schema = schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"gen: json_schema is not valid JSON: {e}") from e
-    if not isinstance(schema, (dict, bool)):
-        raise ValueError(
-            "gen: json_schema must be a dict, a JSON string or a pydantic model class, "
-            f"got {type(schema).__name__}"
-        )
+    from radixlm.constraints.specs import normalize_json_schema as normalize
+
+    try:
+        text = normalize(schema)  # the engine's own parsing, so both sides agree
+    except ValueError as e:
+        raise ValueError(f"gen: {e}") from e
+    schema = json.loads(text)
     import jsonschema
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ValueError(f"gen: invalid json_schema: {e.message}") from e
-    return json.dumps(schema)
+    return text
 
 
 class Expr:

@@ -37,7 +37,7 @@ class KVManager:
         row = self.rows.alloc()
         if row is None:
             return False
-        match = self.cache.match_prefix(req.fill_ids[:max_prefix])
+        match = self.cache.match_prefix(req.fill_slice(0, max_prefix))
         self.cache.lock(match.last_node)
         req.row, req.row_synced = row, 0
         req.kv_slots = list(match.slots)
@@ -58,7 +58,7 @@ class KVManager:
             return
         if kv_len < req.cache_owned_len:  # keep the cache's slots, lock a shorter prefix
             self.slots.free(req.kv_slots[req.cache_owned_len:])
-            match = self.cache.match_prefix(req.fill_ids[:kv_len])
+            match = self.cache.match_prefix(req.fill_slice(0, kv_len))
             self.cache.lock(match.last_node)
             self.cache.unlock(req.cache_node)
             req.cache_node, req.cache_owned_len = match.last_node, len(match.slots)
@@ -74,7 +74,7 @@ class KVManager:
         """Share the first ``length`` computed tokens of a running request."""
         if length <= req.cache_owned_len:
             return
-        tokens = req.fill_ids[:length]
+        tokens = req.fill_slice(0, length)
         already = self.cache.insert(tokens, req.kv_slots[:length])
         if already > req.cache_owned_len:
             self.slots.free(req.kv_slots[req.cache_owned_len:already])
@@ -94,7 +94,7 @@ class KVManager:
             return
         owned_from = req.cache_owned_len
         if insert and req.kv_len > req.cache_owned_len:
-            tokens = req.fill_ids[: req.kv_len]
+            tokens = req.fill_slice(0, req.kv_len)
             already = self.cache.insert(tokens, req.kv_slots)
             if already > req.cache_owned_len:
                 self.slots.free(req.kv_slots[req.cache_owned_len:already])
@@ -104,6 +104,12 @@ class KVManager:
         self.rows.free(req.row)
         req.row, req.cache_node, req.kv_slots = None, None, []
         req.cache_owned_len, req.row_synced = 0, 0
+
+    def check_counts(self, reqs: list[Req]) -> None:
+        """The O(1)-ish part of ``check_integrity`` (run whenever the engine goes idle)."""
+        held = sum(r.kv_len - r.cache_owned_len for r in reqs)
+        total = self.slots.num_free + self.cache.total_size + held
+        assert total == self.slots.usable, f"KV slots leaked: {total} != {self.slots.usable}"
 
     def check_integrity(self, reqs: list[Req]) -> None:
         """Raise AssertionError unless free + cached + held == usable, slot by slot."""

@@ -142,7 +142,8 @@ class ModelRunner:
         if lp_rows:
             rows_t = torch.tensor([r for _, _, r in lp_rows], device=self.device)
             lps = torch.log_softmax(logits[rows_t], dim=-1)
-            targets = torch.tensor([sb.reqs[i].fill_ids[pos + 1] for i, pos, _ in lp_rows],
+            targets = torch.tensor([sb.reqs[i].fill_slice(pos + 1, pos + 2)[0]
+                                    for i, pos, _ in lp_rows],
                                    device=self.device)
             chosen = lps.gather(1, targets[:, None]).squeeze(1).tolist()
             max_top = max(sb.reqs[i].logprob.top_logprobs_num for i, _, _ in lp_rows)
@@ -169,8 +170,7 @@ class ModelRunner:
         logit_rows: list[dict] = []
         starts, t = [], 0
         for req, p, n, sample in zip(sb.reqs, sb.prefix_lens, sb.extend_lens, sb.sample):
-            fill = req.fill_ids
-            input_ids.extend(fill[p:p + n])
+            input_ids.extend(req.fill_slice(p, p + n))
             positions.extend(range(p, p + n))
             out_loc.extend(req.kv_slots[p:p + n])
             end = p + n
@@ -182,7 +182,7 @@ class ModelRunner:
             rows = {"lp": [], "last": None}
             if req.logprob.return_logprob:
                 n_input, n_known = len(req.input_ids), len(req.output_token_logprobs)
-                for pos in range(p, min(end, len(fill) - 1)):
+                for pos in range(p, min(end, req.fill_len - 1)):
                     nxt = pos + 1  # the token whose logprob the logits at `pos` give
                     wanted = (nxt >= req.logprob_start if nxt < n_input
                               else nxt - n_input >= n_known)

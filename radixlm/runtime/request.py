@@ -80,6 +80,15 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
+    def fill_slice(self, start: int, end: int) -> list[int]:
+        """``fill_ids[start:end]`` without building the whole list (hot path)."""
+        n = len(self.input_ids)
+        if end <= n:
+            return self.input_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return self.input_ids[start:] + self.output_ids[:end - n]
+
     @property
     def fill_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)

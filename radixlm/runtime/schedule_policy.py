@@ -20,7 +20,7 @@ def order_waiting(waiting: list[Req], policy: str, cache: BasePrefixCache) -> li
     """The waiting queue in the order admission should try it (stable)."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return list(waiting)
-    hits = {id(r): cache.cached_prefix_len(r.fill_ids[: r.max_cacheable_prefix])
+    hits = {id(r): cache.cached_prefix_len(r.fill_slice(0, r.max_cacheable_prefix))
             for r in waiting}
     return sorted(waiting, key=lambda r: -hits[id(r)])
 
@@ -30,9 +30,9 @@ def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache) 
     batch is computing now (so it should wait a step and hit the cache instead)."""
     if not picked:
         return False
-    fill = req.fill_ids[: req.max_cacheable_prefix]
+    fill = req.fill_slice(0, req.max_cacheable_prefix)
     end = cache.cached_prefix_len(fill) + DEDUP_MIN_SHARED
     if end > len(fill):
         return False
     head = fill[:end]  # slice comparisons run in C; no per-token Python loop
-    return any(other.fill_ids[:end] == head for other in picked)
+    return any(other.fill_slice(0, end) == head for other in picked)

@@ -252,18 +252,15 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduleBatch | None:
         if not self.running:
             return None
-        batch: list[Req] = []
-        for req in sorted(self.running, key=lambda r: r.created_at):
-            if req not in self.running:
-                continue  # retracted below
-            while not self.kv.extend(req, 1):
-                victim = max(self.running, key=lambda r: r.created_at)
-                self._retract(victim)
-                if victim is req:
-                    break
-            if req in self.running:
-                batch.append(req)
-        batch = [r for r in batch if r in self.running]
+        order = sorted(self.running, key=lambda r: r.created_at)
+        end, i = len(order), 0
+        while i < end:  # oldest first get a slot; the newest are retracted to make room
+            if self.kv.extend(order[i], 1):
+                i += 1
+                continue
+            end -= 1
+            self._retract(order[end])
+        batch = order[:end]
         if not batch:
             return None
         n = len(batch)
@@ -295,33 +292,29 @@ class Scheduler:
                     continue
                 if i in out.next_ids:
                     self._on_token(req, out.next_ids[i], out.logprobs[i])
-                elif sb.mode == ForwardMode.EXTEND:
-                    self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
                 if req.finished:
                     continue
-                if sb.mode == ForwardMode.EXTEND and i in out.next_ids:
+                if sb.mode == ForwardMode.EXTEND:
                     self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
                 elif len(req.output_ids) % DECODE_INSERT_INTERVAL == 0:
                     self.kv.cache_unfinished(req, req.kv_len)  # share generated text too
-                self._place(req)
                 self._stream(req)
             except Exception as e:
                 logger.error("request %s failed:\n%s", req.rid, traceback.format_exc())
                 self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
                              insert=False)
+        self._place(sb.reqs)
         if not self.has_work():
-            self.kv.check_integrity(self.all_reqs_holding_kv())
+            self.kv.check_counts(self.all_reqs_holding_kv())
 
-    def _place(self, req: Req) -> None:
-        """Put an unfinished request where its next step will find it."""
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.extending:
-            self.extending.remove(req)
-        if req.pending_len == 1:
-            self.running.append(req)
-        else:
-            self.extending.append(req)
+    def _place(self, stepped: list[Req]) -> None:
+        """Put this step's unfinished requests where their next step will find them:
+        decoding if exactly one token lacks K/V, extending otherwise (one pass, O(batch))."""
+        ids = {id(r) for r in stepped}
+        self.running = [r for r in self.running if id(r) not in ids]
+        for req in stepped:
+            if not req.finished:
+                (self.running if req.pending_len == 1 else self.extending).append(req)
 
     def _record_fill_logprobs(self, req: Req, entries: list) -> None:
         n_input = len(req.input_ids)
