@@ -103,15 +103,11 @@ class Engine:
         n = len(ids_list)
 
         def per_item(value, name):
-            if isinstance(value, list) and not (name == "sampling_params"):
-                if len(value) != n:
-                    raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
-                return value
-            if name == "sampling_params" and isinstance(value, list):
-                if len(value) != n:
-                    raise ValueError(f"sampling_params has {len(value)} entries for {n} prompts")
-                return value
-            return [value] * n
+            if not isinstance(value, list):
+                return [value] * n
+            if len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
+            return value
 
         params_l = per_item(sampling_params, "sampling_params")
         lp_l = per_item(return_logprob, "return_logprob")

@@ -73,7 +73,6 @@ class Req:
     first_token_at: float | None = None
     finished_at: float | None = None
     last_streamed_len: int = -1
-    aborted: bool = False
     uid: int = field(default_factory=lambda: next(_uids))
 
     @property
