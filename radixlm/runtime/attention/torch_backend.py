@@ -25,15 +25,45 @@ from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 DEFAULT_MIRROR_BYTES = 2 << 30
 
 
+# Rows this close together share one SDPA call (the rows between them attend with an
+# all-false mask and are dropped); farther apart, a new call starts.
+MAX_ROW_GAP = 4
+
+
+@dataclass
+class _Segment:
+    """Consecutive mirror rows ``lo .. hi-1`` attended in one SDPA call: sorted entries
+    ``a .. b-1`` of the decode group live there (``local`` = their offsets from ``lo``,
+    None when they fill the range)."""
+
+    lo: int
+    hi: int
+    length: int
+    a: int
+    b: int
+    local: torch.Tensor | None
+    mask: torch.Tensor | None  # [hi - lo, 1, 1, length] bool, None when no padding
+
+
+@dataclass
+class _DecodeGroup:
+    """Entries that add one token after a prefix, read from the mirror in place."""
+
+    t_idx: torch.Tensor | None  # rows of q/k/v in the step (None: all of them, in order)
+    rows: torch.Tensor  # [n] mirror rows, step order
+    pos: torch.Tensor  # [n] position of the new token
+    order: torch.Tensor | None  # step order -> row order permutation (None: sorted)
+    segments: list[_Segment]
+
+
 @dataclass
 class _Meta:
     use_mirror: bool
-    rows: torch.Tensor | None = None  # [B] rows of the batch (decode)
-    num_rows: int = 0  # rows 0 .. num_rows - 1 cover the batch (decode)
-    identity: bool = False  # the batch's rows are exactly 0 .. B-1, in order (decode)
-    mask: torch.Tensor | None = None  # [num_rows or B, 1, 1, L] bool (decode)
+    group: _DecodeGroup | None = None  # one-token entries (decode, or n == 1 in extend)
+    mask: torch.Tensor | None = None  # [B, 1, 1, L] bool (decode, gather fallback)
     slot_idx: torch.Tensor | None = None  # [B, L] (decode, gather fallback)
-    # extend: per request (first row in T, new tokens, prefix len, row, prefix slots)
+    # extend: per request with n > 1 or no prefix (first row in T, new tokens, prefix
+    # len, row, prefix slots)
     spans: list | None = None
 
 
@@ -94,27 +124,62 @@ class TorchAttentionBackend(AttentionBackend):
             if batch.mode == ForwardMode.EXTEND:
                 for row, s in zip(rows, batch.seq_lens_cpu):
                     self.valid[row] = s
-        if batch.mode == ForwardMode.DECODE:
+        decode = batch.mode == ForwardMode.DECODE
+        if decode and not use:
             max_len = batch.max_seq_len
             arange = torch.arange(max_len, device=batch.seq_lens.device)
-            if use:
-                num_rows = max(rows) + 1
-                lens = torch.zeros(num_rows, dtype=torch.int64, device=batch.seq_lens.device)
-                lens[batch.req_pool_indices] = batch.seq_lens
-                mask = (arange[None, :] < lens[:, None])[:, None, None, :]
-                batch.attn_metadata = _Meta(True, batch.req_pool_indices, num_rows, mask=mask,
-                                            identity=rows == list(range(len(rows))))
-            else:
-                slot_idx = self.pool.req_to_token[batch.req_pool_indices, :max_len].long()
-                mask = (arange[None, :] < batch.seq_lens[:, None])[:, None, None, :]
-                batch.attn_metadata = _Meta(False, mask=mask, slot_idx=slot_idx)
+            slot_idx = self.pool.req_to_token[batch.req_pool_indices, :max_len].long()
+            mask = (arange[None, :] < batch.seq_lens[:, None])[:, None, None, :]
+            batch.attn_metadata = _Meta(False, mask=mask, slot_idx=slot_idx)
             return
-        spans, start = [], 0
+        spans, one_token, start = [], [], 0
         for row, n, p in zip(rows, batch.extend_lens_cpu, batch.prefix_lens_cpu):
-            prefix = self.pool.req_to_token[row, :p].long() if (p > 0 and not use) else None
-            spans.append((start, n, p, row, prefix))
+            if use and n == 1 and p > 0:
+                one_token.append((start, row, p + 1))
+            else:
+                prefix = self.pool.req_to_token[row, :p].long() if (p > 0 and not use) else None
+                spans.append((start, n, p, row, prefix))
             start += n
-        batch.attn_metadata = _Meta(use, spans=spans)
+        group = self._decode_group(one_token, not spans, batch.seq_lens.device)
+        batch.attn_metadata = _Meta(use, group=group, spans=spans)
+
+    def _decode_group(self, entries: list[tuple[int, int, int]], whole: bool,
+                      device) -> _DecodeGroup | None:
+        """``entries``: (row in the step, mirror row, length incl. the new token) of the
+        one-token entries; ``whole``: they are all of the step's rows."""
+        if not entries:
+            return None
+
+        def tensor(values):
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        by_row = sorted(range(len(entries)), key=lambda j: entries[j][1])
+        segments, a = [], 0
+        for b in range(1, len(by_row) + 1):
+            if b < len(by_row) and entries[by_row[b]][1] - entries[by_row[b - 1]][1] <= MAX_ROW_GAP:
+                continue
+            seg_rows = [entries[j][1] for j in by_row[a:b]]
+            seg_lens = [entries[j][2] for j in by_row[a:b]]
+            lo, hi, length = seg_rows[0], seg_rows[-1] + 1, max(seg_lens)
+            dense = hi - lo == b - a
+            mask = None
+            if not dense or min(seg_lens) != length:
+                lens = [0] * (hi - lo)
+                for r, n in zip(seg_rows, seg_lens):
+                    lens[r - lo] = n
+                arange = torch.arange(length, device=device)
+                mask = (arange[None, :] < tensor(lens)[:, None])[:, None, None, :]
+            local = None if dense else tensor([r - lo for r in seg_rows])
+            segments.append(_Segment(lo, hi, length, a, b, local, mask))
+            a = b
+        sorted_ = by_row == list(range(len(entries)))
+        return _DecodeGroup(
+            t_idx=None if whole else tensor([e[0] for e in entries]),
+            rows=tensor([e[1] for e in entries]),
+            pos=tensor([e[2] - 1 for e in entries]),
+            order=None if sorted_ else tensor(by_row),
+            segments=segments,
+        )
 
     # ------------------------------------------------------------------ attention
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
@@ -122,28 +187,43 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache[batch.out_cache_loc] = k  # index_put casts if the pool dtype differs
         v_cache[batch.out_cache_loc] = v
         meta: _Meta = batch.attn_metadata
-        if batch.mode == ForwardMode.DECODE:
-            if meta.use_mirror:
-                return self._decode_mirror(q, k, v, layer_id, batch, meta)
+        if not meta.use_mirror and batch.mode == ForwardMode.DECODE:
             return self._decode_gather(q, k_cache, v_cache, meta)
-        return self._extend(q, k, v, k_cache, v_cache, layer_id, meta)
+        group = meta.group
+        if group is not None and group.t_idx is None:
+            return self._decode_mirror(q, k, v, layer_id, group)
+        out = torch.empty_like(q)
+        if meta.spans:
+            self._extend(q, k, v, k_cache, v_cache, layer_id, meta, out)
+        if group is not None:
+            idx = group.t_idx
+            out[idx] = self._decode_mirror(q[idx], k[idx], v[idx], layer_id, group)
+        return out
 
-    def _decode_mirror(self, q, k, v, layer_id, batch, meta: _Meta) -> torch.Tensor:
+    def _decode_mirror(self, q, k, v, layer_id, group: _DecodeGroup) -> torch.Tensor:
+        """One new token per entry; each segment of rows is one batched SDPA call that
+        reads the mirror in place."""
         mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
-        rows, pos = meta.rows, batch.seq_lens - 1
-        mk[rows, pos] = k
-        mv[rows, pos] = v
-        length = batch.max_seq_len
-        if meta.identity:  # the batch is rows 0 .. B-1 in order: no scatter/gather of q
-            q_rows = q.unsqueeze(2)
-        else:
-            q_rows = q.new_zeros(meta.num_rows, self.num_heads, 1, self.head_dim)
-            q_rows[rows] = q.unsqueeze(2)
-        out = F.scaled_dot_product_attention(
-            q_rows, mk[:meta.num_rows, :length].transpose(1, 2),
-            mv[:meta.num_rows, :length].transpose(1, 2), attn_mask=meta.mask,
-            scale=self.scale, enable_gqa=True)  # (rows, H, 1, D)
-        return (out if meta.identity else out[rows]).squeeze(2)
+        mk[group.rows, group.pos] = k
+        mv[group.rows, group.pos] = v
+        qs = q if group.order is None else q[group.order]
+        outs = []
+        for seg in group.segments:
+            q_seg = qs[seg.a:seg.b]
+            if seg.local is not None:
+                q_seg = q.new_zeros(seg.hi - seg.lo, self.num_heads, self.head_dim).index_copy_(
+                    0, seg.local, q_seg)
+            o = F.scaled_dot_product_attention(
+                q_seg.unsqueeze(2), mk[seg.lo:seg.hi, :seg.length].transpose(1, 2),
+                mv[seg.lo:seg.hi, :seg.length].transpose(1, 2), attn_mask=seg.mask,
+                scale=self.scale, enable_gqa=True).squeeze(2)  # (rows, H, D)
+            outs.append(o if seg.local is None else o[seg.local])
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if group.order is None:
+            return o
+        out = torch.empty_like(o)
+        out[group.order] = o
+        return out
 
     def _decode_gather(self, q, k_cache, v_cache, meta: _Meta) -> torch.Tensor:
         keys = k_cache[meta.slot_idx].transpose(1, 2)  # (B, Hkv, L, D)
@@ -153,8 +233,7 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=True)
         return out.squeeze(2)
 
-    def _extend(self, q, k, v, k_cache, v_cache, layer_id, meta: _Meta) -> torch.Tensor:
-        out = torch.empty_like(q)
+    def _extend(self, q, k, v, k_cache, v_cache, layer_id, meta: _Meta, out) -> None:
         for start, n, p, row, prefix_slots in meta.spans:
             qs = q[start:start + n].transpose(0, 1)  # (H, n, D)
             ks, vs = k[start:start + n], v[start:start + n]
@@ -177,7 +256,6 @@ class TorchAttentionBackend(AttentionBackend):
                     qs[None], self._heads(keys), self._heads(values), attn_mask=mask,
                     scale=self.scale)
             out[start:start + n] = o[0].transpose(0, 1)
-        return out
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[L, Hkv, D]`` -> ``[1, H, L, D]`` with KV heads repeated for GQA. SDPA's CPU
