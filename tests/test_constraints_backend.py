@@ -152,6 +152,21 @@ def test_choices_and_dtypes(tokenizer, backend):
             parse(tokenizer.decode(out))
 
 
+def test_numbers_can_stop_on_a_space_or_newline(tokenizer, backend):
+    """dtype int/float end after one space or newline (else only EOS or max tokens stop a
+    model that keeps producing digits)."""
+    for dtype, text in (("int", "42 "), ("int", "-7\n"), ("float", "2.5 ")):
+        g = compile_(backend, dtype=dtype)
+        for t in tokenizer.encode(text, add_special_tokens=False):
+            assert g.accept_token(t)
+        assert g.is_terminated(), (dtype, text)
+    g = compile_(backend, dtype="int")
+    for t in tokenizer.encode("42", add_special_tokens=False):
+        assert g.accept_token(t)
+    assert not g.is_terminated()  # more digits (or the space) may follow
+    assert not accepts_text(g, tokenizer, "  ") and not accepts_text(g, tokenizer, " 1")
+
+
 def test_bad_input(backend):
     cases = [
         ({"json_schema": "{bad json"}, "not valid JSON"),

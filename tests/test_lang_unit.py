@@ -168,6 +168,23 @@ def test_run_level_defaults_and_per_gen_overrides(fake):
     assert state.get_meta_info("a") == {"prompt_tokens": 1}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_gen_int_and_float_drop_the_whitespace_they_stopped_on(stream):
+    answers = iter(["42\n", "2.5 ", "no space"])
+    backend = FakeBackend(answer_fn=lambda p, params: next(answers))
+
+    @sgl.function
+    def f(s):
+        s += "n=" + sgl.gen_int("n") + ";x=" + sgl.gen("x", dtype=float) + ";"
+        s += sgl.gen("free", max_tokens=3)
+
+    state = f.run(backend=backend, stream=stream)
+    state.text()  # waits for the end of a streamed run
+    assert state.error() is None
+    assert (state["n"], state["x"], state["free"]) == ("42", "2.5", "no space")
+    assert state.text() == "n=42;x=2.5;no space"
+
+
 def test_gen_params_reach_engine_dict():
     expr = sgl.gen("x", max_tokens=5, regex=r"\d+", stop=["a"], top_k=3)
     d = expr.params.merged_over(SamplingParams(temperature=0.0)).engine_sampling_params()

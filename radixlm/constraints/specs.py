@@ -10,9 +10,12 @@ from radixlm.constraints import regex_parts as rp
 from radixlm.constraints.base import CONSTRAINT_KINDS, ConstraintSpec
 
 # dtype -> regex of the whole output. "str" is a JSON string literal (quotes included).
+# Numbers may end in one space or newline (as in SGLang): without a way to say "done" other
+# than EOS, a small model can run on in digits until max_new_tokens. Callers strip it.
+NUMBER_END = r"[ \n]?"
 DTYPE_REGEX: dict[str, str] = {
-    "int": rp.INTEGER,
-    "float": rp.NUMBER,
+    "int": rp.INTEGER + NUMBER_END,
+    "float": rp.NUMBER + NUMBER_END,
     "bool": rp.BOOLEAN,
     "str": rp.STRING,
 }

@@ -220,8 +220,11 @@ class StreamExecutor:
 
     def _gen(self, expr: Gen) -> None:
         params = expr.params.merged_over(self.default_params)
+        numeric = params.dtype in ("int", "float")  # may end in the space/newline it stopped on
         if not self.stream:
             text, meta = self.backend.generate(self._prompt(), params)
+            if numeric:
+                text = text.rstrip(" \n")
             self._fill(text)
             self._set(expr.name, text, meta)
             return
@@ -235,6 +238,8 @@ class StreamExecutor:
             if expr.name is not None:
                 self.variables[expr.name] += piece
             self._notify()
+        if numeric:
+            self.text_ = self.text_[:start] + self.text_[start:].rstrip(" \n")
         self._set(expr.name, self.text_[start:], meta)
 
     def _select(self, expr: Select) -> None:

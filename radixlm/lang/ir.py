@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Constraint regexes used where a backend has no native `dtype` (the OpenAI backend).
+# Numbers may end in one space or newline (the model's way to stop); the interpreter strips it.
 DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+",
-    "float": r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?",
+    "int": r"[-+]?[0-9]+[ \n]?",
+    "float": r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]?",
     "bool": r"(True|False)",
     "str": r'"[^"\\\n]*"',
 }
