@@ -63,7 +63,7 @@ class _Meta:
     mask: torch.Tensor | None = None  # [B, 1, 1, L] bool (decode, gather fallback)
     slot_idx: torch.Tensor | None = None  # [B, L] (decode, gather fallback)
     # extend: per request with n > 1 or no prefix (first row in T, new tokens, prefix
-    # len, row, prefix slots)
+    # len, row, prefix slots or None, causal mask [n, p + n] or None when p == 0)
     spans: list | None = None
 
 
@@ -138,7 +138,9 @@ class TorchAttentionBackend(AttentionBackend):
                 one_token.append((start, row, p + 1))
             else:
                 prefix = self.pool.req_to_token[row, :p].long() if (p > 0 and not use) else None
-                spans.append((start, n, p, row, prefix))
+                mask = None if p == 0 else torch.ones(
+                    n, p + n, dtype=torch.bool, device=batch.seq_lens.device).tril(diagonal=p)
+                spans.append((start, n, p, row, prefix, mask))
             start += n
         group = self._decode_group(one_token, not spans, batch.seq_lens.device)
         batch.attn_metadata = _Meta(use, group=group, spans=spans)
@@ -234,7 +236,7 @@ class TorchAttentionBackend(AttentionBackend):
         return out.squeeze(2)
 
     def _extend(self, q, k, v, k_cache, v_cache, layer_id, meta: _Meta, out) -> None:
-        for start, n, p, row, prefix_slots in meta.spans:
+        for start, n, p, row, prefix_slots, mask in meta.spans:
             qs = q[start:start + n].transpose(0, 1)  # (H, n, D)
             ks, vs = k[start:start + n], v[start:start + n]
             if meta.use_mirror:
@@ -251,7 +253,6 @@ class TorchAttentionBackend(AttentionBackend):
                 else:
                     keys = torch.cat([k_cache[prefix_slots], ks.to(k_cache.dtype)])
                     values = torch.cat([v_cache[prefix_slots], vs.to(v_cache.dtype)])
-                mask = torch.ones(n, p + n, dtype=torch.bool, device=q.device).tril(diagonal=p)
                 o = F.scaled_dot_product_attention(
                     qs[None], self._heads(keys), self._heads(values), attn_mask=mask,
                     scale=self.scale)
