@@ -42,3 +42,33 @@ def configure_openmp() -> None:
     spin = _get("RADIXLM_OMP_SPINCOUNT", "20000")
     if spin:
         os.environ.setdefault("GOMP_SPINCOUNT", spin)
+
+
+# glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def configure_malloc() -> bool:
+    """Keep freed memory in the process for reuse (``RADIXLM_MALLOC_TUNING``, default on;
+    ``0`` keeps glibc's defaults). Returns whether the settings were applied.
+
+    A forward pass allocates and frees many temporaries of 0.1-10 MB. With glibc's defaults
+    the big ones are fresh ``mmap``s (and the heap top is trimmed back to the OS), so every
+    step pays page faults to touch them again: an RMSNorm over 1024x576 bf16 took 2.4 ms
+    instead of 0.6 ms, and even one-token steps pay. Serving every allocation under 32 MB
+    from the heap and trimming only past 1 GB free removes that; the cost is that the
+    process holds on to what it freed (a server reuses it on the next step anyway).
+    """
+    if (_get("RADIXLM_MALLOC_TUNING", "1") or "1") == "0":
+        return False
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
+        return libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
+    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
+        return False
