@@ -66,6 +66,7 @@ class Harness:
             seq_lens_cpu=seq, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
             owner_ids=[self.owner[r] for r, _ in work])
         self.backend.init_forward_metadata(batch)
+        self.last_meta = batch.attn_metadata
         scale = HEAD_DIM**-0.5
         for layer in range(LAYERS):
             q, k, v = (torch.randn(t, h, HEAD_DIM, generator=self.gen).to(self.dtype)
@@ -103,3 +104,31 @@ def test_torch_backend_matches_twins_over_scattered_batches(dtype, mirror_bytes)
     h.step(D, [(4, 1), (3, 1), (1, 1), (19, 1)])
     for _ in range(3):
         h.step(D, [(row, 1) for row in first])
+
+
+def test_decode_batches_are_moved_into_the_lowest_mirror_slots() -> None:
+    """However requests come and go, a decode step reads slots 0 .. B-1 in one SDPA call
+    (K/V of requests above that moved down); more requests over time than slots reuse the
+    slots of requests no longer in steps. Outputs match the twins all along."""
+    h = Harness(torch.float32, None)
+    E, D = ForwardMode.EXTEND, ForwardMode.DECODE
+    rows = list(range(ROWS))
+    for row in rows:
+        h.new_request(row)
+    h.step(E, [(row, 2 + row % 5) for row in rows])
+    h.step(D, [(row, 1) for row in rows])
+    survivors = [17, 3, 11]
+    h.step(D, [(row, 1) for row in survivors])
+    (segment,) = h.last_meta.group.segments
+    assert (segment.lo, segment.hi, segment.local) == (0, 3, None)
+    assert h.backend.moves >= 2  # rows 17 and 11 sat above slot 2
+    for wave in range(3):  # 3 x 6 new requests: more owners than slots over time
+        fresh = [r for r in rows if r not in survivors][wave * 6:(wave + 1) * 6]
+        for row in fresh:
+            h.new_request(row)
+        h.step(E, [(row, 3 + wave) for row in fresh])
+        for _ in range(2):
+            h.step(D, [(row, 1) for row in survivors + fresh])
+            (segment,) = h.last_meta.group.segments
+            assert (segment.lo, segment.hi) == (0, len(survivors) + len(fresh))
+    assert len(h.backend.owner_slot) <= ROWS

@@ -3,13 +3,16 @@
 The pool is the source of truth: every step stores its new K/V at ``out_cache_loc`` and
 everything is addressable through ``req_to_token``. Gathering a batch's K/V through
 ``req_to_token`` on every layer of every decode step costs more than the attention math
-on a CPU, so this backend also keeps a *row mirror*: per ``req_to_token`` row, a dense
-copy ``[rows, capacity, Hkv, D]`` of that request's K/V. A request's mirror row is filled
+on a CPU, so this backend also keeps a *mirror*: per running request, a dense copy of its
+K/V in one of ``[slots, capacity, Hkv, D]`` mirror slots. A request's mirror slot is filled
 from the pool once (when it is admitted, resumed or extended after a cache hit) and then
-grows by one token per decode step, so decode reads K/V in place with one batched SDPA
-call per layer. Rows are handed out lowest-first, so the running rows stay compact; the
-few holes are masked out. When the mirror would exceed its memory budget, the backend
-falls back to gathering through ``req_to_token``.
+grows by one token per decode step, so decode reads K/V in place with batched SDPA calls.
+Mirror slots belong to requests (not to ``req_to_token`` rows) and a decode step first
+moves the batch into slots ``0 .. B-1`` (a copy of one request's K/V when another
+finished below it), so decode is one SDPA call with no holes however requests come and
+go. Slots of requests that are not in the step are reused least-recently-used first (a
+request that comes back is refilled from the pool). When the mirror would exceed its
+memory budget, the backend falls back to gathering through ``req_to_token``.
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 DEFAULT_MIRROR_BYTES = 2 << 30
 
 
-# Rows this close together share one SDPA call (the rows between them attend with an
-# all-false mask and are dropped); farther apart, a new call starts.
-MAX_ROW_GAP = 4
+# Mirror slots this close together share one SDPA call (a slot between them attends with
+# an all-false mask and is dropped: about the cost of a call); farther apart, a new call.
+MAX_SLOT_GAP = 2
 
 
 @dataclass
 class _Segment:
-    """Consecutive mirror rows ``lo .. hi-1`` attended in one SDPA call: sorted entries
+    """Consecutive mirror slots ``lo .. hi-1`` attended in one SDPA call: sorted entries
     ``a .. b-1`` of the decode group live there (``local`` = their offsets from ``lo``,
     None when they fill the range)."""
 
@@ -50,9 +53,9 @@ class _DecodeGroup:
     """Entries that add one token after a prefix, read from the mirror in place."""
 
     t_idx: torch.Tensor | None  # rows of q/k/v in the step (None: all of them, in order)
-    rows: torch.Tensor  # [n] mirror rows, step order
+    slots: torch.Tensor  # [n] mirror slots, step order
     pos: torch.Tensor  # [n] position of the new token
-    order: torch.Tensor | None  # step order -> row order permutation (None: sorted)
+    order: torch.Tensor | None  # step order -> slot order permutation (None: sorted)
     segments: list[_Segment]
 
 
@@ -63,7 +66,7 @@ class _Meta:
     mask: torch.Tensor | None = None  # [B, 1, 1, L] bool (decode, gather fallback)
     slot_idx: torch.Tensor | None = None  # [B, L] (decode, gather fallback)
     # extend: per request with n > 1 or no prefix (first row in T, new tokens, prefix
-    # len, row, prefix slots or None, causal mask [n, p + n] or None when p == 0)
+    # len, mirror slot, prefix pool slots or None, causal mask [n, p + n] or None if p == 0)
     spans: list | None = None
 
 
@@ -81,8 +84,13 @@ class TorchAttentionBackend(AttentionBackend):
         self.mirror_len = 0
         self.mirror_k: list[torch.Tensor] = []
         self.mirror_v: list[torch.Tensor] = []
-        self.owner = [None] * self.num_rows  # which request a row's mirror holds
+        # Mirror slots (as many as req_to_token rows, so a batch always fits)
+        self.slot_owner: list[int | None] = [None] * self.num_rows  # request uid per slot
+        self.owner_slot: dict[int, int] = {}
+        self.last_used = [0] * self.num_rows  # step counter, for LRU reuse
         self.valid = [0] * self.num_rows  # mirror positions [0, valid) are up to date
+        self.steps = 0
+        self.moves = 0  # K/V moved between slots to keep decode batches compact (stats)
 
     # ------------------------------------------------------------------ mirror
     def _ensure_mirror(self, needed: int) -> bool:
@@ -106,24 +114,70 @@ class TorchAttentionBackend(AttentionBackend):
         self.mirror_len = length
         return True
 
+    def _pick_slot(self, below: int, keep: set) -> int:
+        """A slot under ``below`` not held by a request in ``keep``: a free one, else the
+        least recently used."""
+        best = None
+        for slot in range(below):
+            owner = self.slot_owner[slot]
+            if owner is None:
+                return slot
+            if owner not in keep and (best is None or self.last_used[slot]
+                                      < self.last_used[best]):
+                best = slot
+        if best is None:
+            raise RuntimeError("no mirror slot left for the batch")  # batch > slots: a bug
+        return best
+
+    def _assign(self, slot: int, owner: int) -> None:
+        old = self.slot_owner[slot]
+        if old is not None:
+            del self.owner_slot[old]
+        self.slot_owner[slot], self.owner_slot[owner], self.valid[slot] = owner, slot, 0
+
+    def _place(self, owners: list[int], compact: bool) -> list[int]:
+        """Mirror slot of each request of the step. With ``compact`` the requests end up in
+        slots ``0 .. B-1``: those above move down (their valid K/V copied along)."""
+        keep = set(owners)
+        self.steps += 1
+        out = []
+        for owner in owners:
+            slot = self.owner_slot.get(owner)
+            if slot is None:
+                slot = self._pick_slot(len(owners) if compact else self.num_rows, keep)
+                self._assign(slot, owner)
+            elif compact and slot >= len(owners):
+                new = self._pick_slot(len(owners), keep)
+                n = self.valid[slot]
+                self._assign(new, owner)
+                for buf in self.mirror_k + self.mirror_v:
+                    buf[new, :n] = buf[slot, :n]
+                self.valid[new] = n
+                self.slot_owner[slot], self.valid[slot] = None, 0
+                self.moves += 1
+                slot = new
+            self.last_used[slot] = self.steps
+            out.append(slot)
+        return out
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         rows = batch.req_pool_indices.tolist()
         use = self._ensure_mirror(batch.max_seq_len)
+        decode = batch.mode == ForwardMode.DECODE
+        mslots = self._place(batch.owner_ids, compact=decode) if use else rows
         if use:
-            for row, owner, p in zip(rows, batch.owner_ids, batch.prefix_lens_cpu):
-                if self.owner[row] != owner:
-                    self.owner[row], self.valid[row] = owner, 0
-                self.valid[row] = min(self.valid[row], p)
-                if self.valid[row] < p:  # fill the mirror row from the pool, once
-                    slots = self.pool.req_to_token[row, self.valid[row]:p].long()
+            for row, m, p in zip(rows, mslots, batch.prefix_lens_cpu):
+                self.valid[m] = min(self.valid[m], p)
+                if self.valid[m] < p:  # fill the mirror slot from the pool, once
+                    slots = self.pool.req_to_token[row, self.valid[m]:p].long()
                     for mk, mv, kc, vc in zip(self.mirror_k, self.mirror_v,
                                               self.pool.k_buffer, self.pool.v_buffer):
-                        mk[row, self.valid[row]:p] = kc[slots]
-                        mv[row, self.valid[row]:p] = vc[slots]
-                self.valid[row] = p + (1 if batch.mode == ForwardMode.DECODE else 0)
-            if batch.mode == ForwardMode.EXTEND:
-                for row, s in zip(rows, batch.seq_lens_cpu):
-                    self.valid[row] = s
+                        mk[m, self.valid[m]:p] = kc[slots]
+                        mv[m, self.valid[m]:p] = vc[slots]
+                self.valid[m] = p + (1 if decode else 0)
+            if not decode:
+                for m, seq in zip(mslots, batch.seq_lens_cpu):
+                    self.valid[m] = seq
         decode = batch.mode == ForwardMode.DECODE
         if decode and not use:
             max_len = batch.max_seq_len
@@ -133,21 +187,21 @@ class TorchAttentionBackend(AttentionBackend):
             batch.attn_metadata = _Meta(False, mask=mask, slot_idx=slot_idx)
             return
         spans, one_token, start = [], [], 0
-        for row, n, p in zip(rows, batch.extend_lens_cpu, batch.prefix_lens_cpu):
+        for row, m, n, p in zip(rows, mslots, batch.extend_lens_cpu, batch.prefix_lens_cpu):
             if use and n == 1 and p > 0:
-                one_token.append((start, row, p + 1))
+                one_token.append((start, m, p + 1))
             else:
                 prefix = self.pool.req_to_token[row, :p].long() if (p > 0 and not use) else None
                 mask = None if p == 0 else torch.ones(
                     n, p + n, dtype=torch.bool, device=batch.seq_lens.device).tril(diagonal=p)
-                spans.append((start, n, p, row, prefix, mask))
+                spans.append((start, n, p, m, prefix, mask))
             start += n
         group = self._decode_group(one_token, not spans, batch.seq_lens.device)
         batch.attn_metadata = _Meta(use, group=group, spans=spans)
 
     def _decode_group(self, entries: list[tuple[int, int, int]], whole: bool,
                       device) -> _DecodeGroup | None:
-        """``entries``: (row in the step, mirror row, length incl. the new token) of the
+        """``entries``: (row in the step, mirror slot, length incl. the new token) of the
         one-token entries; ``whole``: they are all of the step's rows."""
         if not entries:
             return None
@@ -155,31 +209,32 @@ class TorchAttentionBackend(AttentionBackend):
         def tensor(values):
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        by_row = sorted(range(len(entries)), key=lambda j: entries[j][1])
+        by_slot = sorted(range(len(entries)), key=lambda j: entries[j][1])
         segments, a = [], 0
-        for b in range(1, len(by_row) + 1):
-            if b < len(by_row) and entries[by_row[b]][1] - entries[by_row[b - 1]][1] <= MAX_ROW_GAP:
+        for b in range(1, len(by_slot) + 1):
+            if (b < len(by_slot)
+                    and entries[by_slot[b]][1] - entries[by_slot[b - 1]][1] <= MAX_SLOT_GAP):
                 continue
-            seg_rows = [entries[j][1] for j in by_row[a:b]]
-            seg_lens = [entries[j][2] for j in by_row[a:b]]
-            lo, hi, length = seg_rows[0], seg_rows[-1] + 1, max(seg_lens)
+            seg_slots = [entries[j][1] for j in by_slot[a:b]]
+            seg_lens = [entries[j][2] for j in by_slot[a:b]]
+            lo, hi, length = seg_slots[0], seg_slots[-1] + 1, max(seg_lens)
             dense = hi - lo == b - a
             mask = None
             if not dense or min(seg_lens) != length:
                 lens = [0] * (hi - lo)
-                for r, n in zip(seg_rows, seg_lens):
-                    lens[r - lo] = n
+                for m, n in zip(seg_slots, seg_lens):
+                    lens[m - lo] = n
                 arange = torch.arange(length, device=device)
                 mask = (arange[None, :] < tensor(lens)[:, None])[:, None, None, :]
-            local = None if dense else tensor([r - lo for r in seg_rows])
+            local = None if dense else tensor([m - lo for m in seg_slots])
             segments.append(_Segment(lo, hi, length, a, b, local, mask))
             a = b
-        sorted_ = by_row == list(range(len(entries)))
+        sorted_ = by_slot == list(range(len(entries)))
         return _DecodeGroup(
             t_idx=None if whole else tensor([e[0] for e in entries]),
-            rows=tensor([e[1] for e in entries]),
+            slots=tensor([e[1] for e in entries]),
             pos=tensor([e[2] - 1 for e in entries]),
-            order=None if sorted_ else tensor(by_row),
+            order=None if sorted_ else tensor(by_slot),
             segments=segments,
         )
 
@@ -203,11 +258,11 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _decode_mirror(self, q, k, v, layer_id, group: _DecodeGroup) -> torch.Tensor:
-        """One new token per entry; each segment of rows is one batched SDPA call that
+        """One new token per entry; each segment of slots is one batched SDPA call that
         reads the mirror in place."""
         mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
-        mk[group.rows, group.pos] = k
-        mv[group.rows, group.pos] = v
+        mk[group.slots, group.pos] = k
+        mv[group.slots, group.pos] = v
         qs = q if group.order is None else q[group.order]
         outs = []
         for seg in group.segments:
@@ -236,20 +291,20 @@ class TorchAttentionBackend(AttentionBackend):
         return out.squeeze(2)
 
     def _extend(self, q, k, v, k_cache, v_cache, layer_id, meta: _Meta, out) -> None:
-        for start, n, p, row, prefix_slots, mask in meta.spans:
+        for start, n, p, slot, prefix_slots, mask in meta.spans:
             qs = q[start:start + n].transpose(0, 1)  # (H, n, D)
             ks, vs = k[start:start + n], v[start:start + n]
             if meta.use_mirror:
                 mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
-                mk[row, p:p + n] = ks.to(mk.dtype)
-                mv[row, p:p + n] = vs.to(mv.dtype)
+                mk[slot, p:p + n] = ks.to(mk.dtype)
+                mv[slot, p:p + n] = vs.to(mv.dtype)
             if p == 0:
                 o = F.scaled_dot_product_attention(
                     qs[None], self._heads(ks), self._heads(vs), is_causal=True,
                     scale=self.scale)
             else:
                 if meta.use_mirror:
-                    keys, values = mk[row, :p + n], mv[row, :p + n]
+                    keys, values = mk[slot, :p + n], mv[slot, :p + n]
                 else:
                     keys = torch.cat([k_cache[prefix_slots], ks.to(k_cache.dtype)])
                     values = torch.cat([v_cache[prefix_slots], vs.to(v_cache.dtype)])
