@@ -1,6 +1,7 @@
 """Offline throughput and latency of the engine vs HF transformers ``generate``.
 
-    .venv/bin/python benchmarks/bench_offline.py [--quick] [--skip-hf] [--out results.json]
+    .venv/bin/python benchmarks/bench_offline.py [--quick] [--skip-hf] [--rounds N]
+                                                 [--out results.json]
 
 Same prompts for every system in one run. Reports single-stream decode tok/s, prefill
 tok/s, batch-64 throughput with mixed output lengths (continuous batching), TTFT/TPOT
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import time
 
 import torch
@@ -62,10 +64,13 @@ def bench_engine(engine, prompts, out_lens, single_ids, single_new, prefill_prom
     return res
 
 
-def bench_hf(model_dir, prompts, out_lens, single_ids, single_new, prefill_prompts) -> dict:
+def load_hf(model_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
+
+
+def bench_hf(model, prompts, out_lens, single_ids, single_new, prefill_prompts) -> dict:
     res = {}
     with torch.inference_mode():
         ids = torch.tensor([single_ids])
@@ -103,6 +108,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a smoke run")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of the two systems")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -120,22 +126,34 @@ def main() -> None:
     results = {"config": {"batch": batch, "single_new_tokens": single_new,
                           "dtype": str(engine.runner.dtype),
                           "attention_backend": engine.runner.attention_backend_name}}
-    results["radixlm"] = bench_engine(engine, prompts, out_lens, single_ids, single_new,
-                                      prefill_prompts)
     model_dir = engine.model_path
+    hf_model = None if args.skip_hf else load_hf(model_dir)
+    # Rounds alternate the two systems, so slow phases of a shared VM hit both alike; each
+    # metric is the median over rounds, each speedup the median of per-round ratios.
+    rounds: list[dict] = []
+    for _ in range(args.rounds):
+        r = {"radixlm": bench_engine(engine, prompts, out_lens, single_ids, single_new,
+                                     prefill_prompts)}
+        if hf_model is not None:
+            r["hf_transformers"] = bench_hf(hf_model, prompts, out_lens, single_ids,
+                                            single_new, prefill_prompts)
+        rounds.append(r)
     engine.shutdown()
-    if not args.skip_hf:
-        results["hf_transformers"] = bench_hf(model_dir, prompts, out_lens, single_ids,
-                                              single_new, prefill_prompts)
-        hf, ours = results["hf_transformers"], results["radixlm"]
-        results["speedup"] = {k: ours[k] / hf[k] for k in
-                              ("single_decode_tok_s", "prefill_tok_s", "batch_throughput_tok_s")}
+    for system in rounds[0]:
+        results[system] = {k: statistics.median(r[system][k] for r in rounds)
+                           for k in rounds[0][system]}
+    if hf_model is not None:
+        keys = ("single_decode_tok_s", "prefill_tok_s", "batch_throughput_tok_s")
+        results["speedup"] = {k: statistics.median(r["radixlm"][k] / r["hf_transformers"][k]
+                                                   for r in rounds) for k in keys}
+        results["speedup_per_round"] = [{k: r["radixlm"][k] / r["hf_transformers"][k]
+                                         for k in keys} for r in rounds]
     print(json.dumps(results, indent=2))
     print(f"\n{'metric':<28}{'radixlm':>12}{'hf':>12}{'speedup':>10}")
     for k in ("single_decode_tok_s", "prefill_tok_s", "batch_throughput_tok_s"):
         hf = results.get("hf_transformers", {}).get(k, float("nan"))
-        print(f"{k:<28}{results['radixlm'][k]:>12.1f}{hf:>12.1f}"
-              f"{results['radixlm'][k] / hf if hf == hf else float('nan'):>10.2f}")
+        ratio = results.get("speedup", {}).get(k, float("nan"))
+        print(f"{k:<28}{results['radixlm'][k]:>12.1f}{hf:>12.1f}{ratio:>10.2f}")
     for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
         print(f"{k:<28}{results['radixlm'][k]:>12.4f}")
     if args.out:
