@@ -65,6 +65,17 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def mix_seed(seed: int) -> int:
+    """splitmix64 of ``seed``: the first draws of Mersenne Twister generators seeded with
+    neighbouring integers are correlated (seeds 1234, 1235, 1236 all start below 0.17), and
+    the sampler takes one uniform per token, so requests seeded 0, 1, 2... (or the ``n``
+    samples of one request) would start alike."""
+    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1  # 63 bits: what manual_seed takes on every platform
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir, context_len: int) -> None:
         self.config = config
@@ -123,7 +134,7 @@ class ModelRunner:
             return None
         gen = self._generators.get(req.rid)
         if gen is None:
-            gen = torch.Generator(device=self.device).manual_seed(req.seed)
+            gen = torch.Generator(device=self.device).manual_seed(mix_seed(req.seed))
             self._generators[req.rid] = gen
         return gen
 

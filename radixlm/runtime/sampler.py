@@ -107,21 +107,55 @@ class Sampler:
         temps = torch.tensor([max(inp.temperatures[r], 1e-6) for r in rows],
                              device=logits.device)[:, None]
         probs = torch.softmax(logits[rows] / temps, dim=-1)  # (S, V)
-        out = []
+        # One uniform per row from the request's own generator, then an inverse-CDF draw.
+        # (torch.multinomial draws exponential noise over the whole vocabulary from the
+        # generator: ~2 ms per row on this CPU, 0.1 s per step at batch 64.)
+        u = torch.cat([torch.rand(1, generator=inp.generators[r], device=logits.device)
+                       for r in rows])
+        out = [0] * len(rows)
+        plain = [j for j, r in enumerate(rows)
+                 if inp.top_ks[r] < 0 and inp.top_ps[r] >= 1.0 and inp.min_ps[r] <= 0.0]
+        if plain:
+            drawn = draw_inverse_cdf(probs[plain], u[plain]).tolist()
+            for j, token in zip(plain, drawn):
+                out[j] = token
+        plain_set = set(plain)
         for j, row in enumerate(rows):
-            k, p, mp = inp.top_ks[row], inp.top_ps[row], inp.min_ps[row]
-            gen = inp.generators[row]
-            if k < 0 and p >= 1.0 and mp <= 0.0:
-                out.append(int(torch.multinomial(probs[j], 1, generator=gen)))
+            if j in plain_set:
                 continue
+            k, p, mp = inp.top_ks[row], inp.top_ps[row], inp.min_ps[row]
             vals, idx = probs[j].topk(min(_CANDIDATES, probs.shape[1]))
             keep = _keep_sorted(vals, k, p, mp)
             if bool(keep[-1]) and len(vals) < probs.shape[1]:  # kept set may extend further
                 vals, idx = probs[j].sort(descending=True)
                 keep = _keep_sorted(vals, k, p, mp)
-            choice = torch.multinomial(vals * keep, 1, generator=gen)
-            out.append(int(idx[choice]))
+            choice = draw_inverse_cdf((vals * keep)[None], u[j:j + 1])
+            out[j] = int(idx[choice])
         return out
+
+
+_BLOCK = 256
+
+
+def draw_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of non-negative ``weights [S, V]`` (not all zero), the index whose CDF
+    interval holds ``u [S]`` in [0, 1) scaled to the row's total: token ``i`` is drawn
+    with probability ``weights[i] / sum``, and a zero-weight index never. Two levels
+    (blocks of 256, then within the block) in float64, so the scan stays short and exact
+    enough for a 50k vocabulary."""
+    s, v = weights.shape
+    pad = (-v) % _BLOCK
+    w = torch.nn.functional.pad(weights, (0, pad)) if pad else weights
+    blocks = w.reshape(s, -1, _BLOCK)
+    cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (S, blocks)
+    x = torch.minimum(u.double() * cdf[:, -1], cdf[:, -1] * (1 - 1e-12))  # u may round to 1
+    blk = torch.searchsorted(cdf, x[:, None], right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+    before = torch.where(blk > 0, cdf.gather(1, (blk - 1).clamp(min=0)[:, None]).squeeze(1),
+                         torch.zeros_like(x))
+    inner = blocks[torch.arange(s, device=w.device), blk].double().cumsum(-1)  # (S, BLOCK)
+    rem = torch.minimum(x - before, inner[:, -1] * (1 - 1e-12))  # rounding: stay inside
+    pos = torch.searchsorted(inner, rem[:, None], right=True).squeeze(1).clamp_(max=_BLOCK - 1)
+    return blk * _BLOCK + pos
 
 
 def _keep_sorted(vals: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
