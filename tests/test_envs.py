@@ -40,4 +40,4 @@ def test_large_temporaries_are_reused_not_refaulted():
     tuned = int(subprocess.check_output([sys.executable, "-c", code], env=env, text=True))
     plain = int(subprocess.check_output([sys.executable, "-c", code], text=True,
                                         env={**env, "RADIXLM_MALLOC_TUNING": "0"}))
-    assert tuned < 100 < 1000 < plain, (tuned, plain)
+    assert plain > 1000 and tuned * 5 < plain, (tuned, plain)

@@ -154,3 +154,30 @@ def test_failure_in_one_request_spares_its_neighbours(tiny_model_dir):
         engine.check_integrity()
         again = engine.generate(input_ids=ps[0], sampling_params=PARAMS)  # loop still alive
         assert again["output_ids"] == outs[0]["output_ids"]
+
+
+def test_forward_failure_of_one_request_aborts_only_that_request(tiny_model_dir, reference):
+    """The model raises whenever a poisoned token is in the step: the step is retried one
+    request at a time and only the poisoned request is aborted; the others finish with the
+    same tokens as when run alone."""
+    poison = 99  # prompts use ids >= 100
+    ps, expected = reference[0][:4], reference[1][:4]
+    assert all(poison not in out for out in expected)
+    bad = [*ps[2][:2], poison, *ps[2][2:]]
+    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
+                log_level="critical") as engine:
+        model = engine.runner.model
+        original = model.forward
+
+        def fragile(batch, attn):
+            if bool((batch.input_ids == poison).any()):
+                raise RuntimeError("poisoned token")
+            return original(batch, attn)
+
+        model.forward = fragile
+        outs = engine.generate(input_ids=[ps[0], ps[1], bad, ps[3]], sampling_params=PARAMS)
+        reason = outs[2]["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "poisoned token" in reason["message"]
+        for i in (0, 1, 3):
+            assert outs[i]["output_ids"] == expected[i], i
+        engine.check_integrity()

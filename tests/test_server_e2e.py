@@ -155,6 +155,32 @@ def test_openai_chat_and_stream_usage(url: str, tokenizer) -> None:
     assert len(done.choices[0].logprobs.tokens) == done.usage.completion_tokens // 2
 
 
+def test_openai_completions_echo_scores_the_prompt(url: str, tokenizer) -> None:
+    """echo + logprobs (+ max_tokens 0: what lm-eval-harness sends to score text): the
+    prompt's tokens with their logprobs, equal to the native API's input logprobs."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    prompt = "The capital of France is Paris."
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    native = httpx.post(url + "/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True, "logprob_start_len": 0}, timeout=120).json()
+    scored = client.completions.create(model="default", prompt=prompt, max_tokens=0, echo=True,
+                                       logprobs=1)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == prompt
+    assert "".join(lp.tokens) == prompt and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None
+    expected = [e[0] for e in native["meta_info"]["input_token_logprobs"][1:]]
+    assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    assert all(len(top) == 1 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    more = client.completions.create(model="default", prompt=prompt, max_tokens=3, echo=True,
+                                     logprobs=0, temperature=0)
+    lp = more.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + more.usage.completion_tokens
+    assert "".join(lp.tokens) == more.choices[0].text
+
+
 def test_openai_json_schema_response(url: str) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                                "age": {"type": "integer"}},

@@ -161,3 +161,7 @@ def test_unsupported_completion_field_is_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="m", prompt="hi", max_tokens=1, suffix="x")
     assert "suffix" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt="hi", max_tokens=1, echo=True, logprobs=1,
+                                  stream=True)
+    assert "'echo' together with 'logprobs'" in info.value.body["message"]

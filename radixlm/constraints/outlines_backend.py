@@ -323,10 +323,12 @@ class OutlinesGrammarBackend(GrammarBackend):
             return out
         with self._lock:
             inner = self._inflight.get(key)
-            if inner is None:
+            created = inner is None
+            if created:
                 inner = self._pool.submit(self._build, regex, key)
                 self._inflight[key] = inner
-                inner.add_done_callback(lambda f: self._finish(key, f))
+        if created:  # outside the lock: a build that already ended runs _finish right here
+            inner.add_done_callback(lambda f: self._finish(key, f))
         timer = threading.Timer(self.compile_timeout_s, self._fail, (out, ValueError(
             f"constraint compile exceeded the time budget of {self.compile_timeout_s} s")))
         timer.daemon = True

@@ -162,21 +162,43 @@ class Scheduler:
         sb = self._schedule_extend() or self._schedule_decode()
         if sb is None:
             return
-        sampled = [r for r, s in zip(sb.reqs, sb.sample) if s]
         try:
-            bitmask = self._fill_bitmask(sampled)
-            inputs = (self.runner.sampling_inputs(sampled, [self.runner.generator(r)
-                                                            for r in sampled], bitmask)
-                      if sampled else None)
-            out = self.runner.forward(sb, inputs)
+            out = self._forward(sb)
         except Exception as e:
             logger.error("step failed:\n%s", traceback.format_exc())
-            for req in sb.reqs:
-                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
-                             insert=False)
+            self._isolate_failure(sb, e)
             return
         self.stats["num_steps_total"] += 1
         self._process(sb, out)
+
+    def _forward(self, sb: ScheduleBatch) -> StepOutput:
+        sampled = [r for r, s in zip(sb.reqs, sb.sample) if s]
+        bitmask = self._fill_bitmask(sampled)
+        inputs = (self.runner.sampling_inputs(sampled, [self.runner.generator(r)
+                                                        for r in sampled], bitmask)
+                  if sampled else None)
+        return self.runner.forward(sb, inputs)
+
+    def _isolate_failure(self, sb: ScheduleBatch, error: Exception) -> None:
+        """A step raised: run its requests one by one (their slots are still allocated, so
+        each recomputes the same positions) and abort only those that fail alone."""
+        for i, req in enumerate(sb.reqs):
+            if req.finished:
+                continue
+            try:
+                if len(sb.reqs) == 1:
+                    raise error
+                one = ScheduleBatch(sb.mode, [req], [sb.prefix_lens[i]], [sb.extend_lens[i]],
+                                    [sb.sample[i]])
+                out = self._forward(one)
+            except Exception as e:
+                if e is not error:
+                    logger.error("request %s fails alone:\n%s", req.rid, traceback.format_exc())
+                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
+                             insert=False)
+                continue
+            self.stats["num_steps_total"] += 1
+            self._process(one, out)
 
     def _fill_bitmask(self, sampled: list[Req]):
         rows = [i for i, r in enumerate(sampled) if r.grammar is not None]

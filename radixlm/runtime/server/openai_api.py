@@ -61,9 +61,11 @@ def openai_sampling(req: _OpenAIBase, max_new_tokens: int | None) -> dict[str, A
 
 
 def _fan_out(req: _OpenAIBase, prompts: list[tuple[str | None, list[int] | None]],
-             sampling: dict[str, Any], top: int | None, request_id: str) -> list[GenCall]:
+             sampling: dict[str, Any], top: int | None, request_id: str,
+             prompt_logprobs: bool = False) -> list[GenCall]:
     """One call per prompt and sample; sample j gets seed + j when a seed is given. The rid
-    is `rid` from the body, else the server's request id (`-k` appended per choice k)."""
+    is `rid` from the body, else the server's request id (`-k` appended per choice k).
+    ``prompt_logprobs``: also score the prompt tokens (completions with echo)."""
     base = req.rid or request_id
     calls = []
     for i, (text, ids) in enumerate(prompts):
@@ -74,7 +76,8 @@ def _fan_out(req: _OpenAIBase, prompts: list[tuple[str | None, list[int] | None]
             rid = base if len(prompts) * req.n == 1 else f"{base}-{i * req.n + j}"
             calls.append(GenCall(text=text, input_ids=ids, sampling=s, rid=rid,
                                  return_logprob=top is not None, top_logprobs_num=top or 0,
-                                 return_text_in_logprobs=top is not None))
+                                 return_text_in_logprobs=top is not None,
+                                 logprob_start_len=0 if prompt_logprobs else -1))
     return calls
 
 
@@ -102,11 +105,16 @@ def _token_str(entry: Any) -> str:
     return text if text is not None else ""
 
 
-def completion_logprobs(meta: dict[str, Any], start: int, top: int,
-                        offset0: int) -> dict[str, Any]:
-    """Legacy completions logprobs for output tokens [start:], text offsets from offset0."""
+def completion_logprobs(meta: dict[str, Any], start: int, top: int, offset0: int,
+                        with_prompt: bool = False) -> dict[str, Any]:
+    """Legacy completions logprobs for output tokens [start:], text offsets from offset0;
+    ``with_prompt`` (echo): the prompt's tokens first, the very first one with logprob
+    None (nothing precedes it)."""
     entries = (meta.get("output_token_logprobs") or [])[start:]
     tops = (meta.get("output_top_logprobs") or [])[start:]
+    if with_prompt:
+        entries = list(meta.get("input_token_logprobs") or []) + list(entries)
+        tops = list(meta.get("input_top_logprobs") or []) + list(tops)
     tokens = [_token_str(e) for e in entries]
     offsets, pos = [], offset0
     for t in tokens:
@@ -143,7 +151,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state = get_state(request)
     top = body.logprobs
     calls = _fan_out(body, body.prompts, openai_sampling(body, body.max_tokens), top,
-                     request.state.request_id)
+                     request.state.request_id, prompt_logprobs=body.echo and top is not None)
     await admit(state, calls)
     cid, created = f"cmpl-{calls[0].rid}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
@@ -158,7 +166,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     else state.engine.tokenizer.decode(call.input_ids)) + text
         choices.append({"index": k, "text": text, "finish_reason": _finish(r["meta_info"]),
                         "logprobs": None if top is None
-                        else completion_logprobs(r["meta_info"], 0, top, 0)})
+                        else completion_logprobs(r["meta_info"], 0, top, 0,
+                                                 with_prompt=body.echo)})
     return JSONResponse({**head, "choices": choices, "usage": _usage(results, body.n)})
 
 

@@ -165,8 +165,8 @@ class CompletionRequest(_OpenAIBase):
             raise ValueError("'suffix' is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("'best_of' other than n is not supported by this server")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("'echo' together with 'logprobs' is not supported by this server")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise ValueError("'echo' together with 'logprobs' is not supported when streaming")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("'prompt' must not be empty")
         return self
