@@ -147,11 +147,14 @@ class RadixCache(BasePrefixCache):
         upper.children[self._child_key(child.key, 0)] = child
         return upper
 
-    def _walk(self, tokens: list[int], now: int, hits: int) -> tuple[TreeNode, int]:
+    def _walk(self, tokens: list[int], now: int, hits: int,
+              read_only: bool = False) -> tuple[TreeNode, int]:
         """Follow ``tokens`` from the root, splitting where the match ends inside an edge.
 
         Returns the deepest node covering exactly the matched prefix and its length. Every
-        node on the path gets access time ``now`` and ``hits`` more LFU hits.
+        node on the path gets access time ``now`` and ``hits`` more LFU hits. ``read_only``:
+        no split and no touch; the length then includes a match that ends inside an edge
+        (and the node is the one above it).
         """
         page = self.page_size
         end = len(tokens) - len(tokens) % page
@@ -162,6 +165,12 @@ class RadixCache(BasePrefixCache):
                 break
             match_len = _common_prefix_len(child.key, tokens, pos)
             match_len -= match_len % page
+            if read_only:
+                pos += match_len
+                if match_len < len(child.key):
+                    break
+                node = child
+                continue
             if match_len < len(child.key):
                 child = self._split(child, match_len)
             child.last_access = now
@@ -195,21 +204,7 @@ class RadixCache(BasePrefixCache):
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Length ``match_prefix`` would return, without splitting or touching anything."""
-        tokens = _as_list(token_ids)
-        page = self.page_size
-        end = len(tokens) - len(tokens) % page
-        node, pos = self._root, 0
-        while pos < end:
-            child = node.children.get(self._child_key(tokens, pos))
-            if child is None:
-                break
-            match_len = _common_prefix_len(child.key, tokens, pos)
-            match_len -= match_len % page
-            pos += match_len
-            if match_len < len(child.key):
-                break
-            node = child
-        return pos
+        return self._walk(_as_list(token_ids), 0, 0, read_only=True)[1]
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int]) -> int:
         """Add ``token_ids`` with their KV ``slots``; return how many leading tokens were
