@@ -131,11 +131,10 @@ def test_apply_token_bitmask(device: str, dtype: torch.dtype, vocab: int, words:
 
 def test_dispatch_picks_by_device_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(dispatch.KERNELS_ENV, raising=False)
-    assert dispatch.get_ops("cpu") is dispatch.CPU_OPS
+    assert dispatch.get_ops("cpu") is dispatch.REF_OPS
     assert dispatch.get_ops(torch.device("cuda", 0)).name == "triton"
     monkeypatch.setenv(dispatch.KERNELS_ENV, "ref")
     assert dispatch.get_ops("cuda").name == "ref"
-    assert dispatch.get_ops("cpu") is dispatch.REF_OPS
     monkeypatch.setenv(dispatch.KERNELS_ENV, "triton")
     ops = dispatch.get_ops("cpu")
     assert ops.name == "triton" and ops.rmsnorm is norm.rmsnorm
@@ -147,7 +146,7 @@ def test_dispatch_picks_by_device_and_env(monkeypatch: pytest.MonkeyPatch) -> No
 def test_dispatch_ops_cover_every_twin() -> None:
     twins = {"rmsnorm", "silu_and_mul", "rotary_cos_sin", "apply_rotary", "store_kv",
              "apply_token_bitmask", "decode_attention", "extend_attention"}
-    for ops in (dispatch.REF_OPS, dispatch.CPU_OPS, dispatch.triton_ops()):
+    for ops in (dispatch.REF_OPS, dispatch.triton_ops()):
         assert all(callable(getattr(ops, name)) for name in twins)
 
 
@@ -164,31 +163,3 @@ def test_triton_ops_run_a_tiny_layer_like_the_twins(device: str) -> None:
         outs.append((ops.silu_and_mul(x), res))
     _close(outs[1][0], outs[0][0], torch.float32)
     _close(outs[1][1], outs[0][1], torch.float32)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 7, 64, 65, 300])
-def test_cpu_small_step_variants_match_the_twins(dtype: torch.dtype, tokens: int) -> None:
-    """radixlm.kernels.cpu (LayerNorm-of-[h, -h] RMSNorm, rotary as a matmul) equals the
-    twins; above SMALL_TOKENS it is the twins."""
-    from radixlm.kernels import cpu
-
-    gen = torch.Generator().manual_seed(tokens)
-    x = (torch.randn(tokens, 96, generator=gen) * 3).to(dtype)
-    res = torch.randn(tokens, 96, generator=gen).to(dtype)
-    w = torch.randn(96, generator=gen).to(dtype)
-    out, h = cpu.rmsnorm(x, w, 1e-6, res)
-    ref_out, ref_h = ref.rmsnorm(x, w, 1e-6, res)
-    assert torch.equal(h, ref_h)
-    _close(out, ref_out, dtype)
-    _close(cpu.rmsnorm(x, w, 1e-6), ref.rmsnorm(x, w, 1e-6), dtype)
-    positions = torch.randint(0, 4096, (tokens,), generator=gen)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
-    q = torch.randn(tokens, 6, 32, generator=gen).to(dtype)
-    k = torch.randn(tokens, 2, 32, generator=gen).to(dtype)
-    tables = cpu.rotary_cos_sin(positions, inv_freq, dtype, 0.5)
-    assert (tables[2] is None) == (tokens > cpu.SMALL_TOKENS)
-    got = cpu.apply_rotary(q, k, *tables)
-    want = ref.apply_rotary(q, k, *ref.rotary_cos_sin(positions, inv_freq, dtype, 0.5))
-    for a, b in zip(got, want):
-        _close(a, b, dtype)

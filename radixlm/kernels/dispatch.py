@@ -1,12 +1,9 @@
-"""The one point where the model picks its kernels: Triton on CUDA, the torch twins with
-their CPU variants for small steps (``radixlm.kernels.cpu``) on the CPU, the twins elsewhere.
+"""The one point where the model picks its kernels: Triton on CUDA, the torch twins elsewhere.
 
     ops = get_ops(device)
     h, residual = ops.rmsnorm(x, weight, eps, residual)
 
-Every op has the signature of its twin in ``radixlm.kernels.ref``, except that the tables
-``rotary_cos_sin`` returns are passed on as ``apply_rotary(q, k, *tables)`` (the CPU variant
-adds one). Two behaviours differ
+Every op has the signature of its twin in ``radixlm.kernels.ref``. Two behaviours differ
 between implementations and callers must not depend on either: ``apply_rotary`` may rotate
 ``q``/``k`` in place (Triton does; use the returned tensors), and ``rmsnorm`` with a residual
 may reuse its inputs' storage for the results. ``apply_token_bitmask`` is in place in both.
@@ -17,7 +14,6 @@ a CPU device only works under ``TRITON_INTERPRET=1`` (that is how the kernel tes
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -26,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm import envs
-from radixlm.kernels import cpu, ref
+from radixlm.kernels import ref
 
 logger = logging.getLogger(__name__)
 KERNELS_ENV = "RADIXLM_KERNELS"  # declared in radixlm.envs (kernels_override)
@@ -37,7 +33,7 @@ KERNEL_CHOICES = ("auto", "ref", "triton")
 class KernelOps:
     """A namespace of kernel functions; see ``radixlm.kernels.ref`` for each contract."""
 
-    name: str  # "ref" | "cpu" | "triton"
+    name: str  # "ref" | "triton"
     rmsnorm: Callable
     silu_and_mul: Callable
     rotary_cos_sin: Callable
@@ -59,11 +55,6 @@ REF_OPS = KernelOps(
     decode_attention=ref.decode_attention,
     extend_attention=ref.extend_attention,
 )
-
-
-# The twins with the CPU variants of small steps (radixlm.kernels.cpu) where they exist.
-CPU_OPS = dataclasses.replace(REF_OPS, name="cpu", rmsnorm=cpu.rmsnorm,
-                              rotary_cos_sin=cpu.rotary_cos_sin, apply_rotary=cpu.apply_rotary)
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,15 +92,12 @@ def kernels_choice() -> str:
 
 
 def get_ops(device: torch.device | str) -> KernelOps:
-    """Kernels for tensors on ``device``: Triton on CUDA, the CPU set on the CPU, the torch
-    twins otherwise, unless ``RADIXLM_KERNELS`` forces one (``ref``: the plain twins
-    everywhere). ``auto`` on CUDA falls back to the twins (with a warning) where triton
-    cannot be imported."""
+    """Kernels for tensors on ``device``: Triton on CUDA, the torch twins otherwise, unless
+    ``RADIXLM_KERNELS`` forces one. ``auto`` on CUDA falls back to the twins (with a
+    warning) where triton cannot be imported."""
     choice = kernels_choice()
-    if choice == "ref":
+    if choice == "ref" or (choice == "auto" and torch.device(device).type != "cuda"):
         return REF_OPS
-    if choice == "auto" and torch.device(device).type != "cuda":
-        return CPU_OPS if torch.device(device).type == "cpu" else REF_OPS
     try:
         return triton_ops()
     except ImportError:

@@ -32,16 +32,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape ``[T, D/2]`` for the given positions (fp32 math), times the rope
-    type's attention ``scaling``. Callers pass the returned tuple on to ``apply_rotary(q, k,
-    *tables)`` (other implementations may add entries)."""
+    """cos/sin of shape ``[T, D/2]`` for the given positions (fp32 math)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
-    cos, sin = freqs.cos(), freqs.sin()
-    if scaling != 1.0:
-        cos, sin = cos * scaling, sin * scaling
-    return cos.to(dtype), sin.to(dtype)
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
 def apply_rotary(

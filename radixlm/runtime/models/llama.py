@@ -108,7 +108,7 @@ class LlamaLayer:
         self.gate_up = _fused_linear(w, ["mlp.gate_proj", "mlp.up_proj"], None, int4)
         self.down = _fused_linear(w, ["mlp.down_proj"], None, int4)
 
-    def forward(self, h, residual, rotary: tuple, attn, batch: ForwardBatch, ops):
+    def forward(self, h, residual, cos, sin, attn, batch: ForwardBatch, ops):
         cfg = self.cfg
         if residual is None:
             residual = h
@@ -120,7 +120,7 @@ class LlamaLayer:
         q = q.view(-1, cfg.num_heads, cfg.head_dim)  # (T, H, D)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # (T, Hkv, D)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        q, k = ops.apply_rotary(q, k, *rotary)
+        q, k = ops.apply_rotary(q, k, cos, sin)
         o = attn.forward(q, k, v, self.layer_id, batch)  # (T, H, D)
         h = self.o_proj(o.reshape(-1, cfg.q_size))
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
@@ -174,11 +174,12 @@ class LlamaModel:
         """Logits ``[len(batch.logits_indices), V]`` in fp32."""
         ops, cfg = self.ops, self.cfg
         h = F.embedding(batch.input_ids, self.embed)  # (T, hidden)
-        rotary = ops.rotary_cos_sin(batch.positions, self.inv_freq, self.dtype,
-                                    self.rope_scaling)
+        cos, sin = ops.rotary_cos_sin(batch.positions, self.inv_freq, self.dtype)
+        if self.rope_scaling != 1.0:
+            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
         residual = None
         for layer in self.layers:
-            h, residual = layer.forward(h, residual, rotary, attn, batch, ops)
+            h, residual = layer.forward(h, residual, cos, sin, attn, batch, ops)
         h = h[batch.logits_indices]
         residual = residual[batch.logits_indices]
         h, _ = ops.rmsnorm(h, self.norm, cfg.rms_norm_eps, residual)
