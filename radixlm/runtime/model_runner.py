@@ -167,8 +167,10 @@ class ModelRunner:
                 out.fill_logprobs.setdefault(i, []).append((pos + 1, chosen[j], top))
         sample_idx = [i for i, s in enumerate(sb.sample) if s]
         if sample_idx:
-            rows = torch.tensor([logit_rows[i]["last"] for i in sample_idx], device=self.device)
-            result = self.sampler(logits[rows], sampling)
+            rows = [logit_rows[i]["last"] for i in sample_idx]
+            if rows != list(range(logits.shape[0])):  # (decode: all rows, in order)
+                logits = logits[torch.tensor(rows, device=self.device)]
+            result = self.sampler(logits, sampling)
             for j, i in enumerate(sample_idx):
                 out.next_ids[i] = result.next_ids[j]
                 out.logprobs[i] = (result.logprobs[j], result.top_logprobs[j])
