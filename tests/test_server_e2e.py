@@ -172,7 +172,7 @@ def test_openai_completions_echo_scores_the_prompt(url: str, tokenizer) -> None:
     assert lp.token_logprobs[0] is None
     expected = [e[0] for e in native["meta_info"]["input_token_logprobs"][1:]]
     assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
-    assert all(len(top) == 1 for top in lp.top_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(top) == 1 for top in lp.top_logprobs[1:])
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
     more = client.completions.create(model="default", prompt=prompt, max_tokens=3, echo=True,
                                      logprobs=0, temperature=0)

@@ -122,7 +122,8 @@ def completion_logprobs(meta: dict[str, Any], start: int, top: int, offset0: int
         pos += len(t)
     top_lists = None
     if top > 0:
-        top_lists = [{_token_str(e): e[0] for e in (row or [])} for row in tops]
+        top_lists = [None if row is None else {_token_str(e): e[0] for e in row}
+                     for row in tops]  # None: the first prompt token (nothing before it)
     return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
             "top_logprobs": top_lists, "text_offset": offsets}
 
