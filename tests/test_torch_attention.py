@@ -121,7 +121,7 @@ def test_decode_batches_are_moved_into_the_lowest_mirror_slots() -> None:
     h.step(D, [(row, 1) for row in survivors])
     (segment,) = h.last_meta.group.segments
     assert (segment.lo, segment.hi, segment.local) == (0, 3, None)
-    assert h.backend.moves >= 2  # rows 17 and 11 sat above slot 2
+    assert h.backend.slots.moves >= 2  # rows 17 and 11 sat above slot 2
     for wave in range(3):  # 3 x 6 new requests: more owners than slots over time
         fresh = [r for r in rows if r not in survivors][wave * 6:(wave + 1) * 6]
         for row in fresh:
@@ -131,4 +131,23 @@ def test_decode_batches_are_moved_into_the_lowest_mirror_slots() -> None:
             h.step(D, [(row, 1) for row in survivors + fresh])
             (segment,) = h.last_meta.group.segments
             assert (segment.lo, segment.hi) == (0, len(survivors) + len(fresh))
-    assert len(h.backend.owner_slot) <= ROWS
+    assert len(h.backend.slots.slot_of) <= ROWS
+
+
+def test_mirror_slots_pack_decode_batches_and_reuse_least_recently_used():
+    """The bookkeeping alone (no torch): moves down, valid lengths carried, LRU reuse."""
+    from radixlm.runtime.attention.mirror_slots import MirrorSlots
+
+    ms = MirrorSlots(4)
+    assert ms.place([10, 11, 12, 13], compact=False) == ([0, 1, 2, 3], [])
+    for slot, n in enumerate([5, 6, 7, 8]):
+        ms.valid[slot] = n
+    slots, moves = ms.place([13, 11], compact=True)  # 13 sits in slot 3 >= 2: moves down
+    assert slots == [0, 1] and moves == [(3, 0, 8)]  # slot 0 (request 10) was least recent
+    assert ms.valid[0] == 8 and ms.owner[3] is None and 10 not in ms.slot_of
+    slots, moves = ms.place([20], compact=False)  # free slot 3 first
+    assert slots == [3] and moves == [] and ms.valid[3] == 0
+    slots, _ = ms.place([21], compact=False)  # none free: LRU among {12 (step 1), ...}
+    assert slots == [2] and 12 not in ms.slot_of
+    with pytest.raises(RuntimeError):
+        ms.place([30, 31, 32, 33, 34], compact=True)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.attention.mirror_slots import MirrorSlots
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 
 DEFAULT_MIRROR_BYTES = 2 << 30
@@ -85,13 +86,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.mirror_len = 0
         self.mirror_k: list[torch.Tensor] = []
         self.mirror_v: list[torch.Tensor] = []
-        # Mirror slots (as many as req_to_token rows, so a batch always fits)
-        self.slot_owner: list[int | None] = [None] * self.num_rows  # request uid per slot
-        self.owner_slot: dict[int, int] = {}
-        self.last_used = [0] * self.num_rows  # step counter, for LRU reuse
-        self.valid = [0] * self.num_rows  # mirror positions [0, valid) are up to date
-        self.steps = 0
-        self.moves = 0  # K/V moved between slots to keep decode batches compact (stats)
+        self.slots = MirrorSlots(self.num_rows)  # as many as rows: a batch always fits
 
     # ------------------------------------------------------------------ mirror
     def _ensure_mirror(self, needed: int) -> bool:
@@ -115,51 +110,14 @@ class TorchAttentionBackend(AttentionBackend):
         self.mirror_len = length
         return True
 
-    def _pick_slot(self, below: int, keep: set) -> int:
-        """A slot under ``below`` not held by a request in ``keep``: a free one, else the
-        least recently used."""
-        best = None
-        for slot in range(below):
-            owner = self.slot_owner[slot]
-            if owner is None:
-                return slot
-            if owner not in keep and (best is None or self.last_used[slot]
-                                      < self.last_used[best]):
-                best = slot
-        if best is None:
-            raise RuntimeError("no mirror slot left for the batch")  # batch > slots: a bug
-        return best
-
-    def _assign(self, slot: int, owner: int) -> None:
-        old = self.slot_owner[slot]
-        if old is not None:
-            del self.owner_slot[old]
-        self.slot_owner[slot], self.owner_slot[owner], self.valid[slot] = owner, slot, 0
-
     def _place(self, owners: list[int], compact: bool) -> list[int]:
-        """Mirror slot of each request of the step. With ``compact`` the requests end up in
-        slots ``0 .. B-1``: those above move down (their valid K/V copied along)."""
-        keep = set(owners)
-        self.steps += 1
-        out = []
-        for owner in owners:
-            slot = self.owner_slot.get(owner)
-            if slot is None:
-                slot = self._pick_slot(len(owners) if compact else self.num_rows, keep)
-                self._assign(slot, owner)
-            elif compact and slot >= len(owners):
-                new = self._pick_slot(len(owners), keep)
-                n = self.valid[slot]
-                self._assign(new, owner)
-                for buf in self.mirror_k + self.mirror_v:
-                    buf[new, :n] = buf[slot, :n]
-                self.valid[new] = n
-                self.slot_owner[slot], self.valid[slot] = None, 0
-                self.moves += 1
-                slot = new
-            self.last_used[slot] = self.steps
-            out.append(slot)
-        return out
+        """Mirror slot of each request of the step (see ``MirrorSlots.place``), after
+        copying the K/V of the requests that move."""
+        slots, moves = self.slots.place(owners, compact)
+        for src, dst, n in moves:
+            for buf in self.mirror_k + self.mirror_v:
+                buf[dst, :n] = buf[src, :n]
+        return slots
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         rows = batch.req_pool_indices.tolist()
@@ -167,18 +125,19 @@ class TorchAttentionBackend(AttentionBackend):
         decode = batch.mode == ForwardMode.DECODE
         mslots = self._place(batch.owner_ids, compact=decode) if use else rows
         if use:
+            valid = self.slots.valid
             for row, m, p in zip(rows, mslots, batch.prefix_lens_cpu):
-                self.valid[m] = min(self.valid[m], p)
-                if self.valid[m] < p:  # fill the mirror slot from the pool, once
-                    slots = self.pool.req_to_token[row, self.valid[m]:p].long()
+                valid[m] = min(valid[m], p)
+                if valid[m] < p:  # fill the mirror slot from the pool, once
+                    slots = self.pool.req_to_token[row, valid[m]:p].long()
                     for mk, mv, kc, vc in zip(self.mirror_k, self.mirror_v,
                                               self.pool.k_buffer, self.pool.v_buffer):
-                        mk[m, self.valid[m]:p] = kc[slots]
-                        mv[m, self.valid[m]:p] = vc[slots]
-                self.valid[m] = p + (1 if decode else 0)
+                        mk[m, valid[m]:p] = kc[slots]
+                        mv[m, valid[m]:p] = vc[slots]
+                valid[m] = p + (1 if decode else 0)
             if not decode:
                 for m, seq in zip(mslots, batch.seq_lens_cpu):
-                    self.valid[m] = seq
+                    valid[m] = seq
         decode = batch.mode == ForwardMode.DECODE
         if decode and not use:
             max_len = batch.max_seq_len
