@@ -162,3 +162,9 @@ def test_neighbouring_seeds_start_with_unrelated_draws():
     hist = np.histogram(firsts, bins=4, range=(0, 1))[0]
     assert hist.min() >= 30, hist  # ~50 per quarter
     assert mix_seed(-1) >= 0 and mix_seed(0) != mix_seed(1)
+
+
+def test_a_row_with_no_allowed_token_raises_instead_of_drawing_garbage():
+    logits = torch.full((1, V), float("-inf"))
+    with pytest.raises(ValueError, match="not finite"):
+        Sampler(apply_token_bitmask)(logits, inputs(1))

@@ -107,6 +107,8 @@ class Sampler:
         temps = torch.tensor([max(inp.temperatures[r], 1e-6) for r in rows],
                              device=logits.device)[:, None]
         probs = torch.softmax(logits[rows] / temps, dim=-1)  # (S, V)
+        if not bool(torch.isfinite(probs).all()):  # e.g. every token masked out
+            raise ValueError("sampling distribution is not finite (no token allowed?)")
         # One uniform per row from the request's own generator, then an inverse-CDF draw.
         # (torch.multinomial draws exponential noise over the whole vocabulary from the
         # generator: ~2 ms per row on this CPU, 0.1 s per step at batch 64.)
