@@ -22,10 +22,11 @@ TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-
 
 
 class Harness:
-    def __init__(self, dtype: torch.dtype, mirror_bytes: int | None) -> None:
+    def __init__(self, dtype: torch.dtype, mirror_bytes: int | None,
+                 context: int = CONTEXT) -> None:
         self.dtype = dtype
         self.pool = KVPool(2048, LAYERS, KV_HEADS, HEAD_DIM, dtype, torch.device("cpu"), ROWS,
-                           CONTEXT)
+                           context)
         options = {} if mirror_bytes is None else {"mirror_budget_bytes": mirror_bytes}
         self.backend = create_attention_backend("torch", self.pool, HEADS, KV_HEADS, HEAD_DIM,
                                                 **options)
@@ -151,3 +152,23 @@ def test_mirror_slots_pack_decode_batches_and_reuse_least_recently_used():
     assert slots == [2] and 12 not in ms.slot_of
     with pytest.raises(RuntimeError):
         ms.place([30, 31, 32, 33, 34], compact=True)
+
+
+def test_mirror_stays_consistent_across_unmirrored_steps_and_truncation():
+    """A mirror budget for 256 positions: a step past it runs unmirrored (gather through
+    req_to_token). A request truncated and rewritten while unmirrored must not read its old
+    mirrored K/V when it is mirrored again."""
+    token_bytes = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4  # fp32
+    h = Harness(torch.float32, ROWS * 256 * token_bytes, context=512)
+    E, D = ForwardMode.EXTEND, ForwardMode.DECODE
+    h.new_request(0)
+    h.step(E, [(0, 250)])
+    for _ in range(3):
+        h.step(D, [(0, 1)])  # mirrored: positions up to 253
+    assert h.last_meta.use_mirror
+    h.lens[0] = 240  # rolled back (jump-forward retokenization, retraction)
+    h.step(E, [(0, 20)])  # 260 > 256: unmirrored, rewrites positions 240..259
+    assert not h.last_meta.use_mirror
+    h.lens[0] = 245  # rolled back again, now short enough to mirror
+    h.step(D, [(0, 1)])
+    assert h.last_meta.use_mirror

@@ -129,16 +129,20 @@ class TorchAttentionBackend(AttentionBackend):
             for row, m, p in zip(rows, mslots, batch.prefix_lens_cpu):
                 valid[m] = min(valid[m], p)
                 if valid[m] < p:  # fill the mirror slot from the pool, once
-                    slots = self.pool.req_to_token[row, valid[m]:p].long()
+                    pool_slots = self.pool.req_to_token[row, valid[m]:p].long()
                     for mk, mv, kc, vc in zip(self.mirror_k, self.mirror_v,
                                               self.pool.k_buffer, self.pool.v_buffer):
-                        mk[m, valid[m]:p] = kc[slots]
-                        mv[m, valid[m]:p] = vc[slots]
+                        mk[m, valid[m]:p] = kc[pool_slots]
+                        mv[m, valid[m]:p] = vc[pool_slots]
                 valid[m] = p + (1 if decode else 0)
             if not decode:
                 for m, seq in zip(mslots, batch.seq_lens_cpu):
                     valid[m] = seq
-        decode = batch.mode == ForwardMode.DECODE
+        else:  # this step is not mirrored: what a mirror slot holds stays valid up to p
+            for owner, p in zip(batch.owner_ids, batch.prefix_lens_cpu):
+                m = self.slots.slot_of.get(owner)
+                if m is not None:
+                    self.slots.valid[m] = min(self.slots.valid[m], p)
         if decode and not use:
             max_len = batch.max_seq_len
             arange = torch.arange(max_len, device=batch.seq_lens.device)
