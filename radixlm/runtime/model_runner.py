@@ -179,6 +179,7 @@ class ModelRunner:
     def _build(self, sb: ScheduleBatch) -> tuple[ForwardBatch, list[dict]]:
         input_ids, positions, out_loc = [], [], []
         sync_rows, sync_cols, sync_vals = [], [], []
+        synced: list[tuple[Req, int]] = []
         logits_indices: list[int] = []
         logit_rows: list[dict] = []
         starts, t = [], 0
@@ -191,7 +192,7 @@ class ModelRunner:
                 sync_rows.extend([req.row] * (end - req.row_synced))
                 sync_cols.extend(range(req.row_synced, end))
                 sync_vals.extend(req.kv_slots[req.row_synced:end])
-                req.row_synced = end
+                synced.append((req, end))
             rows = {"lp": [], "last": None}
             if req.logprob.return_logprob:
                 n_input, n_known = len(req.input_ids), len(req.output_token_logprobs)
@@ -213,6 +214,8 @@ class ModelRunner:
         if sync_rows:
             table[torch.tensor(sync_rows, device=dev), torch.tensor(sync_cols, device=dev)] = (
                 torch.tensor(sync_vals, dtype=torch.int32, device=dev))
+        for req, end in synced:  # only once written (a failed step is retried)
+            req.row_synced = end
         seq_lens = [p + n for p, n in zip(sb.prefix_lens, sb.extend_lens)]
 
         def tensor(values: list[int]) -> torch.Tensor:
