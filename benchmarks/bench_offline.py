@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of the two systems")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     from radixlm.runtime.engine import Engine
 

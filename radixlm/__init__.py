@@ -9,7 +9,6 @@ from typing import Any
 from radixlm import envs as _envs
 
 _envs.configure_openmp()  # before anything imports torch
-_envs.configure_malloc()
 
 from radixlm.lang import (  # noqa: E402
     Backend,

@@ -59,7 +59,7 @@ def configure_malloc() -> bool:
     from the heap and trimming only past 1 GB free removes that; the cost is that the
     process holds on to what it freed (a server reuses it on the next step anyway).
     """
-    if (_get("RADIXLM_MALLOC_TUNING", "1") or "1") == "0":
+    if _get("RADIXLM_MALLOC_TUNING", "1") == "0":
         return False
     import ctypes
     import sys

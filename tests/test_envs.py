@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import radixlm  # noqa: F401  (applies the settings)
+import radixlm  # noqa: F401  (applies the OpenMP setting; an Engine applies the malloc one)
 from radixlm import envs
 
 
@@ -29,6 +29,7 @@ def test_large_temporaries_are_reused_not_refaulted():
     heap top is trimmed between calls and every call faults its pages back in."""
     code = (
         "import resource, radixlm, torch, torch.nn.functional as F\n"
+        "radixlm.envs.configure_malloc()  # what Engine() does\n"
         "def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "x, w = torch.randn(1024, 576, dtype=torch.bfloat16), torch.ones(576)\n"
         "for _ in range(10): F.rms_norm(x.float(), (576,), w, 1e-5)\n"

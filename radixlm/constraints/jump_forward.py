@@ -21,18 +21,25 @@ MAX_FORCED_BYTES = 256
 LOOKBACK_TOKENS = 3  # old tokens re-tokenized together with the forced text
 
 
+def byte_tables(id_to_bytes: dict[int, bytes],
+                outlines_eos: int) -> tuple[np.ndarray, dict[int, int]]:
+    """Per token id its first byte (256: no such token), and byte -> single-byte token."""
+    first_byte = np.full(max(max(id_to_bytes), outlines_eos) + 1, 256, dtype=np.int16)
+    byte_token: dict[int, int] = {}
+    for tid, b in id_to_bytes.items():
+        first_byte[tid] = b[0]
+        if len(b) == 1:
+            byte_token[b[0]] = tid
+    return first_byte, byte_token
+
+
 class ForcedTextFinder:
     """state -> forced bytes, for one compiled index (shared by all its requests)."""
 
-    def __init__(self, index, id_to_bytes: dict[int, bytes], outlines_eos: int):
+    def __init__(self, index, tables: tuple[np.ndarray, dict[int, int]], outlines_eos: int):
+        """``tables``: ``byte_tables(...)`` of the vocabulary (the same for every index)."""
         self.index = index
-        size = max(max(id_to_bytes), outlines_eos) + 1
-        self.first_byte = np.full(size, 256, dtype=np.int16)  # 256: no such token
-        self.byte_token: dict[int, int] = {}
-        for tid, b in id_to_bytes.items():
-            self.first_byte[tid] = b[0]
-            if len(b) == 1:
-                self.byte_token[b[0]] = tid
+        self.first_byte, self.byte_token = tables
         self.outlines_eos = outlines_eos
         self._cache: dict[int, bytes] = {}
 

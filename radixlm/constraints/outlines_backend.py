@@ -25,7 +25,12 @@ import outlines_core
 from radixlm.constraints import specs
 from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
 from radixlm.constraints.cache import DiskCache, LRUCache, cache_key
-from radixlm.constraints.jump_forward import ForcedTextFinder, retokenize, utf8_prefix
+from radixlm.constraints.jump_forward import (
+    ForcedTextFinder,
+    byte_tables,
+    retokenize,
+    utf8_prefix,
+)
 from radixlm.constraints.regex_parts import build_index
 from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
 from radixlm.constraints.vocab import TokenVocab
@@ -80,7 +85,6 @@ class OutlinesGrammar(Grammar):
         self.c = compiled
         self.states = states
         self.eos_at = eos_at  # len(states) right after EOS was accepted; 0 = not yet
-        self.forced_tokens = 0
 
     @property
     def state(self) -> int:
@@ -152,7 +156,6 @@ class OutlinesGrammar(Grammar):
                 continue
             self.rollback(rollback)
             self.states += walked
-            self.forced_tokens += len(new_ids)
             text = b"".join(self.c.vocab.id_to_bytes[t] for t in new_ids)
             return JumpForward(rollback, list(new_ids), text.decode("utf-8", "replace"))
         return None
@@ -196,6 +199,7 @@ class OutlinesGrammarBackend(GrammarBackend):
             raise ValueError("need at least one EOS token id inside vocab_size")
         self.outlines_eos = self.eos_ids[0]
         self._ov = self.vocab.outlines_vocabulary(self.outlines_eos)
+        self._byte_tables = byte_tables(self.vocab.id_to_bytes, self.outlines_eos)
         self.words = (self.vocab_size + 31) // 32
         self.compile_timeout_s = compile_timeout_s
         self.max_regex_chars = max_regex_chars
@@ -277,7 +281,7 @@ class OutlinesGrammarBackend(GrammarBackend):
                 raise ValueError(f"constraint too large: {states} automaton states exceed the "
                                  f"budget of {self.max_states}")
             index = _clear_errors(build_index, regex, self._ov)
-            if index.get_final_states() == set() or not index.get_final_states():
+            if not index.get_final_states():
                 raise ValueError(f"regex has an empty language: {regex[:200]!r}")
             data = pickle.dumps(index)
             nbytes = len(data)
@@ -288,7 +292,7 @@ class OutlinesGrammarBackend(GrammarBackend):
                 self._disk.put_bytes(key, data)
         jump = None
         if self.enable_jump_forward:
-            jump = ForcedTextFinder(index, self.vocab.id_to_bytes, self.outlines_eos)
+            jump = ForcedTextFinder(index, self._byte_tables, self.outlines_eos)
         compiled = CompiledGrammar(regex, index, self.vocab, self.tokenizer, self.eos_ids,
                                    self.outlines_eos, self.words, jump, nbytes)
         compiled.row(index.get_initial_state())

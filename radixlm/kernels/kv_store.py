@@ -26,6 +26,13 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def launch_params(num_kv_heads: int, head_dim: int) -> dict:
+    """Block sizes and warps of a launch (also what the ahead-of-time build compiles)."""
+    block_h, block_d = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
+    return {"BLOCK_H": block_h, "BLOCK_D": block_d,
+            "num_warps": 4 if block_h * block_d >= 2048 else 2}
+
+
 def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -41,10 +48,8 @@ def store_kv(
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    block_h, block_d = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
     _store_kv_kernel[(num_tokens,)](
         k_cache, v_cache, loc, k, v,
         k_cache.stride(0), k_cache.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        num_kv_heads, head_dim,
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2,
+        num_kv_heads, head_dim, **launch_params(num_kv_heads, head_dim),
     )

@@ -47,6 +47,13 @@ def _rotary_kernel(
                   BLOCK_K_HEADS, BLOCK)
 
 
+def launch_params(num_q_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+    """Block sizes and warps of a launch (also what the ahead-of-time build compiles)."""
+    block_q, block = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(head_dim // 2)
+    return {"BLOCK_Q_HEADS": block_q, "BLOCK_K_HEADS": triton.next_power_of_2(num_kv_heads),
+            "BLOCK": block, "num_warps": 4 if block_q * block >= 2048 else 2}
+
+
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,13 +67,10 @@ def apply_rotary(
     num_tokens, num_q_heads, head_dim = q.shape
     if num_tokens == 0:
         return q, k
-    half = head_dim // 2
-    block_q = triton.next_power_of_2(num_q_heads)
     _rotary_kernel[(num_tokens,)](
         q, k, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-        num_q_heads, k.shape[1], half,
-        BLOCK_Q_HEADS=block_q, BLOCK_K_HEADS=triton.next_power_of_2(k.shape[1]),
-        BLOCK=triton.next_power_of_2(half), num_warps=4 if block_q * half >= 2048 else 2,
+        num_q_heads, k.shape[1], head_dim // 2,
+        **launch_params(num_q_heads, k.shape[1], head_dim),
     )
     return q, k

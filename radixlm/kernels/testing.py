@@ -144,9 +144,10 @@ def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
             build(attention_extend._extend_kernel, types,
                   {"BLOCK_M": ext.block_m, "BLOCK_N": ext.block_n, "BLOCK_D": d,
                    "EVEN_D": True, "DOT_PRECISION": precision}, ext.num_warps, ext.num_stages)
-            build(rotary._rotary_kernel, types,
-                  {"BLOCK_Q_HEADS": 32, "BLOCK_K_HEADS": 8, "BLOCK": d // 2})
-            build(kv_store._store_kv_kernel, types, {"BLOCK_H": 8, "BLOCK_D": d})
+            for kernel, params in ((rotary._rotary_kernel, rotary.launch_params(32, 8, d)),
+                                   (kv_store._store_kv_kernel, kv_store.launch_params(8, d))):
+                params = dict(params)
+                build(kernel, types, params, num_warps=params.pop("num_warps"))
         for has_residual in (False, True):
             build(norm._rmsnorm_kernel, types, {"HAS_RESIDUAL": has_residual, "BLOCK": 1024})
         build(activation._silu_and_mul_kernel, types, {"BLOCK": 1024})

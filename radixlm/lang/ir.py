@@ -15,14 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-# Constraint regexes used where a backend has no native `dtype` (the OpenAI backend).
-# Numbers may end in one space or newline (the model's way to stop); the interpreter strips it.
-DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+[ \n]?",
-    "float": r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]?",
-    "bool": r"(True|False)",
-    "str": r'"[^"\\\n]*"',
-}
+# The engine's dtype regexes, also sent as `regex` where a backend has no native `dtype` (the
+# OpenAI backend). Numbers may end in one space or newline; the interpreter strips it.
+from radixlm.constraints.specs import DTYPE_REGEX
+
 _DTYPE_ALIASES = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
@@ -120,19 +116,17 @@ def normalize_json_schema(schema: Any) -> str:
 
     Returns the schema as a JSON string. Raises ValueError naming what is wrong.
     """
+    from radixlm.constraints.schema import check_schema
     from radixlm.constraints.specs import normalize_json_schema as normalize
 
-    try:
-        text = normalize(schema)  # the engine's own parsing, so both sides agree
+    try:  # the engine's own parsing and metaschema check, so both sides agree
+        text = normalize(schema)
     except ValueError as e:
         raise ValueError(f"gen: {e}") from e
-    schema = json.loads(text)
-    import jsonschema
-
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as e:
-        raise ValueError(f"gen: invalid json_schema: {e.message}") from e
+        check_schema(json.loads(text))
+    except ValueError as e:
+        raise ValueError(f"gen: invalid json_schema ({e})") from e
     return text
 
 

@@ -147,7 +147,7 @@ class RadixCache(BasePrefixCache):
         upper.children[self._child_key(child.key, 0)] = child
         return upper
 
-    def _walk(self, tokens: list[int], now: int, hits: int,
+    def _walk(self, tokens: list[int], now: int = 0, hits: int = 0,
               read_only: bool = False) -> tuple[TreeNode, int]:
         """Follow ``tokens`` from the root, splitting where the match ends inside an edge.
 
@@ -165,16 +165,13 @@ class RadixCache(BasePrefixCache):
                 break
             match_len = _common_prefix_len(child.key, tokens, pos)
             match_len -= match_len % page
-            if read_only:
-                pos += match_len
-                if match_len < len(child.key):
-                    break
-                node = child
-                continue
             if match_len < len(child.key):
+                if read_only:
+                    return node, pos + match_len
                 child = self._split(child, match_len)
-            child.last_access = now
-            child.hit_count += hits
+            if not read_only:
+                child.last_access = now
+                child.hit_count += hits
             node, pos = child, pos + match_len
         return node, pos
 
@@ -204,7 +201,7 @@ class RadixCache(BasePrefixCache):
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Length ``match_prefix`` would return, without splitting or touching anything."""
-        return self._walk(_as_list(token_ids), 0, 0, read_only=True)[1]
+        return self._walk(_as_list(token_ids), read_only=True)[1]
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int]) -> int:
         """Add ``token_ids`` with their KV ``slots``; return how many leading tokens were

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+from radixlm import envs
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
@@ -40,6 +41,7 @@ class _Prepared:
 class Engine:
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        envs.configure_malloc()  # process-wide, so only where a model will run
         logging.basicConfig(level=self.config.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.model_name = model

@@ -115,24 +115,20 @@ class Sampler:
         u = torch.cat([torch.rand(1, generator=inp.generators[r], device=logits.device)
                        for r in rows])
         out = [0] * len(rows)
-        plain = [j for j, r in enumerate(rows)
-                 if inp.top_ks[r] < 0 and inp.top_ps[r] >= 1.0 and inp.min_ps[r] <= 0.0]
+        filtered = [inp.top_ks[r] >= 0 or inp.top_ps[r] < 1.0 or inp.min_ps[r] > 0.0
+                    for r in rows]
+        plain = [j for j, f in enumerate(filtered) if not f]
         if plain:
-            drawn = draw_inverse_cdf(probs[plain], u[plain]).tolist()
-            for j, token in zip(plain, drawn):
+            for j, token in zip(plain, draw_inverse_cdf(probs[plain], u[plain]).tolist()):
                 out[j] = token
-        plain_set = set(plain)
-        for j, row in enumerate(rows):
-            if j in plain_set:
-                continue
-            k, p, mp = inp.top_ks[row], inp.top_ps[row], inp.min_ps[row]
+        for j in (j for j, f in enumerate(filtered) if f):
+            k, p, mp = inp.top_ks[rows[j]], inp.top_ps[rows[j]], inp.min_ps[rows[j]]
             vals, idx = probs[j].topk(min(_CANDIDATES, probs.shape[1]))
             keep = _keep_sorted(vals, k, p, mp)
             if bool(keep[-1]) and len(vals) < probs.shape[1]:  # kept set may extend further
                 vals, idx = probs[j].sort(descending=True)
                 keep = _keep_sorted(vals, k, p, mp)
-            choice = draw_inverse_cdf((vals * keep)[None], u[j:j + 1])
-            out[j] = int(idx[choice])
+            out[j] = int(idx[draw_inverse_cdf((vals * keep)[None], u[j:j + 1])])
         return out
 
 

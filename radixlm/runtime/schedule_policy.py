@@ -16,22 +16,26 @@ LPM_MAX_QUEUE = 128
 DEDUP_MIN_SHARED = 32
 
 
-def order_waiting(waiting: list[Req], policy: str, cache: BasePrefixCache) -> list[Req]:
-    """The waiting queue in the order admission should try it (stable)."""
+def order_waiting(waiting: list[Req], policy: str,
+                  cache: BasePrefixCache) -> list[tuple[Req, int | None]]:
+    """The waiting queue in the order admission should try it (stable), each request with
+    its cached prefix length when the policy computed it (None under FCFS)."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
-        return list(waiting)
-    hits = {id(r): cache.cached_prefix_len(r.fill_slice(0, r.max_cacheable_prefix))
-            for r in waiting}
-    return sorted(waiting, key=lambda r: -hits[id(r)])
+        return [(r, None) for r in waiting]
+    hits = [(r, cache.cached_prefix_len(r.fill_slice(0, r.max_cacheable_prefix)))
+            for r in waiting]
+    return sorted(hits, key=lambda item: -item[1])
 
 
-def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache) -> bool:
+def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache,
+                           cached: int | None = None) -> bool:
     """True when ``req`` would recompute a prefix that a request already picked for this
-    batch is computing now (so it should wait a step and hit the cache instead)."""
+    batch is computing now (so it should wait a step and hit the cache instead).
+    ``cached``: its cached prefix length if known (picks this step do not change it)."""
     if not picked:
         return False
     fill = req.fill_slice(0, req.max_cacheable_prefix)
-    end = cache.cached_prefix_len(fill) + DEDUP_MIN_SHARED
+    end = (cache.cached_prefix_len(fill) if cached is None else cached) + DEDUP_MIN_SHARED
     if end > len(fill):
         return False
     head = fill[:end]  # slice comparisons run in C; no per-token Python loop

@@ -185,16 +185,17 @@ class Scheduler:
         for i, req in enumerate(sb.reqs):
             if req.finished:
                 continue
-            try:
-                if len(sb.reqs) == 1:
-                    raise error
-                one = ScheduleBatch(sb.mode, [req], [sb.prefix_lens[i]], [sb.extend_lens[i]],
-                                    [sb.sample[i]])
-                out = self._forward(one)
-            except Exception as e:
-                if e is not error:
+            one = ScheduleBatch(sb.mode, [req], [sb.prefix_lens[i]], [sb.extend_lens[i]],
+                                [sb.sample[i]])
+            failure = error if len(sb.reqs) == 1 else None
+            if failure is None:
+                try:
+                    out = self._forward(one)
+                except Exception as e:
                     logger.error("request %s fails alone:\n%s", req.rid, traceback.format_exc())
-                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
+                    failure = e
+            if failure is not None:
+                self._finish(req, {"type": "abort", "message": f"internal error: {failure}"},
                              insert=False)
                 continue
             self.stats["num_steps_total"] += 1
@@ -235,10 +236,10 @@ class Scheduler:
             budget -= n
         full = self.num_active + len(picked) >= self.config.max_running_requests
         waiting = [] if full or budget <= 0 else self.waiting
-        for req in order_waiting(waiting, self.config.schedule_policy, self.kv.cache):
+        for req, cached in order_waiting(waiting, self.config.schedule_policy, self.kv.cache):
             if budget <= 0 or self.num_active + len(picked) >= self.config.max_running_requests:
                 break
-            if shares_uncached_prefix(req, picked, self.kv.cache):
+            if shares_uncached_prefix(req, picked, self.kv.cache, cached):
                 continue
             if not self.kv.admit(req, req.max_cacheable_prefix):
                 break

@@ -29,35 +29,20 @@ from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 DEFAULT_MIRROR_BYTES = 2 << 30
 
 
-# Mirror slots this close together share one SDPA call (a slot between them attends with
-# an all-false mask and is dropped: about the cost of a call); farther apart, a new call.
-MAX_SLOT_GAP = 2
-
-
-@dataclass
-class _Segment:
-    """Consecutive mirror slots ``lo .. hi-1`` attended in one SDPA call: sorted entries
-    ``a .. b-1`` of the decode group live there (``local`` = their offsets from ``lo``,
-    None when they fill the range)."""
-
-    lo: int
-    hi: int
-    length: int
-    a: int
-    b: int
-    local: torch.Tensor | None
-    mask: torch.Tensor | None  # [hi - lo, 1, 1, length] additive, None when no padding
-
-
 @dataclass
 class _DecodeGroup:
-    """Entries that add one token after a prefix, read from the mirror in place."""
+    """Entries that add one token after a prefix, attended in one SDPA call over mirror
+    slots ``lo .. hi-1`` read in place (slots between the entries attend to nothing and
+    are dropped; a decode step has none, its batch is packed into 0 .. B-1)."""
 
     t_idx: torch.Tensor | None  # rows of q/k/v in the step (None: all of them, in order)
     slots: torch.Tensor  # [n] mirror slots, step order
     pos: torch.Tensor  # [n] position of the new token
-    order: torch.Tensor | None  # step order -> slot order permutation (None: sorted)
-    segments: list[_Segment]
+    lo: int
+    hi: int
+    length: int  # longest entry, new token included
+    local: torch.Tensor | None  # slots - lo in step order; None when that is 0 .. n-1
+    mask: torch.Tensor | None  # [hi - lo, 1, 1, length] additive, None when no padding
 
 
 @dataclass
@@ -179,34 +164,22 @@ class TorchAttentionBackend(AttentionBackend):
         def tensor(values):
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        by_slot = sorted(range(len(entries)), key=lambda j: entries[j][1])
-        segments, a = [], 0
-        for b in range(1, len(by_slot) + 1):
-            if (b < len(by_slot)
-                    and entries[by_slot[b]][1] - entries[by_slot[b - 1]][1] <= MAX_SLOT_GAP):
-                continue
-            seg_slots = [entries[j][1] for j in by_slot[a:b]]
-            seg_lens = [entries[j][2] for j in by_slot[a:b]]
-            lo, hi, length = seg_slots[0], seg_slots[-1] + 1, max(seg_lens)
-            dense = hi - lo == b - a
-            mask = None
-            if not dense or min(seg_lens) != length:
-                lens = [0] * (hi - lo)
-                for m, n in zip(seg_slots, seg_lens):
-                    lens[m - lo] = n
-                arange = torch.arange(length, device=device)
-                mask = self._additive((arange[None, :] < tensor(lens)[:, None])[:, None, None, :])
-            local = None if dense else tensor([m - lo for m in seg_slots])
-            segments.append(_Segment(lo, hi, length, a, b, local, mask))
-            a = b
-        sorted_ = by_slot == list(range(len(entries)))
+        slots = [e[1] for e in entries]
+        lens = [e[2] for e in entries]
+        lo, hi, length = min(slots), max(slots) + 1, max(lens)
+        in_order = slots == list(range(lo, hi))
+        mask = None
+        if not in_order or min(lens) != length:
+            row_lens = [0] * (hi - lo)  # holes attend to nothing
+            for m, n in zip(slots, lens):
+                row_lens[m - lo] = n
+            arange = torch.arange(length, device=device)
+            mask = self._additive((arange[None, :] < tensor(row_lens)[:, None])[:, None, None, :])
         return _DecodeGroup(
             t_idx=None if whole else tensor([e[0] for e in entries]),
-            slots=tensor([e[1] for e in entries]),
-            pos=tensor([e[2] - 1 for e in entries]),
-            order=None if sorted_ else tensor(by_slot),
-            segments=segments,
-        )
+            slots=tensor(slots), pos=tensor([n - 1 for n in lens]), lo=lo, hi=hi,
+            length=length, local=None if in_order else tensor([m - lo for m in slots]),
+            mask=mask)
 
     # ------------------------------------------------------------------ attention
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
@@ -228,29 +201,19 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _decode_mirror(self, q, k, v, layer_id, group: _DecodeGroup) -> torch.Tensor:
-        """One new token per entry; each segment of slots is one batched SDPA call that
-        reads the mirror in place."""
+        """One new token per entry, one batched SDPA call reading the mirror in place."""
         mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
         mk[group.slots, group.pos] = k
         mv[group.slots, group.pos] = v
-        qs = q if group.order is None else q[group.order]
-        outs = []
-        for seg in group.segments:
-            q_seg = qs[seg.a:seg.b]
-            if seg.local is not None:
-                q_seg = q.new_zeros(seg.hi - seg.lo, self.num_heads, self.head_dim).index_copy_(
-                    0, seg.local, q_seg)
-            o = F.scaled_dot_product_attention(
-                q_seg.unsqueeze(2), mk[seg.lo:seg.hi, :seg.length].transpose(1, 2),
-                mv[seg.lo:seg.hi, :seg.length].transpose(1, 2), attn_mask=seg.mask,
-                scale=self.scale, enable_gqa=True).squeeze(2)  # (rows, H, D)
-            outs.append(o if seg.local is None else o[seg.local])
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if group.order is None:
-            return o
-        out = torch.empty_like(o)
-        out[group.order] = o
-        return out
+        if group.local is not None:  # scatter q over the slot range (holes stay zero)
+            q = q.new_zeros(group.hi - group.lo, self.num_heads, self.head_dim).index_copy_(
+                0, group.local, q)
+        window = slice(group.lo, group.hi)
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), mk[window, :group.length].transpose(1, 2),
+            mv[window, :group.length].transpose(1, 2), attn_mask=group.mask,
+            scale=self.scale, enable_gqa=True).squeeze(2)  # (rows, H, D)
+        return o if group.local is None else o[group.local]
 
     def _decode_gather(self, q, k_cache, v_cache, meta: _Meta) -> torch.Tensor:
         keys = k_cache[meta.slot_idx].transpose(1, 2)  # (B, Hkv, L, D)

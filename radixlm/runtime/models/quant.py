@@ -82,11 +82,12 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  int4=None, int8=None) -> None:
         self.weight, self.bias, self.int4, self.int8 = weight, bias, int4, int8
+        # Rows up to which the weight-only kernel is used (-1: never, even for 0 rows).
+        self.max_rows = (INT4_MAX_ROWS if int4 is not None
+                         else INT8_MAX_ROWS if int8 is not None else -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if ((self.int4 is not None and rows <= INT4_MAX_ROWS)
-                or (self.int8 is not None and rows <= INT8_MAX_ROWS)):
+        if x.shape[0] <= self.max_rows:
             xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
             if self.int4 is not None:
                 packed, sz = self.int4

@@ -113,8 +113,8 @@ def completion_logprobs(meta: dict[str, Any], start: int, top: int, offset0: int
     entries = (meta.get("output_token_logprobs") or [])[start:]
     tops = (meta.get("output_top_logprobs") or [])[start:]
     if with_prompt:
-        entries = list(meta.get("input_token_logprobs") or []) + list(entries)
-        tops = list(meta.get("input_top_logprobs") or []) + list(tops)
+        entries = (meta.get("input_token_logprobs") or []) + entries
+        tops = (meta.get("input_top_logprobs") or []) + tops
     tokens = [_token_str(e) for e in entries]
     offsets, pos = [], offset0
     for t in tokens:
@@ -151,8 +151,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI text completions (batch prompts and n fanned out, prompt-major indices)."""
     state = get_state(request)
     top = body.logprobs
+    score_prompt = body.echo and top is not None  # echo + logprobs: the prompt's too
     calls = _fan_out(body, body.prompts, openai_sampling(body, body.max_tokens), top,
-                     request.state.request_id, prompt_logprobs=body.echo and top is not None)
+                     request.state.request_id, prompt_logprobs=score_prompt)
     await admit(state, calls)
     cid, created = f"cmpl-{calls[0].rid}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
@@ -168,7 +169,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         choices.append({"index": k, "text": text, "finish_reason": _finish(r["meta_info"]),
                         "logprobs": None if top is None
                         else completion_logprobs(r["meta_info"], 0, top, 0,
-                                                 with_prompt=body.echo)})
+                                                 with_prompt=score_prompt)})
     return JSONResponse({**head, "choices": choices, "usage": _usage(results, body.n)})
 
 
