@@ -31,6 +31,9 @@ class EngineConfig:
     grammar_compile_workers: int = 2
     random_seed: int = 0
     log_level: str = "info"
+    # Scale-out (issue #15): tensor-parallel ranks and data-parallel replicas.
+    tp_size: int = 1
+    dp_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
@@ -54,6 +57,10 @@ class EngineConfig:
             raise ValueError("context_length must be >= 2")
         if not 0 < self.mem_fraction < 1:
             raise ValueError("mem_fraction must be in (0, 1)")
+        if self.tp_size < 1 or self.dp_size < 1:
+            raise ValueError("tp_size and dp_size must be >= 1")
+        if self.tp_size > 1 or self.dp_size > 1:
+            raise ValueError("tp_size/dp_size > 1 are not supported yet")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
