@@ -25,6 +25,17 @@ class QueueFullError(RuntimeError):
     """Stands in for radixlm.runtime.engine.QueueFullError (matched by name)."""
 
 
+class FakeAdmission:
+    """Stands in for radixlm.runtime.engine.Admission: places reserved in the fake queue."""
+
+    def __init__(self, engine: FakeEngine, count: int) -> None:
+        self.engine, self.left = engine, count
+
+    def release(self) -> None:
+        self.engine.reserved -= self.left
+        self.left = 0
+
+
 class FakeTokenizer:
     """Character-level tokenizer with a ChatML-like template."""
 
@@ -77,10 +88,12 @@ class FakeEngine:
         self.model_name = "fake-model"
         self.context_len = context_len
         self.step_delay = step_delay
-        self.calls: list[dict[str, Any]] = []  # kwargs of every accepted request
+        self.calls: list[dict[str, Any]] = []  # kwargs of every accepted request, + "text"
         self.aborted: list[str] = []
         self.running: dict[str, int] = {}  # rid -> KV tokens held
         self.forced_waiting = 0  # reported as num_waiting
+        self.reserved = 0  # places held by FakeAdmissions
+        self.alive = True  # is_alive(); tests flip it to play a dead engine thread
         self.totals = {"prompt": 0, "gen": 0, "requests": 0}
         self._abort_flags: set[str] = set()
 
@@ -93,6 +106,18 @@ class FakeEngine:
                 "prompt_tokens_total": self.totals["prompt"],
                 "generation_tokens_total": self.totals["gen"], "tree_size": 0,
                 "forced_tokens_total": 3, "num_requests_total": self.totals["requests"]}
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def reserve(self, count: int, limit: int | None = None) -> FakeAdmission:
+        bound = self.config.max_queued_requests
+        if limit is not None:
+            bound = limit if bound is None else min(bound, limit)
+        if bound is not None and self.forced_waiting + self.reserved + count > bound:
+            raise QueueFullError(f"waiting queue is full ({self.forced_waiting}/{bound})")
+        self.reserved += count
+        return FakeAdmission(self, count)
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
@@ -109,16 +134,21 @@ class FakeEngine:
                              input_ids: list[int] | None = None, return_logprob: bool = False,
                              logprob_start_len: int = -1, top_logprobs_num: int = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
-                             rid: str | None = None) -> Any:
+                             rid: str | None = None, admission: FakeAdmission | None = None) -> Any:
         kwargs = dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num,
                       return_text_in_logprobs=return_text_in_logprobs, rid=rid)
         self._validate(kwargs)
-        limit = self.config.max_queued_requests
-        if limit is not None and self.forced_waiting + 1 > limit:
-            raise QueueFullError(f"waiting queue is full ({self.forced_waiting}/{limit})")
-        self.calls.append(kwargs)
+        if admission is not None:
+            assert admission.left >= 1, "more requests submitted than places reserved"
+            admission.left -= 1
+            self.reserved -= 1
+        else:
+            self.reserve(1).release()  # raises when full
+        # the server hands over token ids it tokenized itself; "text" is what they spell
+        self.calls.append({**kwargs, "text": prompt if prompt is not None
+                           else self.tokenizer.decode(input_ids or [])})
         gen = self._run(kwargs)
         if stream:
             return gen

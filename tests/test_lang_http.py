@@ -48,7 +48,7 @@ def test_gen_and_stop_over_http(served):
     assert state.error() is None
     assert (state["g"], state["h"], state.text()) == ("abc", "abcd", "xyabc|abcd")
     assert state.get_meta_info("g")["prompt_tokens"] == 2
-    assert fake.calls[1]["prompt"] == "xyabc|"
+    assert fake.calls[1]["text"] == "xyabc|"
     assert fake.calls[1]["sampling_params"]["stop"] == ["e"]
 
 
@@ -80,7 +80,7 @@ def test_select_boundary_over_http(served):
     assert [t[2] for t in meta["input_token_logprobs"][1]] == ["b", "b", "b"]
     # one prefill of the prompt (learns its length, warms the cache), then one batched
     # scoring request (which the server fans out to the engine prompt by prompt)
-    assert [c["prompt"] for c in fake.calls] == ["Q:", "Q:a", "Q:bbb"]
+    assert [c["text"] for c in fake.calls] == ["Q:", "Q:a", "Q:bbb"]
     assert [c["logprob_start_len"] for c in fake.calls[1:]] == [0, 0]
 
 

@@ -75,6 +75,6 @@ def test_bench_against_the_fake_server(backend: str, tmp_path) -> None:
     summary = json.loads(out.read_text())
     assert code == 0 and summary["completed"] == 5 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 20
-    assert summary["total_input_tokens"] == sum(len(c["prompt"]) for c in fake.calls)
+    assert summary["total_input_tokens"] == sum(len(c["text"]) for c in fake.calls)
     assert all(c["sampling_params"]["ignore_eos"] is True for c in fake.calls)
     assert summary["itl_ms"]["p50"] > 0 and summary["ttft_ms"]["p99"] > 0

@@ -39,7 +39,7 @@ def test_generate_single_shape(client: TestClient, fake: FakeEngine) -> None:
     assert meta["id"] == "r1"
     assert meta["prompt_tokens"] == 2 and meta["completion_tokens"] == 5
     assert meta["finish_reason"] == {"type": "length", "length": 5}
-    assert fake.calls[-1]["prompt"] == "hi" and fake.calls[-1]["rid"] == "r1"
+    assert fake.calls[-1]["text"] == "hi" and fake.calls[-1]["rid"] == "r1"
 
 
 def test_generate_uses_request_id_as_rid(client: TestClient) -> None:
@@ -129,7 +129,7 @@ def test_generate_accepts_sglang_frontend_fields(client: TestClient, fake: FakeE
     ({"text": "hi", "image_data": "x.png"}, "image_data"),
     ({"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
     ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
-    ({"text": "hi", "sampling_params": {"n": 0}}, "n must be"),
+    ({"text": "hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({"text": 5}, "text"),
     ({"text": "hi", "stream": "maybe"}, "stream"),

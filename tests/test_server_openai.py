@@ -103,7 +103,7 @@ def test_completions_batch_n_logprobs(client: openai.OpenAI, fake: FakeEngine) -
     assert lp.tokens == ["a", "b"] and lp.token_logprobs == [-0.5, -0.5]
     assert lp.text_offset == [0, 1] and lp.top_logprobs == [{"a": -0.5}, {"b": -0.5}]
     assert out.usage.prompt_tokens == 4 and out.usage.completion_tokens == 8
-    assert [c["prompt"] for c in fake.calls[-4:]] == ["hi", "hi", "yo", "yo"]
+    assert [c["text"] for c in fake.calls[-4:]] == ["hi", "hi", "yo", "yo"]
 
 
 def test_completions_token_prompt_echo_and_extras(client: openai.OpenAI,

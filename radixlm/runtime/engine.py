@@ -16,9 +16,9 @@ from radixlm import envs
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.outputs import AsyncSink, QueueSink
+from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink
 from radixlm.runtime.request import LogprobOptions, Req
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
 from radixlm.runtime.scheduler import Scheduler
 from radixlm.runtime.weights import DEFAULT_MODEL, load_hf_config, load_tokenizer, resolve_model
 
@@ -27,6 +27,30 @@ logger = logging.getLogger(__name__)
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at ``max_queued_requests``; retry later (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The scheduler thread has died; the engine serves nothing more (HTTP 503)."""
+
+
+class Admission:
+    """Places reserved in the waiting queue by ``Engine.reserve``; each request submitted
+    with it uses one. ``release()`` gives back the unused ones (idempotent)."""
+
+    def __init__(self, scheduler: Scheduler, count: int) -> None:
+        self._scheduler = scheduler
+        self.left = count
+
+    def take(self, count: int) -> None:
+        """Use ``count`` places (called under the scheduler's admission lock)."""
+        if count > self.left:
+            raise ValueError(f"the reservation has {self.left} places left, not {count}")
+        self.left -= count
+
+    def release(self) -> None:
+        with self._scheduler.admission_lock:
+            self._scheduler.num_queued -= self.left
+            self.left = 0
 
 
 @dataclass
@@ -126,8 +150,7 @@ class Engine:
                                 and raw.get("max_new_tokens") is not None)
             lp = LogprobOptions(bool(lp_l[i]), int(start_l[i] if start_l[i] is not None else -1),
                                 int(top_l[i] or 0), bool(return_text_in_logprobs))
-            if lp.top_logprobs_num < 0:
-                raise ValueError("top_logprobs_num must be >= 0")
+            check_top_logprobs_num(lp.top_logprobs_num)
             spec = self._grammar_spec(params)
             base_rid = rid_l[i] or uuid.uuid4().hex
             for j in range(params.n):
@@ -181,22 +204,54 @@ class Engine:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         return req
 
-    def _admit(self, reqs: list[Req]) -> None:
+    def _check_room(self, count: int, limit: int | None) -> None:
+        """Raise unless ``count`` more requests fit (call under the admission lock)."""
+        s = self.scheduler
         if self._closed:
             raise RuntimeError("engine is shut down")
-        limit = self.config.max_queued_requests
+        if s.dead is not None:
+            raise EngineDeadError(f"the engine has died ({type(s.dead).__name__}: {s.dead})")
+        bound = self.config.max_queued_requests
         if limit is not None:
-            queued = len(self.scheduler.waiting) + len(self.scheduler.grammar_pending)
-            if queued + len(reqs) > limit:
-                raise QueueFullError(f"waiting queue is full ({queued}/{limit} requests)")
-        for req in reqs:
-            self.scheduler.submit(req)
+            bound = limit if bound is None else min(bound, limit)
+        if bound is not None and s.num_queued + count > bound:
+            raise QueueFullError(f"waiting queue is full ({s.num_queued} queued, limit {bound}; "
+                                 f"{count} more asked)")
+
+    def reserve(self, count: int, limit: int | None = None) -> Admission:
+        """Reserve ``count`` places in the waiting queue at once, or none: QueueFullError
+        when they do not fit under ``max_queued_requests`` (or ``limit``, if smaller).
+        Pass the result as ``admission=`` to submit requests in those places."""
+        with self.scheduler.admission_lock:
+            self._check_room(count, limit)
+            self.scheduler.num_queued += count
+        return Admission(self.scheduler, count)
+
+    def _admit(self, reqs: list[Req], admission: Admission | None = None) -> None:
+        """Submit ``reqs`` all or none, each holding a place until it starts running."""
+        s = self.scheduler
+        with s.admission_lock:
+            if admission is not None:
+                if s.dead is not None or self._closed:
+                    self._check_room(0, None)  # raises
+                admission.take(len(reqs))
+            else:
+                self._check_room(len(reqs), None)
+                s.num_queued += len(reqs)
+            for req in reqs:
+                req.queued = True
+                s.submit(req)
+
+    def is_alive(self) -> bool:
+        """False once the scheduler thread has died (or the engine was shut down)."""
+        return not self._closed and self.scheduler.is_alive()
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False,
-                 stream: bool = False, rid=None):
-        """Run to completion (or stream); see docs/ENGINE_API.md for shapes."""
+                 stream: bool = False, rid=None, admission: Admission | None = None):
+        """Run to completion (or stream); see docs/ENGINE_API.md for shapes.
+        ``admission``: places from ``reserve()`` the requests take (else checked here)."""
         prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
                                          logprob_start_len, top_logprobs_num,
                                          return_text_in_logprobs, rid)
@@ -205,9 +260,9 @@ class Engine:
         if stream:
             if len(reqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
-            self._admit(reqs)
+            self._admit(reqs, admission)
             return self._iter_stream(q, reqs[0].rid)
-        self._admit(reqs)
+        self._admit(reqs, admission)
         results: list[dict | None] = [None] * len(reqs)
         remaining = len(reqs)
         while remaining:
@@ -231,20 +286,26 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
                              return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-                             return_text_in_logprobs=False, stream: bool = False, rid=None):
-        """Like ``generate`` without blocking the event loop; ``stream=True`` returns an
-        async iterator of chunks."""
+                             return_text_in_logprobs=False, stream: bool = False, rid=None,
+                             admission: Admission | None = None):
+        """Like ``generate`` without waiting on the event loop for the result (the prompt is
+        tokenized here: the HTTP server passes ``input_ids`` it tokenized off the loop);
+        ``stream=True`` returns an async iterator of chunks, buffering only the latest
+        cumulative chunk while the consumer is slow."""
         prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
                                          logprob_start_len, top_logprobs_num,
                                          return_text_in_logprobs, rid)
         loop = asyncio.get_running_loop()
+        if stream:
+            if len(prepared) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            sink = LatestSink(loop)
+            reqs = [self._make_req(prepared[0], sink, stream)]
+            self._admit(reqs, admission)
+            return self._aiter_latest(sink, reqs[0].rid)
         q: asyncio.Queue = asyncio.Queue()
         reqs = [self._make_req(p, AsyncSink(loop, q, i), stream) for i, p in enumerate(prepared)]
-        if stream and len(reqs) != 1:
-            raise ValueError("stream=True takes a single prompt with n=1")
-        self._admit(reqs)
-        if stream:
-            return self._aiter_stream(q, reqs[0].rid)
+        self._admit(reqs, admission)
         results: list[dict | None] = [None] * len(reqs)
         remaining = len(reqs)
         try:
@@ -259,11 +320,11 @@ class Engine:
             raise
         return results[0] if single else results
 
-    async def _aiter_stream(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
+    async def _aiter_latest(self, sink: LatestSink, rid: str) -> AsyncIterator[dict]:
         finished = False
         try:
             while not finished:
-                item = await q.get()
+                item = await sink.get()
                 item.pop("index", None)
                 finished = item["meta_info"]["finish_reason"] is not None
                 yield item

@@ -72,3 +72,33 @@ class AsyncSink:
             self.loop.call_soon_threadsafe(self.q.put_nowait, item)
         except RuntimeError:  # the caller's loop is closed: nobody is listening
             pass
+
+
+class LatestSink:
+    """A stream's sink that keeps only the newest result: results are cumulative, so a slow
+    consumer loses nothing by skipping to the latest, and the buffer stays one item however
+    long it does not read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._latest: dict | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, item: dict) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._set, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            pass
+
+    def _set(self, item: dict) -> None:
+        if self._latest is None or self._latest["meta_info"]["finish_reason"] is None:
+            self._latest = item  # never replace the final result
+        self._ready.set()
+
+    async def get(self) -> dict:
+        """The newest result not yet returned (waits for one)."""
+        await self._ready.wait()
+        self._ready.clear()
+        item, self._latest = self._latest, None
+        assert item is not None
+        return item

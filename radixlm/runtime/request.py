@@ -73,6 +73,7 @@ class Req:
     first_token_at: float | None = None
     finished_at: float | None = None
     last_streamed_len: int = -1
+    queued: bool = False  # holds a place in the admission bound (scheduler.num_queued)
     uid: int = field(default_factory=lambda: next(_uids))
 
     @property

@@ -1,14 +1,30 @@
-"""Per-request sampling parameters, validated before a request is queued."""
+"""Per-request sampling parameters, validated before a request is queued.
+
+The bounds below are the one place where limits on sampling parameters live: the engine
+checks them here, and the HTTP server's request models (`server/validation.py`) are built
+from the same numbers so /openapi.json states them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 _CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype")
+
+# Bounds shared by every entry point (engine API, /generate, /v1/*).
+MAX_N = 64  # samples per prompt
+MAX_STOP = 16  # stop strings (and stop regexes) per request
+MAX_STOP_LEN = 256  # characters per stop string
+MAX_TOP_LOGPROBS = 20  # top_logprobs_num
+TEMPERATURE_RANGE = (0.0, 2.0)
+PENALTY_RANGE = (-2.0, 2.0)  # frequency_penalty, presence_penalty
+# repetition_penalty divides or multiplies logits: near 0 they overflow to inf
+REPETITION_PENALTY_RANGE = (0.01, 2.0)
 
 
 @dataclass
@@ -72,25 +88,19 @@ class SamplingParams:
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("min_new_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
+        if self.n > MAX_N:
+            raise ValueError(f"n must be <= {MAX_N}, got {self.n}")
         _check_int("top_k", self.top_k, -1)
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (off) or >= 1, got 0")
-        _check_num("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_range("temperature", self.temperature, TEMPERATURE_RANGE)
         _check_num("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_num("min_p", self.min_p)
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_range("min_p", self.min_p, (0.0, 1.0))
         for name in ("frequency_penalty", "presence_penalty"):
-            _check_num(name, getattr(self, name))
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        _check_num("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            _check_range(name, getattr(self, name), PENALTY_RANGE)
+        _check_range("repetition_penalty", self.repetition_penalty, REPETITION_PENALTY_RANGE)
         if self.seed is not None:
             _check_int("seed", self.seed, None)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
@@ -99,6 +109,13 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        for name in ("stop", "stop_regex"):
+            items = getattr(self, name)
+            if isinstance(items, list) and len(items) > MAX_STOP:
+                raise ValueError(f"{name} takes at most {MAX_STOP} entries, got {len(items)}")
+            if isinstance(items, list) and any(isinstance(s, str) and len(s) > MAX_STOP_LEN
+                                               for s in items):
+                raise ValueError(f"each {name} entry must be at most {MAX_STOP_LEN} characters")
         if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0
                 for t in self.stop_token_ids):
@@ -137,5 +154,19 @@ def _check_int(name: str, value: Any, lo: int | None) -> None:
 
 
 def _check_num(name: str, value: Any) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _check_range(name: str, value: Any, bounds: tuple[float, float]) -> None:
+    _check_num(name, value)
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+
+
+def check_top_logprobs_num(value: Any) -> None:
+    """top_logprobs_num is an int in [0, MAX_TOP_LOGPROBS] (ValueError otherwise)."""
+    _check_int("top_logprobs_num", value, 0)
+    if value > MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num must be <= {MAX_TOP_LOGPROBS}, got {value}")

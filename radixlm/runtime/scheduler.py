@@ -6,6 +6,15 @@ budget ``chunked_prefill_size``, or, when there is none, a DECODE step for every
 request. When decode runs out of KV slots (after evicting the cache), the newest requests
 are retracted: their K/V goes to the cache or is freed and they wait to be recomputed.
 Nothing admitted is lost: it finishes, is retracted and resumed, or is aborted on purpose.
+
+Admission bound: `num_queued` counts requests admitted but not yet started (in the inbox,
+waiting for a grammar, or in the waiting queue) plus places reserved for requests about to
+be submitted; the engine checks and raises it under `admission_lock`, so concurrent
+submitters can never exceed `max_queued_requests` together.
+
+Failures: a request whose step or grammar build raises ends with a 500-style abort; if the
+thread itself dies, every request it held (and any still in its inbox) ends the same way and
+`dead` says why, so no caller waits forever.
 """
 
 from __future__ import annotations
@@ -40,6 +49,11 @@ DECODE_INSERT_INTERVAL = 64
 MIXED_MAX_TOKENS = 256
 
 
+def _internal_error(message: str) -> dict:
+    """The finish reason of a request that failed because of us (the server answers 500)."""
+    return {"type": "abort", "message": message, "error": "internal_error", "status_code": 500}
+
+
 class Scheduler:
     def __init__(self, config, runner: ModelRunner, tokenizer, grammar_backend=None) -> None:
         self.config = config
@@ -59,6 +73,9 @@ class Scheduler:
                       "generation_tokens_total": 0, "forced_tokens_total": 0,
                       "num_requests_total": 0, "num_retractions_total": 0,
                       "prefill_tokens_total": 0, "num_steps_total": 0}
+        self.admission_lock = threading.Lock()
+        self.num_queued = 0  # admitted and not yet started, or reserved (under the lock)
+        self.dead: BaseException | None = None  # set (under the lock) if the thread died
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
 
@@ -96,17 +113,49 @@ class Scheduler:
     def all_reqs_holding_kv(self) -> list[Req]:
         return [r for r in self.by_rid.values() if r.row is not None]
 
+    def is_alive(self) -> bool:
+        return self.dead is None and self.thread.is_alive()
+
+    def _unqueue(self, req: Req) -> None:
+        """`req` started or finished: give back its place in the admission bound."""
+        if req.queued:
+            req.queued = False
+            with self.admission_lock:
+                self.num_queued -= 1
+
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._drain_inbox(block=not self.has_work())
-                self._poll_grammars()
-                self.step()
-            except Exception:  # the loop must survive anything
-                logger.error("scheduler loop error:\n%s", traceback.format_exc())
+        reason = {"type": "abort", "message": "engine shut down"}
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._drain_inbox(block=not self.has_work())
+                    self._poll_grammars()
+                    self.step()
+                except Exception:  # the loop must survive anything
+                    logger.error("scheduler loop error:\n%s", traceback.format_exc())
+        except BaseException as exc:  # the thread dies: say so, fail everything it held
+            logger.critical("scheduler thread died:\n%s", traceback.format_exc())
+            with self.admission_lock:
+                self.dead = exc
+            reason = {"type": "abort", "message": f"engine died: {type(exc).__name__}: {exc}",
+                      "error": "engine_dead", "status_code": 500}
+        finally:
+            self._fail_all(reason)
+
+    def _fail_all(self, reason: dict) -> None:
+        """End every request held or still in the inbox with `reason` (shutdown, death)."""
         for req in list(self.by_rid.values()):
-            self._finish(req, {"type": "abort", "message": "engine shut down"}, insert=False)
+            self._finish(req, dict(reason), insert=False)
+        while True:
+            try:
+                kind, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._finish(payload, dict(reason), insert=False)
+            elif kind == "call":
+                payload[1].put((False, RuntimeError(reason["message"])))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -145,9 +194,13 @@ class Scheduler:
             self.grammar_pending.remove(req)
             try:
                 req.grammar = req.grammar_future.result()
-            except Exception as e:
+            except ValueError as e:
                 self._finish(req, {"type": "abort", "message": f"invalid constraint: {e}",
                                    "error": "invalid_constraint"}, insert=False)
+                continue
+            except Exception as e:  # the build crashed: our failure, not the request's
+                logger.error("grammar build for %s crashed: %r", req.rid, e)
+                self._finish(req, _internal_error(f"grammar build failed: {e!r}"), insert=False)
                 continue
             req.status = ReqStatus.WAITING
             self.waiting.append(req)
@@ -195,8 +248,7 @@ class Scheduler:
                     logger.error("request %s fails alone:\n%s", req.rid, traceback.format_exc())
                     failure = e
             if failure is not None:
-                self._finish(req, {"type": "abort", "message": f"internal error: {failure}"},
-                             insert=False)
+                self._finish(req, _internal_error(f"internal error: {failure!r}"), insert=False)
                 continue
             self.stats["num_steps_total"] += 1
             self._process(one, out)
@@ -256,6 +308,7 @@ class Scheduler:
                 self.stats["cached_tokens_total"] += matched
                 self.stats["prompt_tokens_total"] += len(req.input_ids)
             self.waiting.remove(req)
+            self._unqueue(req)
             req.status = ReqStatus.RUNNING
             take(req, n)
             budget -= n
@@ -323,8 +376,7 @@ class Scheduler:
                 self._stream(req)
             except Exception as e:
                 logger.error("request %s failed:\n%s", req.rid, traceback.format_exc())
-                self._finish(req, {"type": "abort", "message": f"internal error: {e}"},
-                             insert=False)
+                self._finish(req, _internal_error(f"internal error: {e!r}"), insert=False)
         self._place(sb.reqs)
         if not self.has_work():
             self.kv.check_counts(self.all_reqs_holding_kv())
@@ -413,13 +465,15 @@ class Scheduler:
         return req.finished
 
     def _stream(self, req: Req) -> None:
-        if req.stream and not req.finished:
+        # nothing to send before the first token (a prefill chunk is not news)
+        if req.stream and not req.finished and req.output_ids:
             text_len = len(req.detok.visible_text(final=False))
             if text_len != req.last_streamed_len:
                 req.last_streamed_len = text_len
                 req.sink.put(make_output(req, self.tokenizer, final=False))
 
     def _finish(self, req: Req, reason: dict, insert: bool = True) -> None:
+        self._unqueue(req)
         req.finish(reason)
         req.status = ReqStatus.FINISHED
         for group in (self.running, self.extending, self.waiting, self.grammar_pending):

@@ -27,6 +27,7 @@ from radixlm.runtime.server import native, openai_api
 from radixlm.runtime.server.generation import ClientDisconnected
 from radixlm.runtime.server.metrics import ServerMetrics
 from radixlm.runtime.server.state import ApiError, ServerSettings, ServerState, get_state, logger
+from radixlm.runtime.server.validation import PrepPool
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key
 
@@ -35,7 +36,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     """Build the app serving `engine` (anything following docs/ENGINE_API.md)."""
     settings = settings or ServerSettings()
     state = ServerState(engine=engine, settings=settings,
-                        metrics=ServerMetrics(engine.get_stats))
+                        metrics=ServerMetrics(engine.get_stats),
+                        prep=PrepPool(settings.prep_workers, settings.max_pending_prep))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +45,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         state.shutting_down = True
         for rid in sorted(state.inflight):  # left over after the graceful-shutdown deadline
             state.abort(rid)
+        state.prep.shutdown()
 
     app = FastAPI(title="radixlm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
@@ -53,6 +56,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnected, _disconnected)
+    app.add_exception_handler(UnicodeError, _unicode_error)
     known = {"/metrics"} | {r.path for router in (native.router, openai_api.router)
                             for r in router.routes if hasattr(r, "path")}
     app.add_middleware(GuardMiddleware, state=state, known_paths=known)
@@ -71,7 +75,15 @@ def _error_response(exc: ApiError) -> JSONResponse:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    get_state(request).metrics.count_error(exc)
     return _error_response(exc)
+
+
+async def _unicode_error(request: Request, exc: Exception) -> Response:
+    """Text that cannot be encoded (a lone surrogate escape such as "\\ud800") reached a
+    place that encodes it: the client's input, so a 400."""
+    return await _api_error(request, ApiError(
+        400, f"the request contains text that is not valid Unicode: {exc}"))
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
@@ -79,7 +91,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    # drop "body" and the union-branch tags pydantic puts in locations ("list[Model]", "Model")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"
+           and not (isinstance(x, str) and (x[:1].isupper() or "[" in x))]
     field = ".".join(loc) or None
     kind = first.get("type", "")
     if kind == "extra_forbidden":
@@ -94,7 +108,7 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
         msg = f"{field}: {detail}" if field else detail
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error(s))"
-    return _error_response(ApiError(400, msg, param=field))
+    return await _api_error(request, ApiError(400, msg, param=field))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -139,6 +153,7 @@ class GuardMiddleware:
             if error is None:
                 receive, error = await self._read_body(scope, receive, headers)
             if error is not None:
+                self.state.metrics.count_error(error)
                 await _error_response(error)(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)

@@ -3,13 +3,19 @@
 Every route turns its body into `GenCall`s (one per prompt and sample: the server fans out
 batches and `n` itself so each engine request has a rid it can abort), then:
 
-- `admit(state, calls)` checks prompt length against the context (400 when the prompt alone
-  does not fit; `max_new_tokens` is clamped to what is left otherwise) and the waiting queue
-  (429 with Retry-After when full);
+- `admit(state, calls)` validates and tokenizes them off the event loop
+  (`validation.prepare_calls`), checks prompt length against the context (400 when the
+  prompt alone does not fit; `max_new_tokens` is clamped to what is left otherwise) and
+  takes one place per call in the engine's waiting queue, all or none (429 with
+  Retry-After when full);
 - `run_calls(...)` awaits the results, aborting every unfinished rid when the client
   disconnects, the request times out (504) or the handler is cancelled (shutdown);
-- `stream_call(...)` / `merge_streams(...)` yield cumulative result chunks, with the same
-  abort guarantees.
+- `open_streams(...)` submits streamed calls before any byte is sent (so a refusal is still
+  an HTTP error), and `merge_streams(...)` yields their cumulative result chunks, with the
+  same abort guarantees.
+
+A call the engine ends because of its input is a 400; one it ends because of an internal
+failure is a 500 (an in-band error event once a stream has started), never a 200.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 from fastapi import Request
 
 from radixlm.runtime.server.state import ApiError, ServerState, logger
+from radixlm.runtime.server.validation import prepare_sync
 
 DEFAULT_MAX_NEW_TOKENS = 128  # the engine's default (docs/ENGINE_API.md)
 
@@ -46,14 +53,18 @@ class GenCall:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     prompt_len: int = 0  # filled by admit()
+    admission: Any = None  # the engine's reservation this call takes its place from
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for engine.generate / async_generate."""
+        """Keyword arguments for engine.generate / async_generate (token ids once admit()
+        has tokenized the text, so the engine does not tokenize on the event loop)."""
         kw: dict[str, Any] = {"sampling_params": dict(self.sampling), "rid": self.rid}
-        if self.text is not None:
-            kw["prompt"] = self.text
-        else:
+        if self.input_ids is not None:
             kw["input_ids"] = self.input_ids
+        else:
+            kw["prompt"] = self.text
+        if self.admission is not None:
+            kw["admission"] = self.admission
         if self.return_logprob:
             kw.update(return_logprob=True, logprob_start_len=self.logprob_start_len,
                       top_logprobs_num=self.top_logprobs_num)
@@ -67,26 +78,23 @@ def clean_sampling(params: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (params or {}).items() if v is not None}
 
 
-def _count_prompt(state: ServerState, call: GenCall) -> int:
-    if call.input_ids is not None:
-        return len(call.input_ids)
-    # the engine tokenizes prompts the same way (no special tokens added)
-    return len(state.engine.tokenizer.encode(call.text, add_special_tokens=False))
-
-
 async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
-    """Check context length and queue room for `calls`; raise ApiError (400/429/503).
-
-    The queue check here covers a server-side limit; the engine enforces its own
-    `max_queued_requests` with QueueFullError (also answered 429), so when both limits are
-    the same the engine's stats are not fetched (get_stats waits for the scheduler thread)."""
+    """Validate, tokenize (off the loop), check the context, and reserve one queue place per
+    call, all or none; raise ApiError (400/429/503). The caller releases the reservation
+    (`release(calls)`) once the calls are submitted or given up."""
     if state.shutting_down:
-        raise ApiError(503, "server is shutting down")
-    ctx = state.context_len
+        raise ApiError(503, "server is shutting down", code="shutting_down")
+    if not state.engine_alive:
+        raise ApiError(503, "the engine has stopped; the server is going down",
+                       code="engine_dead")
     for call in calls:
         if call.input_ids is not None and not call.input_ids:
             raise ApiError(400, "the prompt is empty", param="input_ids")
-        call.prompt_len = _count_prompt(state, call)
+    tokenizer, max_bytes = state.engine.tokenizer, state.max_prompt_bytes
+    await state.prep.run(lambda: prepare_sync(calls, tokenizer, max_bytes))
+    ctx = state.context_len
+    for call in calls:
+        call.prompt_len = len(call.input_ids or ())
         if call.prompt_len >= ctx:
             raise ApiError(400, f"the prompt has {call.prompt_len} tokens but the context length "
                                 f"is {ctx} (prompt + at least one new token must fit)",
@@ -97,41 +105,50 @@ async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
             call.sampling["max_new_tokens"] = room
         elif isinstance(max_new, int) and max_new > room:
             call.sampling["max_new_tokens"] = room  # clamp, as SGLang does
-    limit = state.settings.max_queued_requests
-    engine_limit = getattr(getattr(state.engine, "config", None), "max_queued_requests", None)
-    if limit is not None and limit != engine_limit:
-        stats = await asyncio.to_thread(state.engine.get_stats)
-        waiting = int(stats.get("num_waiting", 0))
-        if waiting + len(calls) > limit:
-            state.metrics.rejected.labels(reason="queue_full").inc()
-            raise ApiError(429, f"the waiting queue is full ({waiting} waiting, limit {limit}); "
-                                "retry later", code="queue_full",
-                           headers={"Retry-After": str(state.settings.retry_after_s)})
+    reserve = getattr(state.engine, "reserve", None)
+    if reserve is None:
+        return
+    try:
+        admission = reserve(len(calls), limit=state.settings.max_queued_requests)
+    except Exception as exc:
+        raise engine_error(state, exc) from exc
+    for call in calls:
+        call.admission = admission
 
 
-def _engine_error(exc: Exception) -> ApiError:
+def release(calls: Sequence[GenCall]) -> None:
+    """Give back the queue places `calls` reserved and did not use."""
+    for call in calls:
+        if call.admission is not None:
+            call.admission.release()
+
+
+def engine_error(state: ServerState, exc: Exception) -> ApiError:
     """Map an engine exception to an ApiError."""
     if isinstance(exc, ApiError):
         return exc
     if type(exc).__name__ == "QueueFullError":  # the engine's own admission error
         return ApiError(429, f"{exc}; retry later", code="queue_full",
-                        headers={"Retry-After": "1"})
+                        headers={"Retry-After": str(state.settings.retry_after_s)})
     if isinstance(exc, (ValueError, TypeError)):
         return ApiError(400, str(exc))
-    logger.exception("engine error", exc_info=exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+    if type(exc).__name__ == "EngineDeadError":
+        return ApiError(503, str(exc), code="engine_dead")
+    logger.error("engine error", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
 def _request_error(meta: dict[str, Any]) -> ApiError | None:
     """A request the engine aborted because of its own input (e.g. a constraint that failed
     to compile: finish_reason {"type": "abort", "error": "invalid_constraint"} or one with a
-    4xx "status_code", as SGLang sends) is answered as a 400, not as a result."""
+    4xx "status_code", as SGLang sends) is answered as a 400, one it aborted because of an
+    internal failure ("status_code" 5xx) as that error, never as a result."""
     reason = meta.get("finish_reason")
     if not isinstance(reason, dict) or reason.get("type") != "abort":
         return None
     status = reason.get("status_code")
     if reason.get("error") == "invalid_constraint" or (isinstance(status, int)
-                                                       and 400 <= status < 500):
+                                                       and 400 <= status < 600):
         return ApiError(status if isinstance(status, int) else 400,
                         str(reason.get("message", "invalid request")),
                         code=reason.get("error"))
@@ -171,7 +188,7 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
             try:
                 results = gen.result()
             except Exception as exc:
-                raise _engine_error(exc) from exc
+                raise engine_error(state, exc) from exc
             for out in results:
                 error = _request_error(out.get("meta_info", {}))
                 if error is not None:
@@ -187,6 +204,7 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
         for rid in pending:
             state.abort(rid)
         state.inflight.difference_update(c.rid for c in calls)
+        release(calls)
 
 
 async def _open_stream(engine: Any, call: GenCall) -> AsyncIterator[dict[str, Any]]:
@@ -197,20 +215,53 @@ async def _open_stream(engine: Any, call: GenCall) -> AsyncIterator[dict[str, An
     return result  # type: ignore[return-value]
 
 
-async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[str, Any]]:
-    """Yield the engine's cumulative chunks for `call`; abort it unless it finished."""
+async def open_streams(state: ServerState, calls: Sequence[GenCall]) -> list[Any]:
+    """Submit every call as a stream now (after `admit`), so that a refusal is an HTTP
+    error before the response starts; on failure the ones opened are aborted."""
+    opened: list[Any] = []
+    try:
+        for call in calls:
+            opened.append(await _open_stream(state.engine, call))
+            state.inflight.add(call.rid)
+    except Exception as exc:
+        for call, it in zip(calls, opened, strict=False):
+            state.abort(call.rid)
+            state.inflight.discard(call.rid)
+            await _close(it, call.rid)
+        raise engine_error(state, exc) from exc
+    finally:
+        release(calls)
+    return opened
+
+
+def abandon(state: ServerState, calls: Sequence[GenCall]) -> None:
+    """Abort the calls of a stream whose response ended before their streams did (e.g. the
+    client left before the first byte, so the event generator never ran)."""
+    for call in calls:
+        if call.rid in state.inflight:
+            state.abort(call.rid)
+            state.inflight.discard(call.rid)
+
+
+async def _close(it: Any, rid: str) -> None:
+    if hasattr(it, "aclose"):
+        try:
+            await it.aclose()
+        except Exception:  # noqa: BLE001 - the engine stream is done with either way
+            logger.debug("closing the engine stream of %s failed", rid, exc_info=True)
+
+
+async def stream_call(state: ServerState, call: GenCall,
+                      it: Any) -> AsyncIterator[dict[str, Any]]:
+    """Yield the engine's cumulative chunks for `call` from its opened stream `it`; abort
+    it unless it finished."""
     timeout = state.settings.request_timeout
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + timeout
     finished = False
     last_t, last_n = None, 0
-    it: Any = None
     state.inflight.add(call.rid)
     try:
-        try:
-            it = await _open_stream(state.engine, call)
-        except Exception as exc:
-            raise _engine_error(exc) from exc
         while True:
             left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
             try:
@@ -221,7 +272,7 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
                 raise ApiError(504, f"request timed out after {timeout} s; it was aborted",
                                code="timeout") from exc
             except Exception as exc:
-                raise _engine_error(exc) from exc
+                raise engine_error(state, exc) from exc
             now = time.perf_counter()
             n = len(chunk.get("output_ids") or ())
             if n > last_n:
@@ -241,30 +292,29 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
             yield chunk
             if finished:
                 break
+    except ApiError as exc:
+        state.metrics.count_error(exc)
+        raise
     finally:
         if not finished:
             state.abort(call.rid)
         state.inflight.discard(call.rid)
-        if it is not None and hasattr(it, "aclose"):
-            try:
-                await it.aclose()
-            except Exception:  # noqa: BLE001 - the engine stream is done with either way
-                logger.debug("closing the engine stream of %s failed", call.rid, exc_info=True)
+        await _close(it, call.rid)
 
 
-async def merge_streams(state: ServerState,
-                        calls: Sequence[GenCall]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """Interleave the streams of several calls as (index, chunk); errors propagate and
+async def merge_streams(state: ServerState, calls: Sequence[GenCall],
+                        streams: Sequence[Any]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Interleave the opened `streams` of `calls` as (index, chunk); errors propagate and
     every unfinished call is aborted when the consumer stops early."""
     if len(calls) == 1:
-        async for chunk in stream_call(state, calls[0]):
+        async for chunk in stream_call(state, calls[0], streams[0]):
             yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, dict[str, Any] | None, Exception | None]] = asyncio.Queue()
 
     async def pump(i: int, call: GenCall) -> None:
         try:
-            async for chunk in stream_call(state, call):
+            async for chunk in stream_call(state, call, streams[i]):
                 await queue.put((i, chunk, None))
             await queue.put((i, None, None))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer

@@ -80,8 +80,11 @@ class ServerMetrics:
         self.requests = Counter("radixlm_requests", "Generation requests finished",
                                 ["finish_reason"], registry=r)
         self.rejected = Counter("radixlm_rejected_requests",
-                                "Generation requests rejected before queueing", ["reason"],
+                                "Requests refused with a 4xx (or 503), by reason", ["reason"],
                                 registry=r)
+        self.failed = Counter("radixlm_failed_requests",
+                              "Requests that failed inside the server or engine (5xx, or an "
+                              "in-band stream error), by reason", ["reason"], registry=r)
         self.ttft = Histogram("radixlm_time_to_first_token_seconds",
                               "Time to first token (streamed requests)",
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -110,6 +113,15 @@ class ServerMetrics:
             "completion_tokens": meta.get("completion_tokens"),
             "cached_tokens": meta.get("cached_tokens"), "e2e_ms": round(e2e_s * 1000, 2),
             "streamed": streamed}))
+
+    def count_error(self, exc: Any) -> None:
+        """Count an ApiError answered to a client: internal failures (500, 504) as failed,
+        everything else (4xx, 503) as a rejection; the reason is its code or status."""
+        reason = str(exc.code if exc.code is not None else exc.status)
+        if exc.status >= 500 and exc.status != 503:
+            self.failed.labels(reason=reason).inc()
+        else:
+            self.rejected.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         """All metrics in the Prometheus text exposition format."""

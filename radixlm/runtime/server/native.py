@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict
 
 from radixlm.runtime.server.generation import (
     GenCall,
+    abandon,
     admit,
     clean_sampling,
     merge_streams,
+    open_streams,
     run_calls,
 )
 from radixlm.runtime.server.protocol import GenerateRequest
@@ -48,9 +50,10 @@ def build_native_calls(req: GenerateRequest, request_id: str) -> list[GenCall]:
     calls = []
     for i, (text, ids) in enumerate(prompts):
         params = _per_prompt(req.sampling_params, i, count, "sampling_params")
-        if params is not None and not isinstance(params, dict):
+        if params is not None and not isinstance(params, dict | BaseModel):
             raise ApiError(400, "'sampling_params' must be an object", param="sampling_params")
-        params = clean_sampling(params)
+        params = clean_sampling(params.model_dump() if isinstance(params, BaseModel)
+                                else params)
         n = params.pop("n", 1)
         if not isinstance(n, int) or n < 1:
             raise ApiError(400, f"sampling_params.n must be an integer >= 1, got {n!r}",
@@ -85,21 +88,26 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     await admit(state, calls)
     single = not body.is_batch and len(calls) == 1
     if body.stream:
-        return SSEResponse(_native_stream(state, calls, single))
+        streams = await open_streams(state, calls)
+        return SSEResponse(_native_stream(state, calls, streams, single),
+                           on_close=lambda: abandon(state, calls),
+                           stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
     return JSONResponse(results[0] if single else results)
 
 
-async def _native_stream(state: ServerState, calls: list[GenCall],
+async def _native_stream(state: ServerState, calls: list[GenCall], streams: list[Any],
                          single: bool) -> AsyncIterator[dict[str, Any]]:
-    async for index, chunk in merge_streams(state, calls):
+    async for index, chunk in merge_streams(state, calls, streams):
         yield chunk if single else {**chunk, "index": index}
 
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """Liveness: 200 without touching the engine (503 while shutting down)."""
-    return Response(status_code=503 if get_state(request).shutting_down else 200)
+    """Liveness: 200 without waiting for the engine (503 while shutting down or once the
+    engine's thread has died)."""
+    state = get_state(request)
+    return Response(status_code=503 if state.shutting_down or not state.engine_alive else 200)
 
 
 @router.get("/health_generate")

@@ -17,7 +17,14 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.runtime.server.generation import GenCall, admit, merge_streams, run_calls
+from radixlm.runtime.server.generation import (
+    GenCall,
+    abandon,
+    admit,
+    merge_streams,
+    open_streams,
+    run_calls,
+)
 from radixlm.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -25,6 +32,7 @@ from radixlm.runtime.server.protocol import (
 )
 from radixlm.runtime.server.state import ApiError, ServerState, get_state
 from radixlm.runtime.server.streaming import SSEResponse
+from radixlm.runtime.server.validation import check_text
 
 router = APIRouter(prefix="/v1")
 
@@ -158,7 +166,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     cid, created = f"cmpl-{calls[0].rid}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
     if body.stream:
-        return SSEResponse(_completion_stream(state, body, calls, head))
+        streams = await open_streams(state, calls)
+        return SSEResponse(_completion_stream(state, body, calls, streams, head),
+                           on_close=lambda: abandon(state, calls),
+                           stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
     choices = []
     for k, (call, r) in enumerate(zip(calls, results, strict=True)):
@@ -174,6 +185,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def _completion_stream(state: ServerState, body: CompletionRequest, calls: list[GenCall],
+                             streams: list[Any],
                              head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     sent_text = [0] * len(calls)
     sent_lp = [0] * len(calls)
@@ -184,7 +196,7 @@ async def _completion_stream(state: ServerState, body: CompletionRequest, calls:
                     else state.engine.tokenizer.decode(call.input_ids))
             yield {**head, "choices": [{"index": k, "text": echo, "logprobs": None,
                                         "finish_reason": None}]}
-    async for k, chunk in merge_streams(state, calls):
+    async for k, chunk in merge_streams(state, calls, streams):
         meta = chunk["meta_info"]
         delta = chunk["text"][sent_text[k]:]
         finish = _finish(meta)
@@ -213,6 +225,14 @@ def chat_input_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]
                      **({"name": m.name} if m.name else {})} for m in body.messages]
     except ValueError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
+    size = 0
+    for m in messages:
+        check_text(m["content"], "messages")
+        size += len(m["content"].encode())
+    if size > state.max_prompt_bytes:
+        raise ApiError(400, f"the messages are {size} bytes; no prompt over "
+                            f"{state.max_prompt_bytes} bytes fits the context",
+                       param="messages", code="context_length_exceeded")
     tok = state.engine.tokenizer
     try:
         out = tok.apply_chat_template(
@@ -232,7 +252,7 @@ def chat_input_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (chat template of the served model's tokenizer)."""
     state = get_state(request)
-    ids = chat_input_ids(state, body)
+    ids = await state.prep.run(lambda: chat_input_ids(state, body))
     top = (body.top_logprobs or 0) if body.logprobs else None
     calls = _fan_out(body, [(None, ids)], openai_sampling(body, body.max_new_tokens), top,
                      request.state.request_id)
@@ -242,8 +262,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     head = {"id": f"chatcmpl-{calls[0].rid}", "created": int(time.time()),
             "model": state.model_id}
     if body.stream:
-        return SSEResponse(_chat_stream(state, body, calls,
-                                        {**head, "object": "chat.completion.chunk"}))
+        streams = await open_streams(state, calls)
+        return SSEResponse(_chat_stream(state, body, calls, streams,
+                                        {**head, "object": "chat.completion.chunk"}),
+                           on_close=lambda: abandon(state, calls),
+                           stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
     choices = [{"index": k, "message": {"role": "assistant", "content": r["text"]},
                 "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None,
@@ -254,6 +277,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 
 async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: list[GenCall],
+                       streams: list[Any],
                        head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     for k in range(len(calls)):
         yield {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
@@ -261,7 +285,7 @@ async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: l
     sent_text = [0] * len(calls)
     sent_lp = [0] * len(calls)
     finals: dict[int, dict[str, Any]] = {}
-    async for k, chunk in merge_streams(state, calls):
+    async for k, chunk in merge_streams(state, calls, streams):
         meta = chunk["meta_info"]
         delta = chunk["text"][sent_text[k]:]
         sent_text[k] = len(chunk["text"])

@@ -9,9 +9,24 @@ Responses are built as plain dicts in `native.py` / `openai_api.py`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from radixlm.runtime.sampling_params import (
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    PENALTY_RANGE,
+    REPETITION_PENALTY_RANGE,
+    TEMPERATURE_RANGE,
+)
+from radixlm.runtime.server.validation import (
+    Prob,
+    SamplingParamsBody,
+    StopList,
+    StopString,
+    bounded,
+)
 
 # SGLang GenerateReqInput fields we accept but cannot serve: non-empty values are a 400.
 NATIVE_UNSUPPORTED = (
@@ -28,11 +43,12 @@ class GenerateRequest(BaseModel):
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    sampling_params: SamplingParamsBody | list[SamplingParamsBody] | None = None
     rid: str | list[str] | None = None
     return_logprob: bool | list[bool] | None = None
     logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
+    top_logprobs_num: (Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+                       | list[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] | None) = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     log_metrics: bool = True
@@ -107,14 +123,14 @@ class _OpenAIBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=64)
+    temperature: float | None = bounded(TEMPERATURE_RANGE)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    stop: StopString | StopList | None = None
+    presence_penalty: float | None = bounded(PENALTY_RANGE)
+    frequency_penalty: float | None = bounded(PENALTY_RANGE)
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     user: str | None = None
@@ -123,9 +139,9 @@ class _OpenAIBase(BaseModel):
     regex: str | None = None
     choices: list[str] | None = None
     json_schema: str | dict[str, Any] | None = None
-    top_k: int | None = None
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: Prob | None = None
+    repetition_penalty: float | None = bounded(REPETITION_PENALTY_RANGE)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
@@ -137,8 +153,6 @@ class _OpenAIBase(BaseModel):
     def _check_base(self) -> _OpenAIBase:
         if self.logit_bias:
             raise ValueError("'logit_bias' is not supported by this server")
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise ValueError("'stop' takes at most 4 sequences")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
         constraints = [k for k in ("regex", "choices", "json_schema") if getattr(self, k)]
@@ -154,7 +168,7 @@ class CompletionRequest(_OpenAIBase):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=0)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -214,7 +228,7 @@ class ChatCompletionRequest(_OpenAIBase):
     max_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

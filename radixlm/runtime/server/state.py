@@ -19,11 +19,14 @@ class ServerSettings:
     port: int = 30000
     api_key: str | None = None  # Bearer key required on every route but /health
     max_queued_requests: int | None = None  # server-side bound (the engine has its own)
-    request_timeout: float | None = None  # seconds per request; abort + 504 when exceeded
+    request_timeout: float | None = 600.0  # seconds per request; abort + 504 when exceeded
     max_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
     served_model_name: str | None = None  # /v1/models id; default: engine.model_name
     shutdown_timeout: float = 30.0  # graceful-shutdown deadline before in-flight aborts
     retry_after_s: int = 1  # Retry-After on 429
+    prep_workers: int = 2  # threads that tokenize and validate requests off the event loop
+    max_pending_prep: int = 256  # requests waiting for those threads; more get 429
+    stream_stall_timeout: float = 30.0  # a stream client not reading this long is dropped
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -32,6 +35,10 @@ class ServerSettings:
             raise ValueError("request_timeout must be > 0")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        if self.prep_workers < 1 or self.max_pending_prep < 1:
+            raise ValueError("prep_workers and max_pending_prep must be >= 1")
+        if self.stream_stall_timeout <= 0:
+            raise ValueError("stream_stall_timeout must be > 0")
 
 
 class ApiError(Exception):
@@ -68,8 +75,25 @@ class ServerState:
     engine: Any
     settings: ServerSettings
     metrics: Any  # metrics.ServerMetrics
+    prep: Any  # validation.PrepPool
     inflight: set[str] = field(default_factory=set)  # rids the server is waiting on
     shutting_down: bool = False
+    _max_prompt_bytes: int | None = None
+
+    @property
+    def engine_alive(self) -> bool:
+        """False once the engine's worker thread has died (engines without
+        `is_alive()` are taken to be alive)."""
+        is_alive = getattr(self.engine, "is_alive", None)
+        return True if is_alive is None else bool(is_alive())
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """No prompt longer than this in UTF-8 bytes fits the context (computed once)."""
+        if self._max_prompt_bytes is None:
+            from radixlm.runtime.server.validation import max_prompt_bytes
+            self._max_prompt_bytes = max_prompt_bytes(self.engine.tokenizer, self.context_len)
+        return self._max_prompt_bytes
 
     @property
     def model_id(self) -> str:

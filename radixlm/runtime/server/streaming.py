@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -33,23 +34,43 @@ async def sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[byt
     yield sse("[DONE]")
 
 
+class ClientStalled(Exception):
+    """The client stopped reading the stream for longer than the stall timeout."""
+
+
 class SSEResponse(StreamingResponse):
     """A text/event-stream response that always closes its event source, so a client that
     disconnects has its requests aborted at once rather than when the generator is
-    garbage-collected."""
+    garbage-collected. `on_close` runs last (it aborts what the events never reached);
+    a send that waits more than `stall_timeout` seconds on a client that does not read
+    ends the response (the engine buffers only the latest cumulative chunk meanwhile)."""
 
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[dict[str, Any]],
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 on_close: Callable[[], None] | None = None,
+                 stall_timeout: float | None = None) -> None:
         self._events = events
+        self._on_close = on_close
+        self._stall_timeout = stall_timeout
         super().__init__(sse_events(events), headers={"Cache-Control": "no-cache",
                                                       "X-Accel-Buffering": "no",
                                                       **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded_send(message: Any) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._stall_timeout)
+            except TimeoutError:
+                raise ClientStalled(f"the client read nothing for {self._stall_timeout} s")
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except ClientStalled as exc:
+            logger.warning("stream dropped: %s", exc)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
             await self._events.aclose()  # type: ignore[attr-defined]
+            if self._on_close is not None:
+                self._on_close()
