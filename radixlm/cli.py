@@ -33,8 +33,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (all but /health)")
-    s.add_argument("--request-timeout", type=float,
-                   help="seconds; a request running longer is aborted (504)")
+    s.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds; a request running longer is aborted (504); 0: no limit "
+                        "(default 600)")
+    s.add_argument("--stream-stall-timeout", type=float, default=30.0,
+                   help="seconds a streaming client may read nothing before its request is "
+                        "aborted (default 30)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     s.add_argument("--served-model-name", help="model id in /v1 responses")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -68,7 +72,9 @@ def _serve(args: argparse.Namespace) -> int:
         log_level = env_log_level()
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key,
-        max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
+        max_queued_requests=args.max_queued_requests,
+        request_timeout=args.request_timeout or None,
+        stream_stall_timeout=args.stream_stall_timeout,
         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
         shutdown_timeout=args.shutdown_timeout)
     return serve(engine_kwargs_from_args(args), settings, log_level)

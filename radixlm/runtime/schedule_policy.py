@@ -3,9 +3,14 @@
 ``lpm`` (longest prefix match) puts the requests with the most cached prefix first, so
 what is cached is used before it is evicted; past ``LPM_MAX_QUEUE`` waiting requests the
 matching costs more than it saves and the order falls back to FCFS, as SGLang does.
+Prefix order alone can starve a request whose prefix nobody shares (measured at 2x
+overload: TTFT p50 16 s, p99 69 s), so requests that have waited past ``LPM_MAX_WAIT_S``
+go first, oldest first (``age_first``): waiting is bounded, cache-friendly order otherwise.
 """
 
 from __future__ import annotations
+
+import time
 
 from radixlm.radix.base import BasePrefixCache
 from radixlm.runtime.request import Req
@@ -14,6 +19,8 @@ LPM_MAX_QUEUE = 128
 # A waiting request that shares at least this many uncached tokens with one already
 # picked for the current batch waits one step, then finds them cached.
 DEDUP_MIN_SHARED = 32
+# Under LPM, a request that has waited this long is served before younger ones, FCFS.
+LPM_MAX_WAIT_S = 2.0
 
 
 def order_waiting(waiting: list[Req], policy: str,
@@ -24,7 +31,19 @@ def order_waiting(waiting: list[Req], policy: str,
         return [(r, None) for r in waiting]
     hits = [(r, cache.cached_prefix_len(r.fill_slice(0, r.max_cacheable_prefix)))
             for r in waiting]
-    return sorted(hits, key=lambda item: -item[1])
+    return age_first(sorted(hits, key=lambda item: -item[1]), time.perf_counter())
+
+
+def age_first(ordered: list[tuple[Req, int | None]], now: float,
+              max_wait_s: float = LPM_MAX_WAIT_S) -> list[tuple[Req, int | None]]:
+    """``ordered`` with the requests created more than ``max_wait_s`` before ``now`` moved
+    to the front, oldest first; the others keep their order."""
+    old = [item for item in ordered if now - item[0].created_at > max_wait_s]
+    if not old:
+        return ordered
+    old.sort(key=lambda item: item[0].created_at)
+    moved = {id(item[0]) for item in old}
+    return old + [item for item in ordered if id(item[0]) not in moved]
 
 
 def shares_uncached_prefix(req: Req, picked: list[Req], cache: BasePrefixCache,

@@ -1,12 +1,14 @@
 """Run the HTTP server in this process: load the engine, serve with uvicorn, shut down
 gracefully on SIGTERM/SIGINT (stop accepting, let in-flight requests finish until
-`shutdown_timeout`, abort the rest, stop the engine, exit 0)."""
+`shutdown_timeout`, abort the rest, stop the engine, exit 0). If the engine's thread dies,
+the server goes down the same way and exits 1 (a supervisor restarts it; never a hang)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,18 @@ class _Server(uvicorn.Server):
         logger.info("signal %s: shutting down (deadline %.0f s)", sig,
                     self._state.settings.shutdown_timeout)
         super().handle_exit(sig, frame)
+
+
+def _watch_engine(server: uvicorn.Server, state: ServerState, done: threading.Event,
+                  died: list[bool], period_s: float = 0.5) -> None:
+    """Until `done`: when the engine stops being alive, flag it and stop the server."""
+    while not done.wait(period_s):
+        if not state.engine_alive and not state.shutting_down:
+            logger.critical("the engine thread has died: shutting the server down")
+            died.append(True)
+            state.shutting_down = True
+            server.should_exit = True
+            return
 
 
 def setup_logging(level: str) -> None:
@@ -69,11 +83,21 @@ def serve(engine_kwargs: dict[str, Any], settings: ServerSettings, log_level: st
             signal.signal(sig, lambda *_: None)
         logger.info("serving %s on http://%s:%d", engine.model_name, settings.host,
                     settings.port)
-        server.run()
+        done, died = threading.Event(), []
+        watchdog = threading.Thread(target=_watch_engine, name="radixlm-engine-watchdog",
+                                    args=(server, app.state.server, done, died), daemon=True)
+        watchdog.start()
+        try:
+            server.run()
+        finally:
+            done.set()
         if not server.started:
             logger.error("the server failed to start (is port %d free?)", settings.port)
             return 1
     finally:
         engine.shutdown()
+    if died:
+        logger.error("server stopped: the engine died")
+        return 1
     logger.info("server stopped")
     return 0

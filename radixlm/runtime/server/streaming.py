@@ -63,7 +63,8 @@ class SSEResponse(StreamingResponse):
             try:
                 await asyncio.wait_for(send(message), self._stall_timeout)
             except TimeoutError:
-                raise ClientStalled(f"the client read nothing for {self._stall_timeout} s")
+                raise ClientStalled(
+                    f"the client read nothing for {self._stall_timeout} s") from None
 
         try:
             await super().__call__(scope, receive, bounded_send)
