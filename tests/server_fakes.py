@@ -3,6 +3,8 @@
 Tokens are characters (id = ord(c)). A request generates the letters "abcdefghij..." one per
 step (`step_delay` seconds apart) up to max_new_tokens, stopping early at a `stop` string
 (trimmed) or, with `choices`, emitting the first choice. Logprobs are fixed fake numbers.
+`regex: "("` fails like a constraint that does not compile, `regex: "!crash"` like an
+internal failure (an abort with status_code 500).
 """
 
 from __future__ import annotations
@@ -177,6 +179,11 @@ class FakeEngine:
         target = params["choices"][0] if params.get("choices") else None
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
+        if params.get("regex") == "!crash":  # an internal failure, as the engine reports one
+            yield self._result(kw, ids, [], "", {"type": "abort", "error": "internal_error",
+                                                 "status_code": 500,
+                                                 "message": "internal error: injected"})
+            return
         if params.get("regex") == "(":  # compiles "asynchronously" and fails, as the engine
             yield self._result(kw, ids, [], "", {"type": "abort", "error": "invalid_constraint",
                                                  "message": "invalid constraint: bad regex"})

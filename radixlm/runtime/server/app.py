@@ -91,9 +91,10 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
-    # drop "body" and the union-branch tags pydantic puts in locations ("list[Model]", "Model")
+    # drop "body" and the union-branch tags pydantic puts in locations ("list[Model]",
+    # "Model", "constrained-str")
     loc = [str(x) for x in first.get("loc", ()) if x != "body"
-           and not (isinstance(x, str) and (x[:1].isupper() or "[" in x))]
+           and not (isinstance(x, str) and (x[:1].isupper() or "[" in x or "-" in x))]
     field = ".".join(loc) or None
     kind = first.get("type", "")
     if kind == "extra_forbidden":

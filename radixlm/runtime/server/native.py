@@ -25,6 +25,7 @@ from radixlm.runtime.server.generation import (
 from radixlm.runtime.server.protocol import GenerateRequest
 from radixlm.runtime.server.state import ApiError, ServerState, get_state
 from radixlm.runtime.server.streaming import SSEResponse
+from radixlm.runtime.server.validation import check_text
 
 router = APIRouter()
 
@@ -245,12 +246,14 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     """Token ids of a prompt (a list for a list of prompts), as the engine tokenizes them."""
     state = get_state(request)
     enc = state.engine.tokenizer.encode
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    for p in prompts:  # tokenizing text longer than this is work for nothing
+        check_text(p, "prompt", state.max_prompt_bytes)
+    tokens: Any = await state.prep.run(
+        lambda: [enc(p, add_special_tokens=body.add_special_tokens) for p in prompts])
+    count: Any = [len(t) for t in tokens]
     if isinstance(body.prompt, str):
-        tokens: Any = enc(body.prompt, add_special_tokens=body.add_special_tokens)
-        count: Any = len(tokens)
-    else:
-        tokens = [enc(p, add_special_tokens=body.add_special_tokens) for p in body.prompt]
-        count = [len(t) for t in tokens]
+        tokens, count = tokens[0], count[0]
     return {"tokens": tokens, "count": count, "max_model_len": state.context_len}
 
 
