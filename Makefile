@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test lint bench stress clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,12 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/bench_offline.py
+
+# The standing stress suite against a real server on 127.0.0.1 (~10-20 min on 2 cores);
+# STRESS_ARGS=--quick for the bounded variant that `make test` also runs.
+STRESS_ARGS ?=
+stress: install
+	$(PY) benchmarks/stress.py --json stress.json $(STRESS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
