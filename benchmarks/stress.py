@@ -494,6 +494,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cases, args.clients, args.duration = min(args.cases, 120), 16, 8.0
         args.overload_duration, args.schema_time = 6.0, 60.0
         args.sigterm_streams, args.max_tokens = 4, 8
+        args.disconnect_rate = max(args.disconnect_rate, 0.3)  # some disconnect, surely
     return args
 
 

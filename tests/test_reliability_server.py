@@ -238,7 +238,7 @@ _SERVE_DYING = textwrap.dedent("""
     class Dying(FakeEngine):
         born = time.monotonic()
         def is_alive(self):
-            return time.monotonic() - self.born < 2.0
+            return time.monotonic() - self.born < 3.0
 
     sys.exit(serve({{}}, ServerSettings(port={port}), "critical",
                    engine_factory=lambda **kw: Dying()))
@@ -251,8 +251,18 @@ def test_server_exits_non_zero_when_the_engine_dies() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
                             text=True)
+    url = f"http://127.0.0.1:{port}"
     try:
+        def up() -> bool:
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                return False
+
+        wait_until(up, "the server to start", limit_s=60)  # alive for its first 3 s
         assert proc.wait(timeout=60) == 1
+        assert "the engine thread has died" in (proc.stderr.read() if proc.stderr else "")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
