@@ -18,8 +18,8 @@ ROOT = Path(__file__).parent.parent
 def test_stress_quick(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "stress.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "stress.py"), "--quick",
-           "--model", str(tiny_model_dir), "--cases", "80", "--duration", "6",
-           "--overload-duration", "4", "--request-timeout", "60", "--json", str(out),
+           "--model", str(tiny_model_dir), "--cases", "50", "--duration", "5",
+           "--overload-duration", "3", "--request-timeout", "60", "--json", str(out),
            "--server-log", str(tmp_path / "server.log")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -32,7 +32,7 @@ def test_stress_quick(tiny_model_dir, tmp_path) -> None:
         assert s["r429"] == s["r429_retry_after"], name
         assert s["transport_errors"] == 0 and s["inband_errors"] == 0, (name, s["samples"])
     assert report["bad_input_mismatches"] == []
-    assert phases["schemathesis"]["cases"] >= 40
+    assert phases["schemathesis"]["cases"] >= 30
     for name in ("streaming", "overload 2x"):
         assert phases[name]["other_errors"] == 0, phases[name]["samples"]
         assert phases[name]["completed"] > 0
