@@ -498,13 +498,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def progress(what: str, t0: float) -> None:
+    print(f"[stress] {what} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     report: dict[str, Any] = {"host": host_info(), "args": vars(args)}
     server = Server(args)
+    t_start = time.monotonic()
     try:
         server.wait_up(600)
+        progress("server up", t_start)
         httpx.post(server.url + "/generate", timeout=120, json={
             "text": "warm up", "sampling_params": {"max_new_tokens": 2}})
         report["rss_mb_before"] = rss_mb(server.pid)
@@ -514,9 +520,11 @@ def main(argv: list[str] | None = None) -> int:
             tally, wrong, worst = asyncio.run(bad_inputs(server.url, args.big_mb))
             phases["bad inputs"], report["bad_input_mismatches"] = tally, wrong
             report["health_worst_s_during_big_request"] = worst
+            progress("bad inputs done", t_start)
         if "schema" not in skip:
             phases["schemathesis"] = schema_cases(server.url, args.cases, 4, args.schema_time,
                                                   args.seed)
+            progress(f"schemathesis done: {phases['schemathesis'].summary()}", t_start)
         if "stream" not in skip:
             t0 = time.monotonic()
             phases["streaming"] = asyncio.run(closed_loop(
@@ -524,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed, timeout))
             elapsed = time.monotonic() - t0
             report["throughput_rps"] = phases["streaming"].completed / max(elapsed, 1e-9)
+            progress(f"streaming done: {phases['streaming'].summary()}", t_start)
         if "overload" not in skip:
             rate = 2 * max(report.get("throughput_rps", 2.0), 0.5)
             report["overload_rate_rps"] = rate

@@ -201,10 +201,17 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
     finally:
         for task in (gen, watch):
             task.cancel()
+            task.add_done_callback(_retrieve)
         for rid in pending:
             state.abort(rid)
         state.inflight.difference_update(c.rid for c in calls)
         release(calls)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark a cancelled helper's outcome as seen (no "exception never retrieved" noise)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _open_stream(engine: Any, call: GenCall) -> AsyncIterator[dict[str, Any]]:
