@@ -95,8 +95,8 @@ def cap_lengths(body: Any, cap: int, path: str) -> Any:
         value = d.get(key)
         if value is None:
             d[key] = cap
-        elif isinstance(value, int) and not isinstance(value, bool) and value > cap:
-            d[key] = cap
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+            d[key] = cap  # floats too: 1e14 is a valid integer to pydantic
 
     if not isinstance(body, dict):
         return body
