@@ -19,11 +19,23 @@ from radixlm.native.qweights import (
     quantize_q8,
 )
 
+# Every SIMD path this x86-64 host can execute: its own (-march=native), AVX2 with FMA
+# (the u8*s8 maddubs path of hosts without VNNI), and the plain C one.
+VARIANTS = {"native": None, "avx2": ["-mavx2", "-mfma"], "generic": ["-mno-avx"]}
 
-@pytest.fixture(scope="module")
-def lib():
-    lib = build.load()
-    assert lib is not None, "the native library must build on the test machine (gcc)"
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def lib(request, tmp_path_factory):
+    if request.param == "native":
+        lib = build.load()
+        assert lib is not None, "the native library must build on the test machine (gcc)"
+        return lib
+    flags = set(build.cpu_flags())
+    if request.param == "avx2" and not {"avx2", "fma"} <= flags:
+        pytest.skip("this host cannot execute AVX2")  # not an x86-64 AVX2 machine
+    lib = build.load_variant(VARIANTS[request.param], tmp_path_factory.mktemp("native"))
+    expected = {"avx2": "avx2", "generic": "generic"}[request.param]
+    assert lib.rlm_isa().decode() == expected
     return lib
 
 
@@ -32,8 +44,8 @@ def _rand_weight(fmt: int, n: int, k: int, seed: int):
     return quantize_q4(w) if fmt == FMT_Q4 else quantize_q8(w)
 
 
-def test_library_reports_the_host_isa(lib):
-    isa = lib.rlm_isa().decode()
+def test_library_reports_the_host_isa():
+    isa = build.load().rlm_isa().decode()
     flags = build.cpu_flags()
     expected = ("avx512-vnni" if {"avx512_vnni", "avx512vl"} <= set(flags)
                 else "avx-vnni" if "avx_vnni" in flags
@@ -54,7 +66,7 @@ def test_activation_quantization_matches_twin(lib):
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
 @pytest.mark.parametrize("act_f32", [True, False])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
-@pytest.mark.parametrize("t", [1, 3, 4, 9])
+@pytest.mark.parametrize("t", [1, 9])
 def test_quantized_matmul_matches_twin(lib, fmt, act_f32, n, k, t):
     w = _rand_weight(fmt, n, k, seed=n + k + t)
     x = torch.randn(t, k)

@@ -47,13 +47,15 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(cc: str, target: Path) -> None:
+def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
+    """Compile to ``target`` (atomically). ``arch``: target flags; default ``-march=native``
+    on x86-64 (tests also build AVX2-only and generic variants to check every path)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    base = [cc, "-O3", "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        base.insert(2, "-march=native")
+    if arch is None:
+        arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
+    base = [cc, "-O3", *arch, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
     try:
         # OpenMP first (libgomp resolves to the copy torch already loaded); serial otherwise
         for extra in (["-fopenmp"], []):
@@ -66,6 +68,20 @@ def _build(cc: str, target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_variant(arch: list[str], directory: Path) -> ctypes.CDLL:
+    """A build for explicit target flags (e.g. ``["-mavx2", "-mfma"]``), for tests that
+    run the AVX2 or generic code paths on a host that would pick another."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    tag = hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8]
+    target = Path(directory) / f"cpu_ops-{tag}.so"
+    _build(cc, target, arch)
+    lib = ctypes.CDLL(str(target))
+    _declare(lib)
+    return lib
 
 
 @functools.lru_cache(maxsize=1)
