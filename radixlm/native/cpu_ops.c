@@ -613,75 +613,148 @@ static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth)
     qgemv_rows(m, lo, hi, T, a, y, m->n);
 }
 
-/* res [T, hidden] is the residual stream: res += attn(norm(res)); res += mlp(norm(res)).
- * k_cache / v_cache: this layer's [capacity, n_kv_heads, head_dim] pool buffers; the
- * step's K/V are stored at out_loc before any token attends. */
-void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
+#ifdef RLM_PROFILE
+/* Seconds per stage, summed over calls (thread 0's view; a profiling build only). */
+static double rlm_prof[16], rlm_t0;
+#define PROF(i)                                                    \
+    if (tid == 0) {                                                \
+        double now_ = omp_get_wtime();                             \
+        rlm_prof[i] += now_ - rlm_t0;                              \
+        rlm_t0 = now_;                                             \
+    }
+#define PROF_START() if (tid == 0) rlm_t0 = omp_get_wtime();
+#else
+#define PROF(i)
+#define PROF_START()
+#endif
+
+/* Stages: 0 norm, 1 qkv, 2 rope + K/V store, 3 attention, 4 o, 5 residual + norm,
+ * 6 gate/up, 7 SiLU, 8 down + residual, 9 head. Returns 1 in a profiling build. */
+int32_t rlm_profile(double *out, int32_t reset) {
+#ifdef RLM_PROFILE
+    for (int i = 0; i < 16; i++) {
+        if (out) out[i] = rlm_prof[i];
+        if (reset) rlm_prof[i] = 0;
+    }
+    return 1;
+#else
+    (void)out;
+    (void)reset;
+    return 0;
+#endif
+}
+
+/* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
+ * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
+ * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
+ * out_loc before any token attends. */
+static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res,
+                       const Work *wp, int tid, int nth) {
     const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
     const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
+    Work w = *wp;
+    int lo, hi;
+    row_range(T, tid, nth, &lo, &hi);
+    PROF_START()
+    for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
+                                              w.x + (int64_t)t * H);
+    Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(0)
+    gemv(&L->qkv, T, &a, w.qkv, tid, nth);
+#pragma omp barrier
+    PROF(1)
+    for (int t = lo; t < hi; t++) {
+        float *r = w.qkv + (int64_t)t * qkvn;
+        if (L->qkv_bias)
+            for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
+        const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
+        int64_t off = S->out_loc[t] * kv;
+        store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
+        store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
+    }
+#pragma omp barrier
+    PROF(2)
+    float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
+        int t = (int)(th / Hq), h = (int)(th % Hq);
+        const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+        attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
+                    D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
+                    w.attn + (int64_t)t * q + h * D);
+    }
+    a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(3)
+    gemv(&L->o, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    PROF(4)
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+        rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
+    }
+    a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(5)
+    gemv(&L->gate_up, T, &a, w.gu, tid, nth);
+#pragma omp barrier
+    PROF(6)
+    for (int t = lo; t < hi; t++) {
+        const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
+        float *ac = w.act + (int64_t)t * I;
+        for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(7)
+    gemv(&L->down, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+    }
+    PROF(8)
+}
+
+static inline void team(int *tid, int *nth) {
+#ifdef _OPENMP
+    *tid = omp_get_thread_num();
+    *nth = omp_get_num_threads();
+#else
+    *tid = 0;
+    *nth = 1;
+#endif
+}
+
+void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
     Work w;
-    work_layout(L, T, S->max_ctx, S->nthreads, S->ws, &w);
+    work_layout(L, S->T, S->max_ctx, S->nthreads, S->ws, &w);
 #pragma omp parallel num_threads(S->nthreads)
     {
-        int tid = 0, nth = 1, lo, hi;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nth = omp_get_num_threads();
-#endif
-        row_range(T, tid, nth, &lo, &hi);
-        for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
-                                                  w.x + (int64_t)t * H);
-        Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+        int tid, nth;
+        team(&tid, &nth);
+        layer_body(L, S, k_cache, v_cache, res, &w, tid, nth);
+    }
+}
+
+/* Every layer of the step in one parallel region (layers[i] with k_caches[i] /
+ * v_caches[i]); same result as rlm_layer called layer by layer. */
+void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
+                void *const *v_caches, const Step *S, float *res) {
+    Work w;
+    work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
+#pragma omp parallel num_threads(S->nthreads)
+    {
+        int tid, nth;
+        team(&tid, &nth);
+        for (int i = 0; i < n_layers; i++) {
+            layer_body(&layers[i], S, k_caches[i], v_caches[i], res, &w, tid, nth);
 #pragma omp barrier
-        gemv(&L->qkv, T, &a, w.qkv, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = w.qkv + (int64_t)t * qkvn;
-            if (L->qkv_bias)
-                for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
-            const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
-            for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
-            int64_t off = S->out_loc[t] * kv;
-            store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
-            store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
-        }
-#pragma omp barrier
-        float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
-            int t = (int)(th / Hq), h = (int)(th % Hq);
-            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-            attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
-                        D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
-                        w.attn + (int64_t)t * q + h * D);
-        }
-        a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->o, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = res + (int64_t)t * H;
-            const float *o = w.tmp + (int64_t)t * H;
-            for (int i = 0; i < H; i++) r[i] += o[i];
-            rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
-        }
-        a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->gate_up, T, &a, w.gu, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
-            float *a = w.act + (int64_t)t * I;
-            for (int i = 0; i < I; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        }
-        a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->down, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = res + (int64_t)t * H;
-            const float *o = w.tmp + (int64_t)t * H;
-            for (int i = 0; i < H; i++) r[i] += o[i];
         }
     }
 }
@@ -699,19 +772,19 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
 #pragma omp parallel num_threads(nthreads)
     {
-        int tid = 0, nth = 1, lo, hi;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nth = omp_get_num_threads();
-#endif
+        int tid, nth, lo, hi;
+        team(&tid, &nth);
         row_range(T, tid, nth, &lo, &hi);
         for (int t = lo; t < hi; t++) {
             if (norm) rmsnorm_row(x + (int64_t)t * k, norm, eps, k, w.x + (int64_t)t * k);
             else memcpy(w.x + (int64_t)t * k, x + (int64_t)t * k, (size_t)k * 4);
         }
+        PROF_START()
         Act a = prep_rows(w.x, T, k, &w, act_f32, tid, nth);
 #pragma omp barrier
         gemv(head, T, &a, logits, tid, nth);
+#pragma omp barrier
+        PROF(9)
     }
 }
 
