@@ -366,6 +366,53 @@ static inline void dot4_f32(const float *wf, const float *x, int64_t ldx, int k,
 #endif
 }
 
+/* RT dequantized rows (row stride ldw) x 4 tokens (row stride ldx): out[r * 4 + i]. Rows of
+ * weights and tokens both reused from registers: FMA-bound instead of load-bound. */
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+#define RT 4
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    __m512 acc[RT][4];
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int j = 0; j < k; j += 16) {
+        __m512 xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + j);
+        for (int r = 0; r < RT; r++) {
+            __m512 wv = _mm512_load_ps(wf + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]);
+}
+#elif defined(RLM_AVX2)
+#define RT 2
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    __m256 acc[RT][4];
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int j = 0; j < k; j += 8) {
+        __m256 xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + j);
+        for (int r = 0; r < RT; r++) {
+            __m256 wv = _mm256_load_ps(wf + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = hsum256(acc[r][i]);
+}
+#else
+#define RT 1
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    (void)ldw;
+    dot4_f32(wf, x, ldx, k, out);
+}
+#endif
+
 /* A prepared activation matrix [T, k]: fp32 rows (+ per-block sums), or int8 blocks. */
 typedef struct {
     int f32;
@@ -402,11 +449,15 @@ static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, i
 }
 #endif
 
+static inline const float *wm_of(const QMat *w, int n, int nb) {
+    return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+}
+
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
-    float wf[k] __attribute__((aligned(64)));
+    float wf[RT * k] __attribute__((aligned(64)));
     int n = n0;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     if (w->fmt == FMT_Q4 && T < 4) {
@@ -420,24 +471,30 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
             }
     }
 #endif
-    for (; n < n1; n++) {
+    if (T >= 4) { /* RT rows dequantized at once, then 4 tokens at a time */
+        for (; n + RT <= n1; n += RT) {
+            for (int r = 0; r < RT; r++)
+                dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                            wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
+            int t = 0;
+            for (; t + 4 <= T; t += 4) {
+                float out[RT * 4];
+                dot_rt4_f32(wf, k, a->xf + (int64_t)t * k, k, k, out);
+                for (int r = 0; r < RT; r++)
+                    for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
+            }
+            for (; t < T; t++)
+                for (int r = 0; r < RT; r++)
+                    y[(int64_t)t * ldy + n + r] = qdot_f32(
+                        w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                        wm_of(w, n + r, nb), a->xf + (int64_t)t * k, a->xs + (int64_t)t * nb, nb);
+        }
+    }
+    for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
         const float *wd = w->d + (int64_t)n * nb;
-        const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const float *wm = wm_of(w, n, nb);
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
-        if (T < 4) {
-            for (int t = 0; t < T; t++)
-                y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
-                                                   a->xs + (int64_t)t * nb, nb);
-            continue;
-        }
-        dequant_row(w, wq, wd, wm, nb, wf);
-        int t = 0;
-        for (; t + 4 <= T; t += 4) {
-            float out[4];
-            dot4_f32(wf, a->xf + (int64_t)t * k, k, k, out);
-            for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n] = out[i];
-        }
-        for (; t < T; t++)
+        for (int t = 0; t < T; t++)
             y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
                                                a->xs + (int64_t)t * nb, nb);
     }
