@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -36,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from radixlm.hostinfo import host_info, host_line
+
 HERE = Path(__file__).parent
 CAP_KEYS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
 WORDS = ("alpha beta gamma delta radix cache token batch prefix stream queue engine model "
@@ -43,24 +44,6 @@ WORDS = ("alpha beta gamma delta radix cache token batch prefix stream queue eng
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def host_info() -> dict[str, Any]:
-    """CPU model, core count and the ISA flags that matter for CPU inference."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("unknown", ""):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [f for f in ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16",
-                       "avx512_vnni", "amx_bf16", "amx_int8") if f in flags]
-    return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "python": platform.python_version()}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -559,8 +542,7 @@ def _fmt(v: Any) -> str:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    h = report["host"]
-    print(f"host: {h['cpu']} ({h['cores']} cores) isa: {' '.join(h['isa'])}")
+    print(host_line(report["host"]))
     cols = ("cases", "s5xx", "r429", "r429_retry_after", "other_errors", "inband_errors",
             "transport_errors", "disconnects", "completed", "ttft_p50_s", "ttft_p99_s",
             "e2e_p50_s", "e2e_p99_s")
