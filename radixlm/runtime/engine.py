@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
@@ -20,7 +21,7 @@ from radixlm.runtime.outputs import AsyncSink, QueueSink
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
-from radixlm.runtime.weights import DEFAULT_MODEL, load_hf_config, load_tokenizer, resolve_model
+from radixlm.runtime.weights import load_hf_config, load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +40,19 @@ class _Prepared:
 
 
 class Engine:
-    def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        """`model`: an alias, HF directory or .gguf file (default: the embedded model).
+        Keyword arguments are EngineConfig fields, or SGLang's server-argument names
+        (`model_path=`, `mem_fraction_static=`, ...; see runtime/server_args.py)."""
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         envs.configure_malloc()  # process-wide, so only where a model will run
         logging.basicConfig(level=self.config.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.model_name = model
-        self.model_path = resolve_model(model)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.model_name = self.config.served_model_name or self.config.model
+        self.model_path = resolve_model(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.tokenizer_path or self.model_path)
+        if self.config.chat_template is not None:
+            self.tokenizer.chat_template = load_chat_template(self.config.chat_template)
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
