@@ -1,10 +1,10 @@
 """Batched sampling: one call per step, per-row parameters that never leak across rows.
 
 Order of operations on the fp32 logits ``[B, V]``: penalties (repetition, frequency,
-presence) -> logit bias -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) -> grammar bitmask ->
-logprobs (of this processed, masked distribution, before temperature) -> greedy argmax, or
-temperature, top-k, top-p, min-p and a draw from the request's own seeded generator (so a
-seed gives the same text whatever else is in the batch).
+presence) -> logit bias -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) ->
+grammar bitmask -> logprobs (of this processed, masked distribution, before temperature)
+-> greedy argmax, or temperature, top-k, top-p, min-p and a draw from the request's own
+seeded generator (so a seed gives the same text whatever else is in the batch).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Differences from api.openai.com: any `model` name is accepted (one model is served);
 extras `regex`, `choices`, `json_schema`, `top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`, `no_stop_trim`, `rid`,
-`priority` may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger than the
-room left in the context is clamped to it; a prompt that fills the context is a 400.
+`priority` may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger
+than the room left in the context is clamped to it; a prompt that fills the context is a 400.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Request bodies of the HTTP API as pydantic models.
 
 Native (`/generate`) follows SGLang's `GenerateReqInput`: fields we cannot honour (images,
-LoRA, ...) are rejected when set, and so are fields SGLang does not have. OpenAI bodies follow the OpenAI API: unknown fields are an error, as on
-api.openai.com, except the documented extras (`regex`, `choices`, `json_schema`, `top_k`, ...).
+LoRA, ...) are rejected when set, and so are fields SGLang does not have. OpenAI bodies
+follow the OpenAI API: unknown fields are an error, as on api.openai.com, except the
+documented extras (`regex`, `choices`, `json_schema`, `top_k`, ...).
 Responses are built as plain dicts in `native.py` / `openai_api.py`.
 """
 
