@@ -28,6 +28,7 @@ RENAMED = {
     "tp": "tp_size",
     "dp": "dp_size",
     "priority_scheduling_preemption_threshold": "priority_preemption_threshold",
+    "schedule_low_priority_values_first": "low_priority_values_first",
 }
 
 # SGLang flags with no meaning in radixlm: name -> takes a value (False: a bare switch).
