@@ -71,8 +71,9 @@ def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
 
 
 def load_variant(arch: list[str], directory: Path) -> ctypes.CDLL:
-    """A build for explicit target flags (e.g. ``["-mavx2", "-mfma"]``), for tests that
-    run the AVX2 or generic code paths on a host that would pick another."""
+    """A build for explicit flags (e.g. ``["-mavx2", "-mfma"]``, or ``["-march=native",
+    "-DRLM_PROFILE"]`` for stage timers), for tests that run the AVX2 or generic code paths
+    on a host that would pick another, and for the step-profile benchmark."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler")
@@ -147,6 +148,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_matmul_workspace_floats.restype = i64
     lib.rlm_layer.argtypes = [ctypes.POINTER(Layer), ctypes.POINTER(Step), p, p, p]
     lib.rlm_layer.restype = None
+    lib.rlm_layers.argtypes = [ctypes.POINTER(Layer), i32, p, p, ctypes.POINTER(Step), p]
+    lib.rlm_layers.restype = None
+    lib.rlm_profile.argtypes = [p, i32]
+    lib.rlm_profile.restype = i32
     lib.rlm_norm_head.argtypes = [ctypes.POINTER(QMat), p, f32, i32, p, p, p, i32, i32]
     lib.rlm_norm_head.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]

@@ -206,7 +206,28 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     float msum = 0.f;
-    for (int b = 0; b < nb; b++) {
+    int b = 0;
+    if (w->fmt == FMT_Q4) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (; b + 2 <= nb; b += 2) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
+            __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);
+            __m512 l0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v0, mask)));
+            __m512 h0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v0, 4), mask)));
+            __m512 l1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v1, mask)));
+            __m512 h1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v1, 4), mask)));
+            __m512 t0 = _mm512_mul_ps(l0, _mm512_loadu_ps(x + b * 32));
+            __m512 t1 = _mm512_mul_ps(l1, _mm512_loadu_ps(x + b * 32 + 32));
+            t0 = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x + b * 32 + 16), t0);
+            t1 = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + b * 32 + 48), t1);
+            acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(wd[b]), acc0);
+            acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(wd[b + 1]), acc1);
+        }
+        for (int i = 0; i < nb; i++) msum += wm[i] * xs[i];
+    }
+    for (; b < nb; b++) { /* Q8 rows, and an odd last Q4 block (its m term is in msum) */
         __m512 lo, hi;
         if (w->fmt == FMT_Q4) {
             __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
@@ -214,7 +235,6 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
             lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
             hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-            msum += wm[b] * xs[b];
         } else {
             lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(wq + b * 32))));
@@ -354,12 +374,53 @@ typedef struct {
     const int8_t *xa;
 } Act;
 
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+/* Four Q4 rows at once against one fp32 activation row: x loads shared by the rows and
+ * one horizontal reduction for the four (rows of ~576 columns are short: per-row
+ * reductions were a third of the time). out[r] = row n0 + r. */
+static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, int64_t rb,
+                          int nb, const float *x, const float *xs, float *out) {
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        for (int r = 0; r < 4; r++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+            __m512 t = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[r * rb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float m = 0.f;
+        for (int b = 0; b < nb; b++) m += wm[r * rb + b] * xs[b];
+        out[r] = _mm512_reduce_add_ps(acc[r]) + m;
+    }
+}
+#endif
+
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
     float wf[k] __attribute__((aligned(64)));
-    for (int n = n0; n < n1; n++) {
+    int n = n0;
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+    if (w->fmt == FMT_Q4 && T < 4) {
+        for (; n + 4 <= n1; n += 4)
+            for (int t = 0; t < T; t++) {
+                float out[4];
+                qdot_f32_q4x4(w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
+                              w->m + (int64_t)n * nb, nb, nb, a->xf + (int64_t)t * k,
+                              a->xs + (int64_t)t * nb, out);
+                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[r];
+            }
+    }
+#endif
+    for (; n < n1; n++) {
         const float *wd = w->d + (int64_t)n * nb;
         const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
@@ -613,75 +674,148 @@ static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth)
     qgemv_rows(m, lo, hi, T, a, y, m->n);
 }
 
-/* res [T, hidden] is the residual stream: res += attn(norm(res)); res += mlp(norm(res)).
- * k_cache / v_cache: this layer's [capacity, n_kv_heads, head_dim] pool buffers; the
- * step's K/V are stored at out_loc before any token attends. */
-void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
+#ifdef RLM_PROFILE
+/* Seconds per stage, summed over calls (thread 0's view; a profiling build only). */
+static double rlm_prof[16], rlm_t0;
+#define PROF(i)                                                    \
+    if (tid == 0) {                                                \
+        double now_ = omp_get_wtime();                             \
+        rlm_prof[i] += now_ - rlm_t0;                              \
+        rlm_t0 = now_;                                             \
+    }
+#define PROF_START() if (tid == 0) rlm_t0 = omp_get_wtime();
+#else
+#define PROF(i)
+#define PROF_START()
+#endif
+
+/* Stages: 0 norm, 1 qkv, 2 rope + K/V store, 3 attention, 4 o, 5 residual + norm,
+ * 6 gate/up, 7 SiLU, 8 down + residual, 9 head. Returns 1 in a profiling build. */
+int32_t rlm_profile(double *out, int32_t reset) {
+#ifdef RLM_PROFILE
+    for (int i = 0; i < 16; i++) {
+        if (out) out[i] = rlm_prof[i];
+        if (reset) rlm_prof[i] = 0;
+    }
+    return 1;
+#else
+    (void)out;
+    (void)reset;
+    return 0;
+#endif
+}
+
+/* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
+ * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
+ * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
+ * out_loc before any token attends. */
+static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res,
+                       const Work *wp, int tid, int nth) {
     const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
     const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
+    Work w = *wp;
+    int lo, hi;
+    row_range(T, tid, nth, &lo, &hi);
+    PROF_START()
+    for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
+                                              w.x + (int64_t)t * H);
+    Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(0)
+    gemv(&L->qkv, T, &a, w.qkv, tid, nth);
+#pragma omp barrier
+    PROF(1)
+    for (int t = lo; t < hi; t++) {
+        float *r = w.qkv + (int64_t)t * qkvn;
+        if (L->qkv_bias)
+            for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
+        const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
+        int64_t off = S->out_loc[t] * kv;
+        store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
+        store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
+    }
+#pragma omp barrier
+    PROF(2)
+    float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
+        int t = (int)(th / Hq), h = (int)(th % Hq);
+        const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+        attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
+                    D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
+                    w.attn + (int64_t)t * q + h * D);
+    }
+    a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(3)
+    gemv(&L->o, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    PROF(4)
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+        rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
+    }
+    a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(5)
+    gemv(&L->gate_up, T, &a, w.gu, tid, nth);
+#pragma omp barrier
+    PROF(6)
+    for (int t = lo; t < hi; t++) {
+        const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
+        float *ac = w.act + (int64_t)t * I;
+        for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(7)
+    gemv(&L->down, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+    }
+    PROF(8)
+}
+
+static inline void team(int *tid, int *nth) {
+#ifdef _OPENMP
+    *tid = omp_get_thread_num();
+    *nth = omp_get_num_threads();
+#else
+    *tid = 0;
+    *nth = 1;
+#endif
+}
+
+void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
     Work w;
-    work_layout(L, T, S->max_ctx, S->nthreads, S->ws, &w);
+    work_layout(L, S->T, S->max_ctx, S->nthreads, S->ws, &w);
 #pragma omp parallel num_threads(S->nthreads)
     {
-        int tid = 0, nth = 1, lo, hi;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nth = omp_get_num_threads();
-#endif
-        row_range(T, tid, nth, &lo, &hi);
-        for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
-                                                  w.x + (int64_t)t * H);
-        Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+        int tid, nth;
+        team(&tid, &nth);
+        layer_body(L, S, k_cache, v_cache, res, &w, tid, nth);
+    }
+}
+
+/* Every layer of the step in one parallel region (layers[i] with k_caches[i] /
+ * v_caches[i]); same result as rlm_layer called layer by layer. */
+void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
+                void *const *v_caches, const Step *S, float *res) {
+    Work w;
+    work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
+#pragma omp parallel num_threads(S->nthreads)
+    {
+        int tid, nth;
+        team(&tid, &nth);
+        for (int i = 0; i < n_layers; i++) {
+            layer_body(&layers[i], S, k_caches[i], v_caches[i], res, &w, tid, nth);
 #pragma omp barrier
-        gemv(&L->qkv, T, &a, w.qkv, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = w.qkv + (int64_t)t * qkvn;
-            if (L->qkv_bias)
-                for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
-            const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
-            for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
-            int64_t off = S->out_loc[t] * kv;
-            store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
-            store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
-        }
-#pragma omp barrier
-        float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
-            int t = (int)(th / Hq), h = (int)(th % Hq);
-            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-            attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
-                        D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
-                        w.attn + (int64_t)t * q + h * D);
-        }
-        a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->o, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = res + (int64_t)t * H;
-            const float *o = w.tmp + (int64_t)t * H;
-            for (int i = 0; i < H; i++) r[i] += o[i];
-            rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
-        }
-        a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->gate_up, T, &a, w.gu, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
-            float *a = w.act + (int64_t)t * I;
-            for (int i = 0; i < I; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        }
-        a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
-#pragma omp barrier
-        gemv(&L->down, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
-        for (int t = lo; t < hi; t++) {
-            float *r = res + (int64_t)t * H;
-            const float *o = w.tmp + (int64_t)t * H;
-            for (int i = 0; i < H; i++) r[i] += o[i];
         }
     }
 }
@@ -699,19 +833,19 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
 #pragma omp parallel num_threads(nthreads)
     {
-        int tid = 0, nth = 1, lo, hi;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nth = omp_get_num_threads();
-#endif
+        int tid, nth, lo, hi;
+        team(&tid, &nth);
         row_range(T, tid, nth, &lo, &hi);
         for (int t = lo; t < hi; t++) {
             if (norm) rmsnorm_row(x + (int64_t)t * k, norm, eps, k, w.x + (int64_t)t * k);
             else memcpy(w.x + (int64_t)t * k, x + (int64_t)t * k, (size_t)k * 4);
         }
+        PROF_START()
         Act a = prep_rows(w.x, T, k, &w, act_f32, tid, nth);
 #pragma omp barrier
         gemv(head, T, &a, logits, tid, nth);
+#pragma omp barrier
+        PROF(9)
     }
 }
 

@@ -56,6 +56,10 @@ class NativeDecoder:
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         self.layers = [self._layer(i, blocks) for i in range(cfg.num_layers)]
+        n = cfg.num_layers
+        self._layer_array = (Layer * n)(*self.layers)
+        self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
+        self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         head = blocks.get("lm_head.weight")
         if head is None and model.lm_head is model.embed:
             head = blocks.get("model.embed_tokens.weight")
@@ -130,9 +134,8 @@ class NativeDecoder:
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
                     ws.data_ptr())
-        step_ref, res_ptr = ctypes.byref(step), res.data_ptr()
-        for layer, kc, vc in zip(self.layers, pool.k_buffer, pool.v_buffer):
-            lib.rlm_layer(ctypes.byref(layer), step_ref, kc.data_ptr(), vc.data_ptr(), res_ptr)
+        lib.rlm_layers(self._layer_array, len(self.layers), self._k_ptrs, self._v_ptrs,
+                       ctypes.byref(step), res.data_ptr())
         x = res[batch.logits_indices].contiguous()
         n = x.shape[0]
         logits = torch.empty(n, self.head.n, dtype=torch.float32)
