@@ -89,9 +89,11 @@ class ModelRunner:
         capacity = self._pool_capacity(config, cfg)
         self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
-        name = resolve_backend_name(config.attention_backend, self.device)
+        layers = cfg.attn_options()
+        name = resolve_backend_name(config.attention_backend, self.device,
+                                    plain=all(o.plain for o in layers))
         self.attention_backend_name = name
-        options = {}
+        options = {"layers": layers}
         if name == "torch" and config.kv_mirror_mb is not None:
             options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
         self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
