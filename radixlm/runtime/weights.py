@@ -202,3 +202,13 @@ def load_hf_config(model_dir: Path):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir))
+
+
+def generation_eos_ids(model_dir: Path):
+    """``eos_token_id`` of the directory's ``generation_config.json`` (an int, a list, or
+    None): where instruct models list their end-of-turn tokens (Llama 3's ``<|eot_id|>``,
+    Phi-3's ``<|end|>``, Gemma's ``<end_of_turn>``) beside the tokenizer's EOS."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("eos_token_id")
