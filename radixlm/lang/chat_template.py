@@ -103,6 +103,12 @@ class ChatTemplate:
             return ""
         if two.startswith(one):
             return ""
+        # Text alone cannot tell "<|end|>\n<|" + "endoftext|>" from "<|end|>\n" +
+        # "<|endoftext|>": a special token (EOS) that fits is the trailer.
+        fits = [t for t in self.special_tokens.values()
+                if one.endswith(t) and two.endswith(t) and two.startswith(one[:-len(t)])]
+        if fits:
+            return max(fits, key=len)
         for k in range(1, len(one) + 1):
             if two.startswith(one[:-k]) and two.endswith(one[-k:]):
                 return one[-k:]
