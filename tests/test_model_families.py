@@ -166,6 +166,22 @@ def test_logprobs_and_greedy_match_transformers(family):
     engine.check_integrity()
 
 
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_gather_path_and_chunked_prefill(name, tmp_path, tokenizer):
+    """Without the K/V mirror (decode gathers through req_to_token) and with prefill chunks
+    of 7 (extends over a cached prefix), windows and soft-caps still match."""
+    from radixlm.runtime.engine import Engine
+
+    hf = _build(name, tokenizer, tmp_path)
+    prompts = _prompts(hf.config.vocab_size, seed=1)
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=2048, kv_mirror_mb=0,
+                chunked_prefill_size=7, log_level="warning") as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=PARAMS)
+        for prompt, out in zip(prompts, outs):
+            assert out["output_ids"] == _reference(hf, prompt)[0]
+        engine.check_integrity()
+
+
 def test_config_switches_are_read_from_the_hf_config(tokenizer):
     cfgs = {name: ModelConfig.from_hf(c) for name, c in _configs(len(tokenizer)).items()}
     assert cfgs["llama3"].is_plain_llama and cfgs["qwen2.5"].is_plain_llama
