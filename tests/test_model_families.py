@@ -25,6 +25,7 @@ SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
 def _configs(vocab: int) -> dict:
     from transformers import (
         Gemma2Config,
+        Gemma3Config,
         Gemma3TextConfig,
         LlamaConfig,
         Phi3Config,
@@ -52,6 +53,14 @@ def _configs(vocab: int) -> dict:
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 2.0,
                                    "rope_theta": 1e6}}),
+        # Gemma 3 4B and up: a multimodal checkpoint, served as its text model
+        "gemma3-mm": Gemma3Config(
+            text_config={**common, "head_dim": 16, "query_pre_attn_scalar": 24,
+                         "sliding_window": 8, "layer_types": [
+                             "sliding_attention", "full_attention"]},
+            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+            mm_tokens_per_image=4, eos_token_id=[2, 106]),
         "phi3": Phi3Config(**common, tie_word_embeddings=False, sliding_window=12,
                            original_max_position_embeddings=32, rope_parameters={
                                "rope_type": "longrope", "rope_theta": 10000.0,
@@ -61,7 +70,7 @@ def _configs(vocab: int) -> dict:
     }
 
 
-FAMILIES = ["llama3", "qwen2.5", "qwen3", "gemma2", "gemma3", "phi3"]
+FAMILIES = ["llama3", "qwen2.5", "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3"]
 
 
 def _build(family: str, tokenizer, out):
@@ -153,7 +162,9 @@ def _check(out: dict, prompt: list[int], ref, prompt_logprobs: bool = True) -> N
 
 def test_logprobs_and_greedy_match_transformers(family):
     name, hf, engine = family
-    prompts = _prompts(hf.config.vocab_size)
+    if name == "gemma3-mm":  # the outer config's end-of-turn id reaches the engine
+        assert 106 in engine.eos_ids
+    prompts = _prompts(hf.config.get_text_config().vocab_size)
     outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
                            logprob_start_len=0)
     for prompt, out in zip(prompts, outs):
@@ -173,7 +184,7 @@ def test_gather_path_and_chunked_prefill(name, tmp_path, tokenizer):
     from radixlm.runtime.engine import Engine
 
     hf = _build(name, tokenizer, tmp_path)
-    prompts = _prompts(hf.config.vocab_size, seed=1)
+    prompts = _prompts(hf.config.get_text_config().vocab_size, seed=1)
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=2048, kv_mirror_mb=0,
                 chunked_prefill_size=7, log_level="warning") as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=PARAMS)
@@ -183,7 +194,8 @@ def test_gather_path_and_chunked_prefill(name, tmp_path, tokenizer):
 
 
 def test_config_switches_are_read_from_the_hf_config(tokenizer):
-    cfgs = {name: ModelConfig.from_hf(c) for name, c in _configs(len(tokenizer)).items()}
+    cfgs = {name: ModelConfig.from_hf(c.get_text_config())
+            for name, c in _configs(len(tokenizer)).items()}
     assert cfgs["llama3"].is_plain_llama and cfgs["qwen2.5"].is_plain_llama
     assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].layer_types == (
         "full_attention", "sliding_attention")

@@ -143,8 +143,16 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     (out_dir / "radixlm_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
 
 
+# Multimodal checkpoints served as their text model (Gemma 3 4B and up): the text config,
+# and the text weights under the text model's names (both layouts transformers writes).
+TEXT_ONLY_MULTIMODAL = ("gemma3",)
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+
+
 def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of ``*.safetensors`` in ``model_dir`` (HF names)."""
+    """All tensors of ``*.safetensors`` in ``model_dir`` (HF names; a multimodal
+    checkpoint's text-model tensors only, renamed as the text model's)."""
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -153,6 +161,13 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
+    if load_hf_config(model_dir, text_only=False).model_type in TEXT_ONLY_MULTIMODAL:
+        text = {}
+        for name, tensor in state.items():
+            for old, new in _TEXT_PREFIXES:
+                if name.startswith(old):
+                    text[new + name[len(old):]] = tensor
+        state = text
     return state
 
 
@@ -198,10 +213,18 @@ def load_tokenizer(model: str | Path = DEFAULT_MODEL):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_hf_config(model_dir: Path):
+def load_hf_config(model_dir: Path, text_only: bool = True):
+    """The model's transformers config; with ``text_only``, a multimodal model's text config
+    (keeping the outer config's EOS ids, where its instruct models list end-of-turn)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model_dir))
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    if text_only and cfg.model_type in TEXT_ONLY_MULTIMODAL:
+        text = cfg.text_config
+        if getattr(cfg, "eos_token_id", None) is not None:
+            text.eos_token_id = cfg.eos_token_id
+        return text
+    return cfg
 
 
 def generation_eos_ids(model_dir: Path):
