@@ -11,6 +11,7 @@ small so the prompts cross them.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,9 +76,12 @@ FAMILIES = ["llama3", "qwen2.5", "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3
 
 def _build(family: str, tokenizer, out):
     """Random-weight HF model of ``family`` saved (safetensors + tokenizer) in ``out``."""
+    return _build_from(_configs(len(tokenizer))[family], tokenizer, out)
+
+
+def _build_from(cfg, tokenizer, out):
     from transformers import AutoModelForCausalLM
 
-    cfg = _configs(len(tokenizer))[family]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     norm_base = 0.0 if cfg.model_type.startswith("gemma") else 1.0  # Gemma stores w - 1
@@ -88,7 +92,8 @@ def _build(family: str, tokenizer, out):
             else:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     return model
 
 
@@ -224,3 +229,102 @@ def test_triton_backend_refuses_softcap_and_window():
     with pytest.raises(ValueError, match="soft-capping or sliding window"):
         create_attention_backend("triton", pool, 4, 2, 16,
                                  layers=[AttnLayerOptions(0.25, softcap=5.0)])
+
+
+# ---- GGUF -------------------------------------------------------------------------------
+# The tiny models written as llama.cpp would (tensor names from gguf-py's own HF -> GGUF
+# map, Gemma norms stored as 1 + w, Phi-3's longrope factors as tensors), with SmolLM2's
+# GGUF tokenizer, then loaded through radixlm's GGUF conversion.
+GGUF_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3"}
+
+
+def _byte_tokens() -> list[str]:
+    """A byte-level BPE vocabulary (GPT-2's byte alphabet, two merges, ChatML markers)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    alphabet = bytes_to_unicode()
+    return [alphabet[b] for b in range(256)] + ["Ġt", "Ġa", "<|endoftext|>", "<|im_start|>",
+                                                "<|im_end|>"]
+
+
+def _write_gguf(hf, name: str, path) -> None:
+    import gguf
+
+    cfg = hf.config
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCH[name])
+    tensor_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    tokens = _byte_tokens()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
+    writer.add_token_merges(["Ġ t", "Ġ a"])
+    writer.add_bos_token_id(len(tokens) - 3)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_name(name)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    rope = cfg.rope_parameters
+    if name == "gemma3":
+        writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["full_attention"]["factor"])
+    else:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    if getattr(cfg, "sliding_window", None):
+        writer.add_sliding_window(cfg.sliding_window)
+    if name == "gemma3":
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    if name == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if name == "phi3":
+        rot = int(head_dim * rope["partial_rotary_factor"])
+        writer.add_rope_dimension_count(rot)
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight",
+                          np.array(rope["short_factor"], np.float32))
+    for hf_name, t in hf.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        data = t.float().numpy()
+        if name.startswith("gemma") and hf_name.endswith("norm.weight"):
+            data = data + 1.0
+        writer.add_tensor(tensor_map.get_name(hf_name, try_suffixes=(".weight", ".bias")),
+                          np.ascontiguousarray(data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch):
+    from radixlm.runtime.engine import Engine
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = _configs(len(_byte_tokens()))[name]
+    if name.startswith("gemma"):  # llama.cpp scales Gemma's queries by head_dim ** -0.5
+        cfg.query_pre_attn_scalar = cfg.head_dim
+    if name == "qwen3":  # llama.cpp has no sliding layers for Qwen3 (nor do its releases)
+        cfg.use_sliding_window, cfg.layer_types = False, ["full_attention"] * 2
+    hf = _build_from(cfg, None, tmp_path / "hf")
+    path = tmp_path / f"{name}.gguf"
+    _write_gguf(hf, name, path)
+    prompts = _prompts(hf.config.vocab_size, seed=2)
+    with Engine(str(path), dtype="float32", max_total_tokens=2048,
+                log_level="warning") as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
+                               logprob_start_len=0)
+        for prompt, out in zip(prompts, outs):
+            _check(out, prompt, _reference(hf, prompt))
