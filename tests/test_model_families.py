@@ -198,6 +198,16 @@ def test_gather_path_and_chunked_prefill(name, tmp_path, tokenizer):
         engine.check_integrity()
 
 
+def test_window_as_long_as_the_context_is_dropped(tmp_path, tokenizer):
+    from radixlm.runtime.engine import Engine
+
+    _build("phi3", tokenizer, tmp_path)  # window 12 on every layer
+    for context, windows in ((12, [None, None]), (13, [12, 12])):
+        with Engine(str(tmp_path), dtype="float32", max_total_tokens=64,
+                    context_length=context, log_level="warning") as engine:
+            assert [o.window for o in engine.runner.attn.layers] == windows
+
+
 def test_config_switches_are_read_from_the_hf_config(tokenizer):
     cfgs = {name: ModelConfig.from_hf(c.get_text_config())
             for name, c in _configs(len(tokenizer)).items()}

@@ -3,6 +3,7 @@ sampled tokens and logprobs out as Python values."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -89,7 +90,9 @@ class ModelRunner:
         capacity = self._pool_capacity(config, cfg)
         self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
-        layers = cfg.attn_options()
+        # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
+        layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
+                  else o for o in cfg.attn_options()]
         name = resolve_backend_name(config.attention_backend, self.device,
                                     plain=all(o.plain for o in layers))
         self.attention_backend_name = name
