@@ -37,6 +37,8 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The decoder's shape and family switches, read from a transformers config."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -118,8 +120,9 @@ class ModelConfig:
 
     @property
     def is_plain_llama(self) -> bool:
-        """No family switch in use (rotary type and qkv bias aside): the Llama layer as is."""
-        return (self.model_type in ("llama", "mistral", "qwen2") and self.norm_offset == 0.0
+        """No family switch in use (rotary type and qkv bias aside): the Llama layer as is,
+        whatever the family is called."""
+        return (self.norm_offset == 0.0
                 and not (self.qk_norm or self.sandwich_norm or self.layer_types)
                 and self.act == "silu" and self.embed_scale == 1.0
                 and self.rotary_dim in (None, self.head_dim)
