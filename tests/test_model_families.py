@@ -2,11 +2,12 @@
 
 A tiny random model per family (2 layers, hidden 64, random norms too) is built from the
 family's transformers config class and written as safetensors with SmolLM2's tokenizer.
-Through radixlm's Engine: prompt and decode logprobs against transformers (prompt: one
-forward; decode: ``generate``'s own logits, so longrope's switch to its long factors happens
-at the same step in both), greedy tokens equal to ``generate``'s, batched, and again for a
-follow-up that hits the radix cache. Windows (8), soft-caps and the longrope switch (32) are
-small so the prompts cross them.
+Through radixlm's Engine on its reference path (``weight_quant="none"``: dense weights;
+the native CPU decoder would quantize a safetensors model's weights): prompt and decode
+logprobs against transformers (prompt: one forward; decode: ``generate``'s own logits),
+greedy tokens equal to ``generate``'s, batched, and again for a follow-up that hits the
+radix cache. Windows (8), soft-caps and the longrope switch (32) are small so the prompts
+cross them.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def family(request, tmp_path_factory, tokenizer):
 
     out = tmp_path_factory.mktemp(request.param)
     hf = _build(request.param, tokenizer, out)
-    with Engine(str(out), dtype="float32", max_total_tokens=2048, log_level="warning") as engine:
+    with Engine(str(out), dtype="float32", weight_quant="none", max_total_tokens=2048,
+                log_level="warning") as engine:
         yield request.param, hf, engine
 
 
@@ -169,6 +171,8 @@ def test_logprobs_and_greedy_match_transformers(family):
     name, hf, engine = family
     if name == "gemma3-mm":  # the outer config's end-of-turn id reaches the engine
         assert 106 in engine.eos_ids
+    # the native CPU decoder takes plain Llama layers only
+    assert (engine.runner.model.native_unsupported() is None) == (name in ("llama3", "qwen2.5"))
     prompts = _prompts(hf.config.get_text_config().vocab_size)
     outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
                            logprob_start_len=0)
@@ -190,8 +194,8 @@ def test_gather_path_and_chunked_prefill(name, tmp_path, tokenizer):
 
     hf = _build(name, tokenizer, tmp_path)
     prompts = _prompts(hf.config.get_text_config().vocab_size, seed=1)
-    with Engine(str(tmp_path), dtype="float32", max_total_tokens=2048, kv_mirror_mb=0,
-                chunked_prefill_size=7, log_level="warning") as engine:
+    with Engine(str(tmp_path), dtype="float32", weight_quant="none", max_total_tokens=2048,
+                kv_mirror_mb=0, chunked_prefill_size=7, log_level="warning") as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=PARAMS)
         for prompt, out in zip(prompts, outs):
             assert out["output_ids"] == _reference(hf, prompt)[0]
@@ -332,7 +336,7 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch):
     path = tmp_path / f"{name}.gguf"
     _write_gguf(hf, name, path)
     prompts = _prompts(hf.config.vocab_size, seed=2)
-    with Engine(str(path), dtype="float32", max_total_tokens=2048,
+    with Engine(str(path), dtype="float32", weight_quant="none", max_total_tokens=2048,
                 log_level="warning") as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
                                logprob_start_len=0)

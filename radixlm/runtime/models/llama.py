@@ -261,6 +261,8 @@ class LlamaModel:
         types = sorted({layer.rope_key for layer in self.layers})
         self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
                       for t in types}
+        first = next(iter(self.ropes.values()))  # the one table of a plain model (native path)
+        self.inv_freq, self.rope_scaling = first.inv_freq, first.scaling
         # With weight-only decode linears, the head (a third of a batch-1 step) gets int8
         # channels too (its GGUF source is Q8_0, blocks of 32: ~1% logit error vs bf16).
         self.head = Linear(self.lm_head, None,
@@ -269,6 +271,15 @@ class LlamaModel:
     @property
     def vocab_size(self) -> int:
         return int(self.lm_head.shape[0])
+
+    def native_unsupported(self) -> str | None:
+        """Why the native CPU decoder (plain Llama layers, one rotary table) cannot run this
+        model; None when it can."""
+        if not self.cfg.is_plain_llama:
+            return f"{self.cfg.model_type} uses family switches beyond the Llama layer"
+        if len(self.ropes) > 1 or self.ropes[FULL].long_inv_freq is not None:
+            return "per-layer or longrope rotary tables"
+        return None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
