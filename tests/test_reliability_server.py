@@ -194,6 +194,7 @@ def test_openapi_states_the_bounds() -> None:
         MAX_N,
         MAX_STOP,
         MAX_TOP_LOGPROBS,
+        OPENAI_TEMPERATURE_RANGE,
         TEMPERATURE_RANGE,
     )
 
@@ -211,7 +212,7 @@ def test_openapi_states_the_bounds() -> None:
     gen = comps["GenerateRequest"]["properties"]
     assert bound(gen["top_logprobs_num"], "maximum") == MAX_TOP_LOGPROBS
     cmpl = comps["CompletionRequest"]["properties"]
-    assert bound(cmpl["temperature"], "maximum") == TEMPERATURE_RANGE[1]
+    assert bound(cmpl["temperature"], "maximum") == OPENAI_TEMPERATURE_RANGE[1]
     assert bound(cmpl["n"], "maximum") == MAX_N
 
 

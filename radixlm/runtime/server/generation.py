@@ -52,6 +52,8 @@ class GenCall:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    priority: int | None = None  # scheduling priority (the engine's priority policy)
+    log_metrics: bool = True  # False: not counted in /metrics nor logged (health checks)
     prompt_len: int = 0  # filled by admit()
     admission: Any = None  # the engine's reservation this call takes its place from
 
@@ -70,6 +72,8 @@ class GenCall:
                       top_logprobs_num=self.top_logprobs_num)
         if self.return_text_in_logprobs:
             kw["return_text_in_logprobs"] = True
+        if self.priority is not None:
+            kw["priority"] = self.priority
         return kw
 
 
@@ -175,8 +179,9 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
     async def one(call: GenCall) -> dict[str, Any]:
         out = await engine.async_generate(**call.engine_kwargs())
         pending.discard(call.rid)
-        state.metrics.observe_finished(call.rid, out.get("meta_info", {}),
-                                       time.perf_counter() - t0, streamed=False)
+        if call.log_metrics:
+            state.metrics.observe_finished(call.rid, out.get("meta_info", {}),
+                                           time.perf_counter() - t0, streamed=False)
         return out
 
     gen = asyncio.ensure_future(asyncio.gather(*(one(c) for c in calls)))
@@ -282,7 +287,7 @@ async def stream_call(state: ServerState, call: GenCall,
                 raise engine_error(state, exc) from exc
             now = time.perf_counter()
             n = len(chunk.get("output_ids") or ())
-            if n > last_n:
+            if call.log_metrics and n > last_n:
                 if last_t is None:
                     state.metrics.ttft.observe(now - t0)
                 else:
@@ -294,8 +299,9 @@ async def stream_call(state: ServerState, call: GenCall,
                 error = _request_error(chunk["meta_info"])
                 if error is not None:
                     raise error
-                state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
-                                               streamed=True)
+                if call.log_metrics:
+                    state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
+                                                   streamed=True)
             yield chunk
             if finished:
                 break

@@ -72,6 +72,13 @@ class SamplingParamsBody(BaseModel):
     choices: list[str] | None = Field(default=None, min_length=1)
     dtype: str | None = None
     whitespace_pattern: str | None = None
+    sampling_seed: int | None = None  # SGLang's spelling of seed
+    logit_bias: dict[str, float] | None = None
+    stream_interval: int | None = Field(default=None, ge=1)
+    # SGLang keys this engine cannot serve: accepted here so the engine refuses them by name
+    ebnf: Any = None
+    structural_tag: Any = None
+    custom_params: Any = None
 
 
 class PrepPool:
