@@ -29,6 +29,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--random-seed", type=int)
+    e.add_argument("--tp-size", type=int, help="tensor-parallel ranks (torch.distributed)")
+    e.add_argument("--dp-size", type=int, default=1,
+                   help="data-parallel replicas behind sglang-router (the router takes --port)")
+    e.add_argument("--router-policy", default="cache_aware",
+                   help="sglang-router policy with --dp-size > 1: cache_aware | round_robin | "
+                        "random | power_of_two")
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
@@ -55,17 +61,36 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
         "random_seed": args.random_seed, "log_level": args.log_level,
+        "tp_size": args.tp_size,
     }
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from radixlm.runtime.server.launch import serve
+    from radixlm.runtime.server.launch import serve, setup_logging
     from radixlm.runtime.server.state import ServerSettings
 
     log_level = args.log_level
     if log_level is None:
         from radixlm.envs import log_level as env_log_level
         log_level = env_log_level()
+    if args.dp_size < 1:
+        print("radixlm serve: --dp-size must be >= 1", file=sys.stderr)
+        return 2
+    if args.dp_size > 1:
+        from radixlm.runtime.server import data_parallel as dp
+
+        if args.router_policy not in dp.ROUTER_POLICIES:
+            print(f"radixlm serve: --router-policy must be one of "
+                  f"{' | '.join(dp.ROUTER_POLICIES)}, got {args.router_policy!r}",
+                  file=sys.stderr)
+            return 2
+        if args.api_key:  # the router would not pass clients' keys through unchecked
+            print("radixlm serve: --api-key is not supported with --dp-size > 1 "
+                  "(put the key on the router's host instead)", file=sys.stderr)
+            return 2
+        setup_logging(log_level)
+        return dp.serve_data_parallel(args.serve_argv, args.host, args.port, args.dp_size,
+                                      args.router_policy, args.shutdown_timeout)
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key,
         max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
@@ -93,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `radixlm` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.serve_argv = argv[1:]  # `serve`'s own arguments (replicas get them again)
     return int(args.func(args) or 0)
 
 

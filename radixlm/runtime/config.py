@@ -31,7 +31,9 @@ class EngineConfig:
     grammar_compile_workers: int = 2
     random_seed: int = 0
     log_level: str = "info"
-    # Scale-out (issue #15): tensor-parallel ranks and data-parallel replicas.
+    # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
+    # the other ranks itself) and data-parallel replicas (a server-level option: one
+    # Engine is one replica, so here it is always 1).
     tp_size: int = 1
     dp_size: int = 1
 
@@ -59,8 +61,9 @@ class EngineConfig:
             raise ValueError("mem_fraction must be in (0, 1)")
         if self.tp_size < 1 or self.dp_size < 1:
             raise ValueError("tp_size and dp_size must be >= 1")
-        if self.tp_size > 1 or self.dp_size > 1:
-            raise ValueError("tp_size/dp_size > 1 are not supported yet")
+        if self.dp_size > 1:
+            raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
+                             "replicas behind sglang-router); one Engine is one replica")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
