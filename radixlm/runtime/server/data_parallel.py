@@ -57,7 +57,9 @@ def router_command(host: str, port: int, worker_urls: Sequence[str], policy: str
                          f"got {policy!r}")
     return [sys.executable, "-m", "sglang_router.launch_router", "--host", host,
             "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
-            "--log-level", log_level, "--health-check-interval-secs", "2"]
+            "--log-level", log_level, "--health-check-interval-secs", "2",
+            # its own Prometheus exporter (default port 29000 may be taken)
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
 
 
 def _drop_options(argv: Sequence[str], options: dict[str, int]) -> list[str]:
