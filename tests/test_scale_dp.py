@@ -12,8 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -140,7 +140,8 @@ def test_fork_program_lands_on_one_replica(dp: DPServer) -> None:
     cached = [a["cached_tokens_total"] - b["cached_tokens_total"] for a, b in zip(after, before)]
     assert sorted(requests)[0] == 0 and sorted(requests)[1] >= 4, requests
     home = requests.index(max(requests))
-    prefix_tokens = len(httpx.post(dp.replicas()[0][0] + "/tokenize", json={"prompt": PREFIX}).json()["tokens"])
+    tokenized = httpx.post(dp.replicas()[0][0] + "/tokenize", json={"prompt": PREFIX}).json()
+    prefix_tokens = len(tokenized["tokens"])
     # every branch after the first reuses the shared prefix on the replica that holds it
     assert cached[home] >= 3 * (prefix_tokens - 4), (cached, prefix_tokens)
     for meta in state.get_meta_info("answer")[1:]:
