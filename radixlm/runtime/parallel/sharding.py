@@ -28,10 +28,10 @@ def _span(n: int, rank: int, tp_size: int) -> range:
     return range(n * rank // tp_size, n * (rank + 1) // tp_size)
 
 
-def check_tp_size(hf_config, tp_size: int, device_type: str = "cpu") -> None:
+def check_tp_size(hf_config, tp_size: int, device_type: str | None = "cpu") -> None:
     """Raise ValueError (naming the numbers that do not fit) unless the model can be split
-    `tp_size` ways and this host can run that many ranks. Call it before starting any
-    process."""
+    `tp_size` ways and this host can run that many ranks on `device_type` (None: check
+    the shapes only). Call it before starting any process."""
     cfg = ModelConfig.from_hf(hf_config)
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
@@ -51,7 +51,7 @@ def check_tp_size(hf_config, tp_size: int, device_type: str = "cpu") -> None:
         have = torch.cuda.device_count()
         if tp_size > have:
             raise ValueError(f"tp_size={tp_size} needs {tp_size} CUDA devices; {have} visible")
-    elif tp_size > (os.cpu_count() or 1):
+    elif device_type == "cpu" and tp_size > (os.cpu_count() or 1):
         raise ValueError(f"tp_size={tp_size} exceeds this host's {os.cpu_count()} CPU cores")
 
 
