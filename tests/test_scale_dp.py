@@ -115,6 +115,7 @@ def test_both_replicas_serve(dp: DPServer) -> None:
     assert sum(served) == len(topics) and all(n > 0 for n in served), served
     info = httpx.get(dp.replicas()[0][0] + "/get_server_info").json()
     assert info["tp_size"] == 1 and info["dp_size"] == 1  # each replica is one dp rank
+    assert "radixlm_tp_size 1.0" in httpx.get(dp.replicas()[0][0] + "/metrics").text
 
 
 PREFIX = ("You are a meticulous museum guide. The museum has four wings: ancient Egypt, "

@@ -159,6 +159,7 @@ def test_tp2_greedy_text_is_identical_to_tp1(engine_tp2, engine_fp32) -> None:
     assert [o["text"] for o in tp2] == [o["text"] for o in tp1]
     assert [o["output_ids"] for o in tp2] == [o["output_ids"] for o in tp1]
     engine_tp2.check_integrity()
+    assert engine_tp2.get_stats()["tp_size"] == 2
 
 
 def test_tp2_logprobs_match_tp1(engine_tp2, engine_fp32) -> None:

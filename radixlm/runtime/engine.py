@@ -286,7 +286,8 @@ class Engine:
     def get_stats(self) -> dict:
         """Counters and gauges; read without waiting for the scheduler thread (each value
         is consistent on its own, not necessarily with the others)."""
-        return self.scheduler.snapshot()
+        return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
+                "dp_size": self.config.dp_size}
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""
