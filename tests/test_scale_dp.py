@@ -149,6 +149,17 @@ def test_fork_program_lands_on_one_replica(dp: DPServer) -> None:
         assert meta["cached_tokens"] >= prefix_tokens - 4, meta
 
 
+def test_openai_client_through_the_router(dp: DPServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=dp.url + "/v1", api_key="none")
+    model = httpx.get(dp.replicas()[0][0] + "/v1/models").json()["data"][0]["id"]
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
+        temperature=0)
+    assert out.choices[0].message.content and out.usage.completion_tokens <= 4
+
+
 def test_a_dead_replica_leaves_the_other_serving(dp: DPServer) -> None:
     (_, victim), (survivor_url, _) = dp.replicas()
     before = httpx.get(survivor_url + "/get_server_info").json()["stats"]["num_requests_total"]

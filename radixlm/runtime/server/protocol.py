@@ -132,11 +132,15 @@ class _OpenAIBase(BaseModel):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     rid: str | None = None
+    # SGLang fields its router writes into every forwarded request (at these defaults)
+    return_hidden_states: bool = False
 
     @model_validator(mode="after")
     def _check_base(self) -> _OpenAIBase:
         if self.logit_bias:
             raise ValueError("'logit_bias' is not supported by this server")
+        if self.return_hidden_states:
+            raise ValueError("'return_hidden_states' is not supported by this server")
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise ValueError("'stop' takes at most 4 sequences")
         if self.stream_options is not None and not self.stream:
@@ -220,6 +224,10 @@ class ChatCompletionRequest(_OpenAIBase):
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's (sent by its router): they act only with a reasoning parser, which this
+    # server does not have, so either value means what SGLang does without one
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
