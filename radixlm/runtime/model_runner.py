@@ -180,6 +180,12 @@ class ModelRunner:
                                              cfg.head_dim, **options)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
+        if self.tp is not None:  # every rank loaded (rank 0: raises if one did not)
+            try:
+                self.tp.barrier()
+            except BaseException:
+                self.shutdown()
+                raise
         extra = (f" (+native steps up to {self.native.max_rows} tokens)"
                  if self.native is not None
                  else " (+int4 decode linears)" if self.int4 is not None else "")

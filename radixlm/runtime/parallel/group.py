@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -81,11 +82,22 @@ class TPGroup:
         for p in procs:
             p.start()
         group = cls(0, size, procs)
-        try:
-            init_process_group(device, 0, size, port)
-        except Exception as exc:
-            group.fail(f"cannot form the tensor-parallel group: {exc}")
-            raise TPGroupError(group.error) from exc
+        # rendezvous in a thread so that a worker dying before it joins ends the wait
+        failure: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                init_process_group(device, 0, size, port)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failure.append(exc)
+
+        joiner = threading.Thread(target=join, name="radixlm-tp-rendezvous", daemon=True)
+        joiner.start()
+        while joiner.is_alive() and group.poll() is None:
+            joiner.join(0.1)
+        if failure or group.error is not None:
+            group.fail(f"cannot form the tensor-parallel group: {failure[0] if failure else ''}")
+            raise TPGroupError(group.error)
         logger.info("tensor parallel: %d ranks (%s), workers %s", size, backend_for(device),
                     [p.pid for p in procs])
         return group
@@ -133,6 +145,19 @@ class TPGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.procs = []
+
+    def barrier(self) -> None:
+        """Every rank: wait until all ranks get here (rank 0: a rank that died on the way
+        makes this raise TPGroupError and fails the group)."""
+        if self.rank != 0:
+            dist.barrier()
+            return
+        try:
+            self.check()
+            dist.barrier()
+        except Exception as exc:
+            self.fail(self.error or f"a tensor-parallel rank failed to start: {exc}")
+            raise TPGroupError(self.error) from exc
 
     # ------------------------------------------------------------------ step traffic
     def broadcast_plan(self, plan: Any) -> None:
