@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 import torch.nn.functional as F
-from server_fakes import ThreadServer, wait_until
+from server_fakes import ThreadServer
 from transformers import LlamaConfig
 
 from radixlm.runtime.parallel import TPGroup, check_tp_size, local_hf_config, shard_state_dict
@@ -186,7 +186,7 @@ def test_tp2_prefix_cache_and_constraints_run_on_rank0(engine_tp2) -> None:
     assert len(parts) == 3 and all(p.isdigit() for p in parts), out["text"]
 
 
-def test_killed_worker_fails_requests_and_health(engine_tp2) -> None:
+def test_worker_killed_mid_request_fails_it_and_health(engine_tp2) -> None:
     from radixlm.runtime.server.app import create_app
     from radixlm.runtime.server.state import ServerSettings
 
@@ -194,14 +194,20 @@ def test_killed_worker_fails_requests_and_health(engine_tp2) -> None:
     try:
         assert httpx.get(server.base_url + "/health").status_code == 200
         workers = list(engine_tp2.runner.tp.procs)
+        chunks = engine_tp2.generate("Tell me a long story.", {"max_new_tokens": 400,
+                                                               "ignore_eos": True}, stream=True)
+        first = next(chunks)  # decoding is under way
+        assert first["meta_info"]["finish_reason"] is None
         os.kill(workers[0].pid, signal.SIGKILL)
-        wait_until(lambda: not workers[0].is_alive(), "the worker to die", limit_s=10)
-        out = engine_tp2.generate("Hello", {"max_new_tokens": 4})
-        assert out["meta_info"]["finish_reason"]["type"] == "abort"
-        assert "tensor-parallel rank 1" in out["meta_info"]["finish_reason"]["message"]
+        last = [first, *chunks][-1]  # the stream ends (never hangs) with an abort
+        reason = last["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "tensor-parallel rank 1" in reason["message"]
+        assert last["meta_info"]["completion_tokens"] < 400
         assert "rank 1" in (engine_tp2.fatal_error or "")
         health = httpx.get(server.base_url + "/health")
         assert health.status_code == 503 and "rank 1" in health.text
+        later = engine_tp2.generate("Hello", {"max_new_tokens": 4})  # fails fast, too
+        assert later["meta_info"]["finish_reason"]["type"] == "abort"
     finally:
         server.stop()
     engine_tp2.shutdown()
