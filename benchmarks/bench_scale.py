@@ -190,7 +190,7 @@ def targets(dp: dict) -> dict:
     return out
 
 
-def print_table(res: dict) -> None:
+def print_table(res: dict, flush: bool = False) -> None:
     print(f"host: {res['host']['cpu']} ({res['host']['cores']} cores) "
           f"isa: {' '.join(res['host']['isa'])}")
     for wl, by_server in res.get("dp", {}).items():
@@ -206,6 +206,7 @@ def print_table(res: dict) -> None:
               f"tp1 {tp['tp1']['step_ms_median']:.1f} ms, "
               f"tp2 {tp['tp2']['step_ms_median']:.1f} ms; "
               f"outputs identical: {tp['outputs_identical']}")
+    sys.stdout.flush() if flush else None
 
 
 def main() -> None:
@@ -225,6 +226,7 @@ def main() -> None:
     if not args.skip_dp:
         res["dp"] = bench_dp(args, load_tokenizer(resolve_model("smollm2-135m-instruct")))
         res["targets"] = targets(res["dp"])
+        print_table(res, flush=True)  # in case the tp part fails
     if not args.skip_tp:
         res["tp"] = bench_tp(args)
     print(json.dumps(res, indent=1))

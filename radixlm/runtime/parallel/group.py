@@ -134,12 +134,13 @@ class TPGroup:
     def shutdown(self) -> None:
         """Rank 0: tell the workers to exit, wait for them, leave the group. Idempotent."""
         if self.error is None and self.procs:
-            try:
-                self.broadcast_plan(None)
-                for p in self.procs:
-                    p.join(timeout=15)
-            except Exception as exc:  # noqa: BLE001 - a worker already gone
-                logger.warning("tensor-parallel shutdown: %s", exc)
+            # the stop message in a thread: a worker stuck elsewhere must not hold us for
+            # the collective timeout (it is killed below instead)
+            stop = threading.Thread(target=self._send_stop, daemon=True)
+            stop.start()
+            stop.join(timeout=10)
+            for p in self.procs:
+                p.join(timeout=15)
         self.error = self.error or "shut down"
         self._kill()
         if dist.is_initialized():
@@ -158,6 +159,12 @@ class TPGroup:
         except Exception as exc:
             self.fail(self.error or f"a tensor-parallel rank failed to start: {exc}")
             raise TPGroupError(self.error) from exc
+
+    def _send_stop(self) -> None:
+        try:
+            self.broadcast_plan(None)
+        except Exception as exc:  # noqa: BLE001 - a worker already gone
+            logger.warning("tensor-parallel shutdown: %s", exc)
 
     # ------------------------------------------------------------------ step traffic
     def broadcast_plan(self, plan: Any) -> None:
