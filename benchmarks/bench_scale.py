@@ -206,7 +206,8 @@ def print_table(res: dict, flush: bool = False) -> None:
               f"tp1 {tp['tp1']['step_ms_median']:.1f} ms, "
               f"tp2 {tp['tp2']['step_ms_median']:.1f} ms; "
               f"outputs identical: {tp['outputs_identical']}")
-    sys.stdout.flush() if flush else None
+    if flush:
+        sys.stdout.flush()
 
 
 def main() -> None:
