@@ -169,9 +169,13 @@ class ModelRunner:
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
                                              hf_config) if lib is not None else None)
-        name = resolve_backend_name(config.attention_backend, self.device)
+        # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
+        layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
+                  else o for o in cfg.attn_options()]
+        name = resolve_backend_name(config.attention_backend, self.device,
+                                    plain=all(o.plain for o in layers))
         self.attention_backend_name = name
-        options = {}
+        options = {"layers": layers}
         if name == "torch" and config.kv_mirror_mb is not None:
             options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
         elif name == "torch" and self.native is not None:
@@ -399,4 +403,6 @@ class ModelRunner:
             top_logprobs_nums=[r.logprob.top_logprobs_num if r.logprob.return_logprob else -1
                                for r in reqs],
             bitmask=(torch.from_numpy(bitmask).to(self.device) if bitmask is not None else None),
+            logit_biases=[{int(t): b for t, b in r.params.logit_bias.items()}
+                          if r.params.logit_bias else None for r in reqs],
         )

@@ -43,7 +43,7 @@ def router_available() -> bool:
 def replica_command(serve_argv: Sequence[str], port: int) -> list[str]:
     """The `radixlm serve` command line of one replica: the server's own arguments with
     the port replaced, bound to loopback and with data parallelism off."""
-    argv = _drop_options(serve_argv, {"--port": 1, "--host": 1, "--dp-size": 1,
+    argv = _drop_options(serve_argv, {"--port": 1, "--host": 1, "--dp-size": 1, "--dp": 1,
                                       "--router-policy": 1})
     return [sys.executable, "-m", "radixlm.cli", "serve", *argv,
             "--host", "127.0.0.1", "--port", str(port), "--dp-size", "1"]
