@@ -97,6 +97,13 @@ def test_sharded_layer_sums_to_the_unsharded_one(heads: int, kv: int, tp: int) -
     torch.testing.assert_close(mlp_sum, full_mlp, rtol=1e-5, atol=1e-5)
 
 
+def test_an_unknown_weight_is_refused_not_replicated() -> None:
+    cfg = _config(4, 2)
+    state = {**_state(cfg), "model.layers.0.self_attn.qkv_proj.weight": torch.zeros(3, 3)}
+    with pytest.raises(ValueError, match="cannot shard 'model.layers.0.self_attn.qkv_proj"):
+        shard_state_dict(state, cfg, 0, 2)
+
+
 def test_every_query_head_is_held_once_with_its_kv_head() -> None:
     for heads, kv, tp in [(9, 3, 2), (8, 2, 4), (32, 8, 3), (4, 1, 4)]:
         held = [h for r in range(tp) for h in q_heads_of_rank(heads, kv, r, tp)]

@@ -22,6 +22,8 @@ import torch
 
 from radixlm.runtime.models.llama import ModelConfig
 
+FUSED_CHECKPOINTS = ("phi3",)  # model types whose projections come fused
+
 
 def _span(n: int, rank: int, tp_size: int) -> range:
     """Rank `rank`'s share of `n` items split `tp_size` ways (sizes differ by at most 1)."""
@@ -35,6 +37,9 @@ def check_tp_size(hf_config, tp_size: int, device_type: str | None = "cpu") -> N
     cfg = ModelConfig.from_hf(hf_config)
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if tp_size > 1 and cfg.model_type in FUSED_CHECKPOINTS:
+        raise ValueError(f"tensor parallel does not support {cfg.model_type} (its checkpoint "
+                         "fuses qkv_proj and gate_up_proj); use tp_size=1")
     heads, kv = cfg.num_heads, cfg.num_kv_heads
     if tp_size > kv:
         if tp_size % kv or (heads // kv) % (tp_size // kv):
@@ -128,8 +133,9 @@ def shard_state_dict(state: dict[str, torch.Tensor], hf_config, rank: int,
             out[name] = w[:, i0:i1].contiguous()
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             out[name] = vocab_shard(w, rank, tp_size)
-        elif leaf.endswith(".bias") and ("o_proj" in leaf or "down_proj" in leaf):
-            raise ValueError(f"{name}: a row-parallel bias is not supported")
-        else:
+        elif "norm" in leaf:
             out[name] = w  # norms: replicated
+        else:  # e.g. Phi-3's fused qkv_proj / gate_up_proj, a row-parallel bias
+            raise ValueError(f"tensor parallel cannot shard {name!r} "
+                             f"({cfg.model_type}); use tp_size=1")
     return out
