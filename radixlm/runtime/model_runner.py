@@ -269,7 +269,7 @@ class ModelRunner:
                 self.tp.broadcast_plan(plan)
                 logits = self.run_plan(plan)
             except Exception as exc:
-                self.tp.poll()  # a dead worker is the likely cause: name it if so
+                self.tp.diagnose()  # a dead worker is the likely cause: name it if so
                 self.tp.fail(f"step failed on rank 0: {exc}")
                 raise TPGroupError(self.tp.error) from exc
         for req, end in synced:  # only once written (a failed step is retried)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -110,6 +111,15 @@ class TPGroup:
                     self.fail(f"tensor-parallel rank {rank} (pid {p.pid}) exited with code "
                               f"{p.exitcode}")
                     break
+        return self.error
+
+    def diagnose(self, wait_s: float = 2.0) -> str | None:
+        """Rank 0, after a collective raised: give a worker that is dying up to `wait_s`
+        to be seen dead (the peer's socket closes before its exit is reaped), so the
+        failure names it."""
+        deadline = time.monotonic() + wait_s
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         return self.error
 
     def check(self) -> None:

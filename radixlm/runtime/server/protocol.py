@@ -30,6 +30,7 @@ NATIVE_UNSUPPORTED: dict[str, Any] = {
     "num_items_assigned": None, "max_dynamic_patch": None, "min_dynamic_patch": None,
     "image_max_dynamic_patch": None, "video_max_dynamic_patch": None,
     "multi_item_delimiter_indices": None,
+    "model": None,  # sglang-router writes "model": null into every /generate it forwards
 }
 # SGLang fields that are bookkeeping only; honoured as such: conversation_id and
 # received_time are not used, no_logs holds (request content is never logged).
