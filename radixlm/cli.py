@@ -28,6 +28,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--schedule-policy", help="lpm | fcfs | ...")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
+    e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--random-seed", type=int)
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1")
@@ -54,7 +55,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "schedule_policy": args.schedule_policy,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
-        "random_seed": args.random_seed, "log_level": args.log_level,
+        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed, "log_level": args.log_level,
     }
 
 

@@ -1,6 +1,6 @@
-"""The outlines-core backend on the real SmolLM2 tokenizer, no model: vocabulary round trip,
-masks (EOS, padded vocab, row isolation), simulated decoding with and without
-jump-forward validated by jsonschema, bad input, budgets, caches."""
+"""Both grammar backends (llguidance, outlines-core) on the real SmolLM2 tokenizer, no model:
+vocabulary round trip, masks (EOS, padded vocab, row isolation), simulated decoding with and
+without jump-forward validated by jsonschema, bad input; outlines budgets and caches."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from radixlm.constraints.walk import accepts_text, allowed_ids, random_walk
 PAD = 96  # logits wider than the tokenizer, like a padded embedding
 
 
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD,
-                                [tokenizer.eos_token_id, 0], disk_cache=False)
+@pytest.fixture(scope="module", params=["llguidance", "outlines"])
+def backend(tokenizer, request):
+    extra = {"disk_cache": False} if request.param == "outlines" else {}
+    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD, [tokenizer.eos_token_id, 0],
+                                backend=request.param, **extra)
     yield be
     be.shutdown()
 
@@ -172,10 +173,17 @@ def test_bad_input(backend):
         ({"json_schema": "{bad json"}, "not valid JSON"),
         ({"json_schema": {"type": "object", "properties": {"a": {"minimum": "x"}}}},
          "invalid JSON schema"),
-        ({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},
-         "multipleOf.*/properties/a/multipleOf"),
         ({"regex": "(a"}, "invalid regex"),
     ]
+    if backend.name == "outlines":
+        cases.append(({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},
+                      "multipleOf.*/properties/a/multipleOf"))
+    else:
+        cases += [({"json_schema": {"properties": {"a": {"not": {"type": "string"}}}}},
+                   "not"),
+                  ({"json_schema": {"properties": {"a": {"divisibleBy": 2}}}},
+                   "'divisibleBy' at JSON pointer '/properties/a'"),
+                  ({"ebnf": 'root ::= "a" ('}, "invalid ebnf")]
     for params, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             backend.validate(spec_from_sampling_params(params))

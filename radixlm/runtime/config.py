@@ -29,6 +29,7 @@ class EngineConfig:
     radix_eviction_policy: str = "lru"  # lru | lfu
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
+    grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
     random_seed: int = 0
     log_level: str = "info"
     # Scale-out (issue #15): tensor-parallel ranks and data-parallel replicas.
@@ -45,6 +46,9 @@ class EngineConfig:
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "
                              f"{self.radix_eviction_policy!r}")
+        if self.grammar_backend not in ("llguidance", "outlines"):
+            raise ValueError("grammar_backend must be llguidance|outlines, got "
+                             f"{self.grammar_backend!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm|fcfs, got {self.schedule_policy!r}")
         if self.max_running_requests < 1:

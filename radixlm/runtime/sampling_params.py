@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype")
+_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
 
 
 @dataclass
@@ -36,6 +36,8 @@ class SamplingParams:
     choices: list[str] | None = None
     dtype: str | None = None
     whitespace_pattern: str | None = None
+    ebnf: str | None = None  # GBNF or Lark grammar (llguidance backend)
+    structural_tag: Any = None  # SGLang's {"structures": [...], "triggers": [...]}
 
     @classmethod
     def from_dict(cls, params: dict | None) -> SamplingParams:
@@ -122,6 +124,10 @@ class SamplingParams:
             raise ValueError("choices must be a non-empty list of strings")
         if self.dtype is not None and self.dtype not in ("int", "float", "bool", "str"):
             raise ValueError(f"dtype must be one of int, float, bool, str, got {self.dtype!r}")
+        if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
+            raise ValueError("ebnf must be a non-empty grammar string")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, str | dict):
+            raise ValueError("structural_tag must be a JSON object or its JSON text")
         if isinstance(self.json_schema, str):
             try:
                 json.loads(self.json_schema)
