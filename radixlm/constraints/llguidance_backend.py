@@ -8,7 +8,8 @@ lazily by the matcher (no per-state tables), for the whole batch at once by an
 bytes (``compute_ff_bytes``), spliced in with the same canonical retokenization of the boundary
 as the outlines backend.
 
-Strict JSON Schema: the compiler runs with ``lenient: false``, so a keyword it does not
+Objects that list ``properties`` are closed unless the schema says otherwise
+(``close_objects``), as xgrammar's strict mode does in SGLang. Strict JSON Schema: the compiler runs with ``lenient: false``, so a keyword it does not
 implement (``not``, ``if``/``then``, ``contains``, ``uniqueItems``, unknown formats, ...) is
 an error naming it. llguidance does not know the draft-3 keywords (``disallow``,
 ``extends``, ``divisibleBy``) at all and would ignore them as annotations: those are rejected
@@ -36,7 +37,13 @@ from radixlm.constraints import specs
 from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
 from radixlm.constraints.cache import LRUCache, cache_key
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
-from radixlm.constraints.schema import check_schema, check_whitespace_pattern
+from radixlm.constraints.schema import (
+    ALL_TYPES,
+    KNOWN_FORMATS,
+    SchemaTranslator,
+    check_schema,
+    check_whitespace_pattern,
+)
 from radixlm.constraints.vocab import TokenVocab
 
 # Keywords that assert something but that llguidance neither implements nor reports.
@@ -70,6 +77,74 @@ def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
     else:
         out += unenforced_keywords(items, f"{ptr}/items")
     return out
+
+
+def close_objects(schema: Any, in_all_of: bool = False) -> Any:
+    """A copy with ``uniqueItems`` and simple ``not`` rewritten (see ``_negate``; unique
+    arrays hold at most one item, as in the regex translator), without unknown ``format``
+    names (annotations), and where every object schema that lists ``properties`` and says nothing about other
+    keys gets ``additionalProperties: false`` (xgrammar's strict mode, SGLang's default): the
+    output is still valid, and a small model cannot ramble on in invented keys until the
+    token limit. Left open: ``allOf`` members and schemas with ``allOf``/``$ref`` beside
+    their properties (closing those could empty the language)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("uniqueItems") is False:
+        del out["uniqueItems"]
+    elif out.get("uniqueItems") is True and out.get("minItems", 0) <= 1:
+        del out["uniqueItems"]  # at most one item is always unique (a sound subset)
+        out["maxItems"] = min(out.get("maxItems", 1), 1)
+    if "not" in out:
+        negated = _negate(out["not"], out.get("type"))
+        if negated is False:
+            return False
+        if negated is not None:
+            del out["not"]
+            out["type"] = negated
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: close_objects(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(v, key == "allOf") for v in out[key]]
+    for key in _SCHEMA_ONE:
+        if key in out:
+            out[key] = close_objects(out[key])
+    if isinstance(out.get("items"), list):
+        out["items"] = [close_objects(v) for v in out["items"]]
+    elif "items" in out:
+        out["items"] = close_objects(out["items"])
+    if isinstance(out.get("format"), str) and out["format"] not in KNOWN_FORMATS:
+        del out["format"]  # an unknown format is an annotation: it asserts nothing
+    props = out.get("properties")
+    required = out.get("required") if isinstance(out.get("required"), list) else []
+    if (isinstance(props, dict) and not in_all_of and all(r in props for r in required)
+            and not any(k in out for k in ("additionalProperties", "patternProperties",
+                                           "unevaluatedProperties", "allOf", "$ref"))):
+        out["additionalProperties"] = False
+    return out
+
+
+def _negate(sub: Any, own_type: Any) -> list[str] | bool | None:
+    """``not`` forms rewritten exactly or as a sound subset: ``not {}`` is nothing (False),
+    ``not {"type": T}`` a list of the other types (``integer`` excluded with ``number``;
+    ``number`` dropped with ``integer``, whose complement JSON Schema can't spell). None: left
+    for the compiler to refuse."""
+    if sub in ({}, True):
+        return False
+    if not isinstance(sub, dict) or set(sub) != {"type"}:
+        return None
+    banned = {sub["type"]} if isinstance(sub["type"], str) else set(sub["type"])
+    if "number" in banned:
+        banned.add("integer")
+    if "integer" in banned:
+        banned.add("number")
+    allowed = [t for t in ALL_TYPES if t not in banned]
+    if own_type is not None:
+        own = {own_type} if isinstance(own_type, str) else set(own_type)
+        allowed = [t for t in allowed if t in own or (t == "integer" and "number" in own)]
+    return allowed or False
 
 
 def structural_tag_grammar(value: Any) -> str:
@@ -110,7 +185,8 @@ def structural_tag_grammar(value: Any) -> str:
         bad = unenforced_keywords(schema)
         if bad:
             raise ValueError(f"{where}.schema: unsupported keyword {bad[0]}")
-        tags.append(llg.StructTag(trigger=max(trig, key=len), begin=begin, grammar=schema,
+        tags.append(llg.StructTag(trigger=max(trig, key=len), begin=begin,
+                                  grammar=close_objects(schema),
                                   end=end))
     return llg.StructTag.to_grammar(tags, assume_special=False)
 
@@ -213,14 +289,15 @@ class LLGuidanceBackend(GrammarBackend):
     ``max_workers`` compile threads; ``mask_threads`` threads of the batch mask executor;
     ``compile_timeout_s`` bounds one compile (the request fails; the build finishes in the
     background); ``limits`` (``llguidance.LLParserLimits``) bounds every mask and grammar;
-    ``memory_cache_size`` compiled templates are kept."""
+    ``memory_cache_size`` compiled templates are kept; ``max_regex_chars`` bounds the regex of
+    a schema that falls back to the translator."""
 
     name = "llguidance"
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int = 2,
                  compile_timeout_s: float = 30.0, enable_jump_forward: bool = True,
                  memory_cache_size: int = 256, mask_threads: int = 2,
-                 limits: llg.LLParserLimits | None = None):
+                 limits: llg.LLParserLimits | None = None, max_regex_chars: int = 100_000):
         self.tokenizer = tokenizer
         self.vocab = TokenVocab.from_tokenizer(tokenizer)
         self.vocab_size = int(vocab_size)
@@ -241,6 +318,8 @@ class LLGuidanceBackend(GrammarBackend):
         self._executor = llg.LLExecutor(max(1, mask_threads))
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
         self._memory = LRUCache(memory_cache_size)
+        self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
+        self.max_regex_chars = max_regex_chars
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._stats = {"compiles": 0, "memory_hits": 0, "failures": 0, "compile_time_s": 0.0}
@@ -265,27 +344,47 @@ class LLGuidanceBackend(GrammarBackend):
                 raise ValueError(f"unknown dtype {value!r}")
             return llg.LLMatcher.grammar_from_regex(specs.DTYPE_REGEX[value])
         if kind == "json_schema":
-            schema = json.loads(specs.normalize_json_schema(value))
-            ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
-            check_whitespace_pattern(ws)
-            check_schema(schema)
-            bad = unenforced_keywords(schema)
-            if bad:
-                raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
-            return llg.LLMatcher.grammar_from_json_schema(schema, defaults={
-                "whitespace_flexible": False, "whitespace_pattern": ws, "lenient": False})
+            return self._schema_grammar(spec)
         if kind == "ebnf":
             return ebnf_grammar(value)
         if kind == "structural_tag":
             return structural_tag_grammar(value)
         raise ValueError(f"unknown constraint kind {kind!r}")
 
+    def _schema_grammar(self, spec: ConstraintSpec) -> str:
+        """llguidance's own JSON compiler; where it refuses a schema (non-disjoint ``oneOf``,
+        ``not``, ``uniqueItems``, ``dependencies``, ...), the project's sound schema -> regex
+        translator (``schema.py``, also the outlines backend's) as a regex grammar."""
+        schema = json.loads(specs.normalize_json_schema(spec.value))
+        ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+        check_whitespace_pattern(ws)
+        cls = check_schema(schema)
+        bad = unenforced_keywords(schema)
+        if bad:
+            raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
+        grammar = llg.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults={
+            "whitespace_flexible": False, "whitespace_pattern": ws, "lenient": False})
+        err = llg.LLMatcher.validate_grammar(grammar, None, limits=self.limits)
+        if not err:
+            return grammar
+        try:
+            regex = SchemaTranslator(schema, cls, ws, max_regex_chars=self.max_regex_chars
+                                     ).translate()
+        except ValueError as exc:
+            raise ValueError(f"unsupported json_schema: {_short(err)} (regex translation: "
+                             f"{exc})") from None
+        return llg.LLMatcher.grammar_from_regex(regex)
+
     def validate(self, spec: ConstraintSpec) -> None:
         """Syntax and keyword checks without the tokenizer (no lexer is built here)."""
+        key = repr(spec)
+        if self._checked.get(key) is not None:
+            return
         grammar = self.to_grammar(spec)
         err = llg.LLMatcher.validate_grammar(grammar, None, limits=self.limits)
         if err:
             raise ValueError(f"invalid {spec.kind}: {_short(err)}")
+        self._checked.put(key, grammar)
 
     # -------------------------------------------------------------------------- compiling
 
@@ -297,9 +396,9 @@ class LLGuidanceBackend(GrammarBackend):
         if matcher.is_error():
             raise ValueError(_short(matcher.get_error()))
         first = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-        if matcher.is_error():
+        if matcher.is_error() and not matcher.get_error().startswith("NoExtension"):
             raise ValueError(_short(matcher.get_error()))
-        if not first.any() and not matcher.is_accepting():
+        if matcher.is_error() or (not first.any() and not matcher.is_accepting()):
             raise ValueError("grammar matches no string this tokenizer can produce "
                              "(empty language)")
         with self._lock:
@@ -314,7 +413,7 @@ class LLGuidanceBackend(GrammarBackend):
     def compile_async(self, spec: ConstraintSpec) -> Future[Grammar]:
         out: Future[Grammar] = Future()
         try:
-            grammar = self.to_grammar(spec)
+            grammar = self._checked.get(repr(spec)) or self.to_grammar(spec)
         except ValueError as exc:
             self._fail(out, exc)
             return out
