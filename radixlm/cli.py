@@ -55,7 +55,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "schedule_policy": args.schedule_policy,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
-        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed, "log_level": args.log_level,
+        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
+        "log_level": args.log_level,
     }
 
 

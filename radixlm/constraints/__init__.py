@@ -14,7 +14,6 @@ from radixlm.constraints.base import (
 )
 from radixlm.constraints.specs import spec_from_sampling_params
 
-
 GRAMMAR_BACKENDS = ("llguidance", "outlines")
 
 

@@ -96,7 +96,8 @@ def check_row(row: dict, make: Callable[[Any], Checker], walks: int) -> dict:
     try:
         checker = make(schema)
     except ValueError as exc:
-        res["reason"] = reason(str(exc)); res["message"] = str(exc)[:150]
+        res["reason"] = reason(str(exc))
+        res["message"] = str(exc)[:150]
         return res
     res["compile_s"] = time.perf_counter() - t0
     res["compiled"] = True

@@ -9,10 +9,12 @@ bytes (``compute_ff_bytes``), spliced in with the same canonical retokenization 
 as the outlines backend.
 
 Objects that list ``properties`` are closed unless the schema says otherwise
-(``close_objects``), as xgrammar's strict mode does in SGLang. Strict JSON Schema: the compiler runs with ``lenient: false``, so a keyword it does not
-implement (``not``, ``if``/``then``, ``contains``, ``uniqueItems``, unknown formats, ...) is
-an error naming it. llguidance does not know the draft-3 keywords (``disallow``,
-``extends``, ``divisibleBy``) at all and would ignore them as annotations: those are rejected
+(``close_objects``), as xgrammar's strict mode does in SGLang. Strict JSON Schema: the
+compiler runs with ``lenient: false``, so a keyword it does not implement (``not``,
+``if``/``then``, ``contains``, ``dependencies``, non-disjoint ``oneOf``, ...) is an error
+naming it; such a schema then goes through the project's regex translator instead.
+llguidance does not know the draft-3 keywords (``disallow``, ``extends``, ``divisibleBy``)
+at all and would ignore them as annotations: those are rejected
 here by name (``unenforced_keywords``). Budgets: ``compile_timeout_s`` per compile,
 ``LLParserLimits`` (lexer fuel and Earley items per mask, grammar size) per request; a mask
 that runs out of fuel leaves the matcher in an error state and the request is aborted with
@@ -82,10 +84,11 @@ def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
 def close_objects(schema: Any, in_all_of: bool = False) -> Any:
     """A copy with ``uniqueItems`` and simple ``not`` rewritten (see ``_negate``; unique
     arrays hold at most one item, as in the regex translator), without unknown ``format``
-    names (annotations), and where every object schema that lists ``properties`` and says nothing about other
-    keys gets ``additionalProperties: false`` (xgrammar's strict mode, SGLang's default): the
-    output is still valid, and a small model cannot ramble on in invented keys until the
-    token limit. Left open: ``allOf`` members and schemas with ``allOf``/``$ref`` beside
+    names (annotations), and where every object schema that lists ``properties`` and says
+    nothing about other keys gets ``additionalProperties: false`` (xgrammar's strict mode,
+    SGLang's default): the output is still valid, and a small model cannot ramble on in
+    invented keys until the token limit. Left open: ``allOf`` members and schemas with
+    ``allOf``/``$ref`` beside
     their properties (closing those could empty the language)."""
     if not isinstance(schema, dict):
         return schema
