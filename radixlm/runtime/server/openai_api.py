@@ -287,7 +287,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     top = (body.top_logprobs or 0) if body.logprobs else None
     sampling = openai_sampling(body, body.max_new_tokens)
     if tools is not None:
-        sampling.update(tool_constraint(tools))
+        constraint = tool_constraint(tools)
+        backend = getattr(getattr(state.engine, "config", None), "grammar_backend", None)
+        if "structural_tag" in constraint and backend == "outlines":
+            constraint = {}  # auto on outlines: unconstrained, parsed the same way
+        sampling.update(constraint)
     calls = _fan_out(body, [(None, ids)], sampling, top, request.state.request_id)
     for call in calls:  # no max_tokens: up to the context, as in OpenAI
         call.sampling.setdefault("max_new_tokens", max(state.context_len - len(ids), 0))
