@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test lint bench bench-llamacpp clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,15 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/bench_offline.py
+
+# llama.cpp, the CPU peer: llama-cpp-python compiles from source (~10 min on 2 cores) into
+# a venv of its own, kept out of `make test`.
+.venv-llamacpp/bin/python:
+	python3 -m venv .venv-llamacpp
+	.venv-llamacpp/bin/pip install -q 'llama-cpp-python>=0.3'
+
+bench-llamacpp: install .venv-llamacpp/bin/python
+	$(PY) benchmarks/bench_vs_llamacpp.py --llama-python .venv-llamacpp/bin/python
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,6 +30,12 @@ def kernels_override() -> str | None:
     return _get("RADIXLM_KERNELS")
 
 
+def native_enabled() -> bool:
+    """Native CPU ops (``RADIXLM_NATIVE``, default on; ``0`` forces the reference torch
+    path, as on a host without a C compiler)."""
+    return (_get("RADIXLM_NATIVE", "1") or "1").lower() not in ("0", "off", "false", "no")
+
+
 def configure_openmp() -> None:
     """Bound OpenMP's spin-wait before torch loads its runtime (``RADIXLM_OMP_SPINCOUNT``,
     default 20000; set it empty to keep the library default).

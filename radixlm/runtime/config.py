@@ -12,9 +12,14 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | torch | triton
-    # Weight-only int4 for few-row (decode) steps on CPU: auto = on for bf16 models whose
-    # source is a Q4_1 GGUF (exact), int4 = always (quantizing other sources), none = off.
+    # CPU decode weights. auto: the native library runs small steps on the GGUF's own
+    # Q4_0/Q4_1/Q8_0 blocks (other sources as Q8 blocks); without it, torch's int4 kernel
+    # for bf16 models from a Q4_1 GGUF. int4: 4-bit blocks for every source. none: the
+    # reference path (dense weights, no native library).
     weight_quant: str = "auto"
+    # Native CPU steps (radixlm/native): activations against the block weights in fp32
+    # (exact, the reference path's numbers) or int8 blocks (llama.cpp's way, ~0.5% error).
+    native_activations: str = "fp32"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
     kv_mirror_mb: int | None = None
@@ -43,6 +48,9 @@ class EngineConfig:
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
         if self.weight_quant not in ("auto", "int4", "none"):
             raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
+        if self.native_activations not in ("fp32", "int8"):
+            raise ValueError("native_activations must be fp32|int8, got "
+                             f"{self.native_activations!r}")
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "
                              f"{self.radix_eviction_policy!r}")

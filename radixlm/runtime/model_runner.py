@@ -16,9 +16,17 @@ from radixlm.runtime.models.llama import LlamaModel
 from radixlm.runtime.models.quant import int4_supported
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampler import Sampler, SamplingInputs
-from radixlm.runtime.weights import load_hf_config, load_q4_1_linears, load_state_dict
+from radixlm.runtime.weights import (
+    load_gguf_blocks,
+    load_hf_config,
+    load_q4_1_linears,
+    load_state_dict,
+)
 
 logger = logging.getLogger(__name__)
+# Steps of up to this many tokens run natively (decode batches, jump-forward steps);
+# larger ones (prefill chunks) on the torch path.
+NATIVE_MAX_ROWS = 64
 
 
 @dataclass
@@ -76,12 +84,37 @@ def mix_seed(seed: int) -> int:
     return (z ^ (z >> 31)) >> 1  # 63 bits: what manual_seed takes on every platform
 
 
+def native_library(config: EngineConfig, device: torch.device):
+    """The native CPU library when this engine should use it (None: reference path)."""
+    if device.type != "cpu" or config.weight_quant == "none" or config.tp_size > 1:
+        return None
+    from radixlm.native.build import load
+
+    return load()
+
+
+def create_native_decoder(lib, config: EngineConfig, model: LlamaModel, pool: KVPool,
+                          model_dir, hf_config):
+    """The native small-step decoder for ``model`` (None, logged, if it cannot run it)."""
+    from radixlm.native.decoder import NativeDecoder, supported
+
+    reason = supported(model, pool)
+    if reason is not None:
+        logger.warning("native CPU ops cannot run this model (%s): reference path", reason)
+        return None
+    blocks = load_gguf_blocks(model_dir, hf_config)
+    return NativeDecoder(lib, model, blocks, pool, max_rows=NATIVE_MAX_ROWS,
+                         quant=config.weight_quant,
+                         act_f32=config.native_activations == "fp32")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir, context_len: int) -> None:
         self.config = config
         self.device, self.dtype = pick_device_dtype(config)
         hf_config = load_hf_config(model_dir)
-        self.int4 = self._int4_blocks(config, model_dir, hf_config)
+        lib = native_library(config, self.device)
+        self.int4 = None if lib is not None else self._int4_blocks(config, model_dir, hf_config)
         self.model = LlamaModel(hf_config, load_state_dict(model_dir), self.dtype, self.device,
                                 self.int4)
         cfg = self.model.cfg
@@ -89,18 +122,24 @@ class ModelRunner:
         capacity = self._pool_capacity(config, cfg)
         self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
+        self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
+                                             hf_config) if lib is not None else None)
         name = resolve_backend_name(config.attention_backend, self.device)
         self.attention_backend_name = name
         options = {}
         if name == "torch" and config.kv_mirror_mb is not None:
             options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
+        elif name == "torch" and self.native is not None:
+            options["mirror_budget_bytes"] = 0  # decode reads the pool in place natively
         self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
                                              cfg.head_dim, **options)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
+        extra = (f" (+native steps up to {self.native.max_rows} tokens)"
+                 if self.native is not None
+                 else " (+int4 decode linears)" if self.int4 is not None else "")
         logger.info("model on %s/%s%s, KV pool %d tokens, attention %s", self.device,
-                    self.dtype, " (+int4 decode linears)" if self.int4 is not None else "",
-                    capacity, name)
+                    self.dtype, extra, capacity, name)
 
     def _int4_blocks(self, config: EngineConfig, model_dir, hf_config) -> dict | None:
         """None (no int4), or exact Q4_1 source blocks ({} means quantize)."""
@@ -145,8 +184,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, sb: ScheduleBatch, sampling: SamplingInputs | None) -> StepOutput:
         fb, logit_rows = self._build(sb)
-        self.attn.init_forward_metadata(fb)
-        logits = self.model.forward(fb, self.attn)  # (L, V)
+        if self.native is not None and self.native.accepts(fb):
+            logits = self.native.forward(fb)  # (L, V)
+        else:
+            self.attn.init_forward_metadata(fb)
+            logits = self.model.forward(fb, self.attn)  # (L, V)
         out = StepOutput({}, {}, {})
         # fill-position logprobs (prompt tokens, forced tokens)
         lp_rows = [(i, pos, r) for i, rows in enumerate(logit_rows) for pos, r in rows["lp"]]

@@ -202,3 +202,28 @@ def load_hf_config(model_dir: Path):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir))
+
+
+def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
+    """The GGUF behind ``model_dir`` as native blocks under HF names (Q4_0 / Q4_1 / Q8_0
+    tensors only; q/k rows un-permuted like the dequantized weights). Empty if the
+    directory did not come from a GGUF or the file is gone."""
+    from radixlm.native.qweights import gguf_blocks
+
+    source = gguf_source(model_dir)
+    if source is None:
+        return {}
+    out = {}
+    for name, w in gguf_blocks(source).items():
+        parts = name.split(".")
+        if parts[0] == "blk" and parts[2] in _GGUF_TO_HF:
+            kind = parts[2]
+            if hf_config.model_type != "qwen2" and kind in ("attn_q", "attn_k"):
+                heads = (hf_config.num_attention_heads if kind == "attn_q"
+                         else hf_config.num_key_value_heads)
+                w = w.rows(_reverse_permute(np.arange(w.n), heads))
+            out[f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.{parts[3]}"] = w
+        elif name in ("token_embd.weight", "output.weight"):
+            out["model.embed_tokens.weight" if name.startswith("token_embd")
+                else "lm_head.weight"] = w
+    return out

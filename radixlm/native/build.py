@@ -1,0 +1,160 @@
+"""Compile ``cpu_ops.c`` for this host on first use and load it with ctypes.
+
+The library is built with ``-march=native`` on the machine that runs it, so the kernels
+use what this CPU has (AVX-512 VNNI, AVX-VNNI, AVX2, or plain C elsewhere): the choice is
+made at run time, per host. The shared object is cached under the user cache dir, keyed by
+the source, the compiler and the CPU's feature flags (a cache dir shared between different
+hosts never hands one host another's build). No compiler, a failed build or
+``RADIXLM_NATIVE=0``: ``load()`` returns None and the engine runs the reference torch path;
+the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from radixlm import envs
+
+logger = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("cpu_ops.c")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return sorted(set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
+    """Compile to ``target`` (atomically). ``arch``: target flags; default ``-march=native``
+    on x86-64 (tests also build AVX2-only and generic variants to check every path)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    if arch is None:
+        arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
+    base = [cc, "-O3", *arch, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
+    try:
+        # OpenMP first (libgomp resolves to the copy torch already loaded); serial otherwise
+        for extra in (["-fopenmp"], []):
+            proc = subprocess.run(base[:2] + extra + base[2:], capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode == 0:
+                os.replace(tmp, target)
+                return
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_variant(arch: list[str], directory: Path) -> ctypes.CDLL:
+    """A build for explicit flags (e.g. ``["-mavx2", "-mfma"]``, or ``["-march=native",
+    "-DRLM_PROFILE"]`` for stage timers), for tests that run the AVX2 or generic code paths
+    on a host that would pick another, and for the step-profile benchmark."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    tag = hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8]
+    target = Path(directory) / f"cpu_ops-{tag}.so"
+    _build(cc, target, arch)
+    lib = ctypes.CDLL(str(target))
+    _declare(lib)
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The native library, built for this host if needed; None (logged once) when it
+    cannot be had."""
+    if not envs.native_enabled():
+        logger.info("native CPU ops off (RADIXLM_NATIVE=0): reference torch path")
+        return None
+    cc = _compiler()
+    if cc is None:
+        logger.warning("native CPU ops unavailable: no C compiler found (set CC); "
+                       "running the reference torch path")
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[:1]
+        key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, *version, platform.machine(),
+                                        *cpu_flags()]).encode()).hexdigest()[:20]
+        target = envs.cache_dir() / "native" / f"cpu_ops-{key}.so"
+        if not target.exists():
+            logger.info("building native CPU ops for this host (once)")
+            _build(cc, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        logger.warning("native CPU ops unavailable (%s): running the reference torch path",
+                       exc)
+        return None
+    _declare(lib)
+    logger.info("native CPU ops loaded (%s)", lib.rlm_isa().decode())
+    return lib
+
+
+class QMat(ctypes.Structure):
+    _fields_ = [("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
+                ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int32), ("n_heads", ctypes.c_int32),
+                ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
+                ("inter", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("attn_scale", ctypes.c_float), ("in_norm", ctypes.c_void_p),
+                ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("qkv", QMat), ("o", QMat), ("gate_up", QMat), ("down", QMat)]
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("T", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
+                ("nthreads", ctypes.c_int32), ("max_ctx", ctypes.c_int32),
+                ("act_f32", ctypes.c_int32), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("out_loc", ctypes.c_void_p), ("rows", ctypes.c_void_p),
+                ("pos", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p),
+                ("r2t_stride", ctypes.c_int64), ("ws", ctypes.c_void_p)]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+    lib.rlm_isa.restype = ctypes.c_char_p
+    lib.rlm_workspace_floats.argtypes = [ctypes.POINTER(Layer), i32, i32, i32]
+    lib.rlm_workspace_floats.restype = i64
+    lib.rlm_matmul_workspace_floats.argtypes = [i32, i32, i32]
+    lib.rlm_matmul_workspace_floats.restype = i64
+    lib.rlm_layer.argtypes = [ctypes.POINTER(Layer), ctypes.POINTER(Step), p, p, p]
+    lib.rlm_layer.restype = None
+    lib.rlm_layers.argtypes = [ctypes.POINTER(Layer), i32, p, p, ctypes.POINTER(Step), p]
+    lib.rlm_layers.restype = None
+    lib.rlm_profile.argtypes = [p, i32]
+    lib.rlm_profile.restype = i32
+    lib.rlm_norm_head.argtypes = [ctypes.POINTER(QMat), p, f32, i32, p, p, p, i32, i32]
+    lib.rlm_norm_head.restype = None
+    lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]
+    lib.rlm_quantize_rows.restype = None
+    lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p]
+    lib.rlm_attention.restype = None

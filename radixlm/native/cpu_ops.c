@@ -1,0 +1,827 @@
+/* radixlm native CPU ops: the decode step of a Llama-family layer in one call.
+ *
+ * Weights are GGUF-style blocks of 32 along the input dimension (Q4_0/Q4_1 as 4-bit
+ * unsigned q with W = d*q + m; Q8_0 as int8 with W = d*q). Activations are quantized
+ * per block of 32 to int8 (x = dx*a) with their block sum, as llama.cpp does, so a block
+ * dot product is one u8 x s8 instruction sequence:
+ *   Q4: sum_j (d q_j + m)(dx a_j) = d dx sum_j q_j a_j + m (dx sum_j a_j)
+ *   Q8: sum_j (d w_j)(dx a_j)     = d dx sum_j w_j a_j
+ * Everything else (RMSNorm, rotary, attention, SiLU) is fp32. K/V caches are fp32 or bf16
+ * (converted by bit shifts: no bf16 arithmetic anywhere).
+ *
+ * Built on the host that runs it with -march=native (radixlm/native/build.py), so the
+ * #if branches below pick AVX-512 VNNI, AVX-VNNI, AVX2 or plain C at compile time on the
+ * machine's own features. One OpenMP parallel region per layer call.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RLM_AVX2 1
+#endif
+
+enum { FMT_Q4 = 4, FMT_Q8 = 8 };
+enum { KV_F32 = 0, KV_BF16 = 1 };
+
+typedef struct {
+    int32_t fmt;          /* FMT_Q4 | FMT_Q8 */
+    int32_t n, k;         /* output rows, input columns (k % 32 == 0) */
+    const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32] */
+    const float *d;       /* [n, k/32] */
+    const float *m;       /* [n, k/32] (Q4 only) */
+} QMat;
+
+typedef struct {
+    int32_t hidden, n_heads, n_kv_heads, head_dim, inter;
+    float eps, attn_scale;
+    const float *in_norm, *post_norm; /* [hidden] */
+    const float *qkv_bias;            /* [q + 2 kv] or NULL */
+    QMat qkv, o, gate_up, down;
+} Layer;
+
+typedef struct {
+    int32_t T;                  /* tokens in the step */
+    int32_t kv_dtype;           /* KV_F32 | KV_BF16 */
+    int32_t nthreads;
+    int32_t max_ctx;            /* longest attention span (pos + 1) in the step */
+    int32_t act_f32;            /* 1: fp32 activations (exact); 0: int8 blocks */
+    const float *cos, *sin;     /* [T, head_dim / 2] */
+    const int64_t *out_loc;     /* [T] pool slot of each token's K/V */
+    const int64_t *rows;        /* [T] row of req_to_token */
+    const int64_t *pos;         /* [T] position; the token attends to 0 .. pos */
+    const int32_t *req_to_token;
+    int64_t r2t_stride;
+    float *ws;                  /* workspace of rlm_workspace_floats() floats */
+} Step;
+
+/* ------------------------------------------------------------------ helpers */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+#ifdef RLM_AVX2
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256i unpack_q4(const uint8_t *q) {
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, mask);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* 8 int32 partial sums of u8 x s8 over 32 bytes */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline __m256 load8_kv(const void *base, int64_t off, int32_t dtype) {
+    if (dtype == KV_F32) return _mm256_loadu_ps((const float *)base + off);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + off));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+/* ------------------------------------------------------------------ quantization */
+/* x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a) */
+static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
+    for (int b = 0; b < k / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)lrintf(xb[j] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            a[b * 32 + j] = (int8_t)v;
+            sum += v;
+        }
+        dx[b] = d;
+        sx[b] = d * (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------ quantized matmul */
+/* One row of a Q4/Q8 matrix against one quantized activation row (T == 1). */
+static inline float qdot_row1(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+                              const int8_t *xa, const float *xd, const float *xs, int nb) {
+#ifdef RLM_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float msum = 0.f;
+    int b = 0;
+    if (w->fmt == FMT_Q4) {
+        for (; b + 2 <= nb; b += 2) {
+            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
+            __m256i p1 = dot_u8s8(unpack_q4(wq + b * 16 + 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32 + 32)));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                   _mm256_set1_ps(wd[b + 1] * xd[b + 1]), acc1);
+            msum += wm[b] * xs[b] + wm[b + 1] * xs[b + 1];
+        }
+        for (; b < nb; b++) {
+            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]), acc0);
+            msum += wm[b] * xs[b];
+        }
+    } else {
+        for (; b < nb; b++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
+            __m256i s = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xa + b * 32)), wv);
+            __m256i p0 = dot_u8s8(_mm256_abs_epi8(wv), s);
+            if (b & 1)
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]),
+                                       acc1);
+            else
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]),
+                                       acc0);
+        }
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) + msum;
+#else
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++) {
+        int isum = 0;
+        if (w->fmt == FMT_Q4) {
+            for (int j = 0; j < 16; j++) {
+                isum += (wq[b * 16 + j] & 0x0f) * xa[b * 32 + j];
+                isum += (wq[b * 16 + j] >> 4) * xa[b * 32 + j + 16];
+            }
+            acc += wd[b] * xd[b] * (float)isum + wm[b] * xs[b];
+        } else {
+            for (int j = 0; j < 32; j++) isum += (int8_t)wq[b * 32 + j] * xa[b * 32 + j];
+            acc += wd[b] * xd[b] * (float)isum;
+        }
+    }
+    return acc;
+#endif
+}
+
+/* ---- fp32 activations: the weights are dequantized on the fly, the products are exact
+ * fp32 (what the reference torch path computes, up to summation order). */
+#ifdef RLM_AVX2
+/* 8 floats of weights w[j0 .. j0+7] of a Q4 block (q in 0..15, unscaled) */
+static inline __m256 q4_f8(__m128i nib, int part) {
+    /* part 0: elements 0-7, 1: 8-15 (low nibbles), 2: 16-23, 3: 24-31 (high nibbles) */
+    __m128i v = part < 2 ? _mm_and_si128(nib, _mm_set1_epi8(0x0f))
+                         : _mm_and_si128(_mm_srli_epi16(nib, 4), _mm_set1_epi8(0x0f));
+    if (part & 1) v = _mm_srli_si128(v, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+#endif
+
+/* sum_j W[n, j] x[j] for one row, fp32 x; xs: per-block sums of x (for Q4's m term) */
+static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+                             const float *x, const float *xs, int nb) {
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    float msum = 0.f;
+    for (int b = 0; b < nb; b++) {
+        __m512 lo, hi;
+        if (w->fmt == FMT_Q4) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+            __m128i mask = _mm_set1_epi8(0x0f);
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+            msum += wm[b] * xs[b];
+        } else {
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
+        }
+        __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * 32));
+        t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * 32 + 16), t);
+        if (b & 1) acc1 = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[b]), acc1);
+        else acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[b]), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + msum;
+#elif defined(RLM_AVX2)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float msum = 0.f;
+    for (int b = 0; b < nb; b++) {
+        __m256 f[4];
+        if (w->fmt == FMT_Q4) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+            for (int p = 0; p < 4; p++) f[p] = q4_f8(v, p);
+            msum += wm[b] * xs[b];
+        } else {
+            for (int p = 0; p < 4; p++)
+                f[p] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(wq + b * 32 + p * 8))));
+        }
+        __m256 t = _mm256_mul_ps(f[0], _mm256_loadu_ps(x + b * 32));
+        t = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + b * 32 + 8), t);
+        t = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + b * 32 + 16), t);
+        t = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + b * 32 + 24), t);
+        if (b & 1) acc1 = _mm256_fmadd_ps(t, _mm256_set1_ps(wd[b]), acc1);
+        else acc0 = _mm256_fmadd_ps(t, _mm256_set1_ps(wd[b]), acc0);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) + msum;
+#else
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++) {
+        float s = 0.f;
+        if (w->fmt == FMT_Q4) {
+            for (int j = 0; j < 16; j++)
+                s += (float)(wq[b * 16 + j] & 0x0f) * x[b * 32 + j]
+                   + (float)(wq[b * 16 + j] >> 4) * x[b * 32 + j + 16];
+            acc += wd[b] * s + wm[b] * xs[b];
+        } else {
+            for (int j = 0; j < 32; j++) s += (float)(int8_t)wq[b * 32 + j] * x[b * 32 + j];
+            acc += wd[b] * s;
+        }
+    }
+    return acc;
+#endif
+}
+
+/* Row n dequantized to fp32 (W = d q + m) into out[k]. */
+static void dequant_row(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+                        int nb, float *out) {
+    for (int b = 0; b < nb; b++) {
+        float d = wd[b], m = wm ? wm[b] : 0.f;
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+        __m512 lo, hi;
+        if (w->fmt == FMT_Q4) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+            __m128i mask = _mm_set1_epi8(0x0f);
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+        } else {
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
+        }
+        __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+        _mm512_store_ps(out + b * 32, _mm512_fmadd_ps(lo, dv, mv));
+        _mm512_store_ps(out + b * 32 + 16, _mm512_fmadd_ps(hi, dv, mv));
+#elif defined(RLM_AVX2)
+        __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+        for (int p = 0; p < 4; p++) {
+            __m256 f = w->fmt == FMT_Q4
+                ? q4_f8(_mm_loadu_si128((const __m128i *)(wq + b * 16)), p)
+                : _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                      _mm_loadl_epi64((const __m128i *)(wq + b * 32 + p * 8))));
+            _mm256_store_ps(out + b * 32 + p * 8, _mm256_fmadd_ps(f, dv, mv));
+        }
+#else
+        for (int j = 0; j < 16 && w->fmt == FMT_Q4; j++) {
+            out[b * 32 + j] = d * (float)(wq[b * 16 + j] & 0x0f) + m;
+            out[b * 32 + j + 16] = d * (float)(wq[b * 16 + j] >> 4) + m;
+        }
+        for (int j = 0; j < 32 && w->fmt == FMT_Q8; j++)
+            out[b * 32 + j] = d * (float)(int8_t)wq[b * 32 + j];
+#endif
+    }
+}
+
+/* y[t] = dot(wf, x[t]) for 4 tokens at once (wf: a dequantized row). */
+static inline void dot4_f32(const float *wf, const float *x, int64_t ldx, int k, float *out) {
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int j = 0; j < k; j += 16) {
+        __m512 wv = _mm512_loadu_ps(wf + j);
+        a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j), a0);
+        a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + ldx + j), a1);
+        a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * ldx + j), a2);
+        a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * ldx + j), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
+#elif defined(RLM_AVX2)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int j = 0; j < k; j += 8) {
+        __m256 wv = _mm256_loadu_ps(wf + j);
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + ldx + j), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * ldx + j), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * ldx + j), a3);
+    }
+    out[0] = hsum256(a0);
+    out[1] = hsum256(a1);
+    out[2] = hsum256(a2);
+    out[3] = hsum256(a3);
+#else
+    for (int i = 0; i < 4; i++) {
+        float s = 0.f;
+        for (int j = 0; j < k; j++) s += wf[j] * x[i * ldx + j];
+        out[i] = s;
+    }
+#endif
+}
+
+/* A prepared activation matrix [T, k]: fp32 rows (+ per-block sums), or int8 blocks. */
+typedef struct {
+    int f32;
+    const float *xf, *xd, *xs; /* xf: fp32 rows; xd/xs: int8 scales and scaled sums, or
+                                  (f32) xs = per-block sums of xf */
+    const int8_t *xa;
+} Act;
+
+static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                           int64_t ldy) {
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    float wf[k] __attribute__((aligned(64)));
+    for (int n = n0; n < n1; n++) {
+        const float *wd = w->d + (int64_t)n * nb;
+        const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
+        if (T < 4) {
+            for (int t = 0; t < T; t++)
+                y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
+                                                   a->xs + (int64_t)t * nb, nb);
+            continue;
+        }
+        dequant_row(w, wq, wd, wm, nb, wf);
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            float out[4];
+            dot4_f32(wf, a->xf + (int64_t)t * k, k, k, out);
+            for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n] = out[i];
+        }
+        for (; t < T; t++)
+            y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
+                                               a->xs + (int64_t)t * nb, nb);
+    }
+}
+
+/* y[t, n] (row stride ldy) for n in [n0, n1), all T tokens. */
+static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
+                       int64_t ldy) {
+    if (act->f32) {
+        qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+    const int8_t *xa = act->xa;
+    const float *xd = act->xd, *xs = act->xs;
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+#ifdef RLM_AVX2
+    uint8_t ubuf[k] __attribute__((aligned(64)));
+#endif
+    for (int n = n0; n < n1; n++) {
+        const float *wd = w->d + (int64_t)n * nb;
+        const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
+#ifdef RLM_AVX2
+        if (T < 4) {
+            for (int t = 0; t < T; t++)
+                y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                    xd + (int64_t)t * nb, xs + (int64_t)t * nb,
+                                                    nb);
+            continue;
+        }
+        /* unpack the row once (Q4: nibbles -> bytes; Q8: |w|), reuse for every token */
+        if (w->fmt == FMT_Q4) {
+            for (int b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(ubuf + b * 32), unpack_q4(wq + b * 16));
+        } else {
+            for (int b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(ubuf + b * 32),
+                                   _mm256_abs_epi8(_mm256_loadu_si256(
+                                       (const __m256i *)(wq + b * 32))));
+        }
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f;
+            const int8_t *a0 = xa + (int64_t)t * k;
+            const float *d0 = xd + (int64_t)t * nb, *s0 = xs + (int64_t)t * nb;
+            for (int b = 0; b < nb; b++) {
+                __m256i u = _mm256_load_si256((const __m256i *)(ubuf + b * 32));
+                __m256i sg = w->fmt == FMT_Q8
+                    ? _mm256_loadu_si256((const __m256i *)(wq + b * 32)) : u;
+#define RLM_TOK(i, acc, ms)                                                              \
+    {                                                                                     \
+        __m256i s = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)(i) * k + b * 32)); \
+        if (w->fmt == FMT_Q8) s = _mm256_sign_epi8(s, sg);                                \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, s)),                         \
+                              _mm256_set1_ps(wd[b] * d0[(i) * nb + b]), acc);             \
+        if (wm) ms += wm[b] * s0[(i) * nb + b];                                           \
+    }
+                RLM_TOK(0, acc0, m0) RLM_TOK(1, acc1, m1) RLM_TOK(2, acc2, m2)
+                RLM_TOK(3, acc3, m3)
+            }
+            y[(int64_t)t * ldy + n] = hsum256(acc0) + m0;
+            y[(int64_t)(t + 1) * ldy + n] = hsum256(acc1) + m1;
+            y[(int64_t)(t + 2) * ldy + n] = hsum256(acc2) + m2;
+            y[(int64_t)(t + 3) * ldy + n] = hsum256(acc3) + m3;
+        }
+#undef RLM_TOK
+        for (; t < T; t++)
+            y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                xd + (int64_t)t * nb, xs + (int64_t)t * nb, nb);
+#else
+        for (int t = 0; t < T; t++)
+            y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                xd + (int64_t)t * nb, xs + (int64_t)t * nb, nb);
+#endif
+    }
+}
+
+/* Split [0, n) into nthreads contiguous chunks (multiples of 4 rows). */
+static inline void chunk(int n, int tid, int nth, int *lo, int *hi) {
+    int per = ((n + nth - 1) / nth + 3) & ~3;
+    *lo = tid * per < n ? tid * per : n;
+    *hi = (tid + 1) * per < n ? (tid + 1) * per : n;
+}
+
+/* ------------------------------------------------------------------ small fp32 ops */
+static void rmsnorm_row(const float *x, const float *w, float eps, int n, float *out) {
+    float ss = 0.f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope_head(float *x, const float *c, const float *s, int half) {
+    for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * c[i] - x2 * s[i];
+        x[i + half] = x2 * c[i] + x1 * s[i];
+    }
+}
+
+static void store_kv_row(void *cache, int64_t off, const float *x, int n, int32_t dtype) {
+    if (dtype == KV_F32) {
+        memcpy((float *)cache + off, x, (size_t)n * 4);
+    } else {
+        uint16_t *dst = (uint16_t *)cache + off;
+        for (int i = 0; i < n; i++) dst[i] = f32_to_bf16(x[i]);
+    }
+}
+
+static inline float dot_kv(const float *q, const void *kc, int64_t off, int D, int32_t dtype) {
+#ifdef RLM_AVX2
+    if ((D & 7) == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < D; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8_kv(kc, off + i, dtype), acc);
+        return hsum256(acc);
+    }
+#endif
+    float acc = 0.f;
+    for (int i = 0; i < D; i++)
+        acc += q[i] * (dtype == KV_F32 ? ((const float *)kc)[off + i]
+                                       : bf16_to_f32(((const uint16_t *)kc)[off + i]));
+    return acc;
+}
+
+static inline void axpy_kv(float *out, float w, const void *vc, int64_t off, int D,
+                           int32_t dtype) {
+#ifdef RLM_AVX2
+    if ((D & 7) == 0) {
+        __m256 wv = _mm256_set1_ps(w);
+        for (int i = 0; i < D; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(wv, load8_kv(vc, off + i, dtype),
+                                                      _mm256_loadu_ps(out + i)));
+        return;
+    }
+#endif
+    for (int i = 0; i < D; i++)
+        out[i] += w * (dtype == KV_F32 ? ((const float *)vc)[off + i]
+                                       : bf16_to_f32(((const uint16_t *)vc)[off + i]));
+}
+
+/* One query head over positions 0 .. p of its request (through req_to_token). */
+static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, int Hkv, int D,
+                        float scale, const void *kc, const void *vc, int32_t dtype,
+                        float *scores, float *out) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= p; j++) {
+        float s = dot_kv(q, kc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype) * scale;
+        scores[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j <= p; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    float inv = 1.f / sum;
+    for (int i = 0; i < D; i++) out[i] = 0.f;
+    for (int64_t j = 0; j <= p; j++)
+        axpy_kv(out, scores[j] * inv, vc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype);
+}
+
+/* ------------------------------------------------------------------ workspace */
+typedef struct {
+    float *x, *qkv, *attn, *tmp, *gu, *act, *xd, *xs, *scores;
+    int8_t *xa;
+} Work;
+
+static int64_t max_k(const Layer *L) {
+    int64_t k = L->hidden > L->inter ? L->hidden : L->inter;
+    int64_t q = (int64_t)L->n_heads * L->head_dim;
+    return k > q ? k : q;
+}
+
+static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *base, Work *w) {
+    int64_t H = L->hidden, q = (int64_t)L->n_heads * L->head_dim;
+    int64_t qkv = q + 2 * (int64_t)L->n_kv_heads * L->head_dim, K = max_k(L);
+    int64_t off = 0;
+#define RLM_TAKE(field, count)                              \
+    {                                                       \
+        if (w) w->field = (void *)(base + off);             \
+        off += (((int64_t)(count) + 15) / 16) * 16;         \
+    }
+    RLM_TAKE(x, T * H)
+    RLM_TAKE(qkv, T * qkv)
+    RLM_TAKE(attn, T * q)
+    RLM_TAKE(tmp, T * H)
+    RLM_TAKE(gu, T * 2 * (int64_t)L->inter)
+    RLM_TAKE(act, T * (int64_t)L->inter)
+    RLM_TAKE(xd, T * K / 32)
+    RLM_TAKE(xs, T * K / 32)
+    RLM_TAKE(scores, (int64_t)nth * (max_ctx + 16))
+    RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
+#undef RLM_TAKE
+    return off;
+}
+
+int64_t rlm_workspace_floats(const Layer *L, int32_t T, int32_t max_ctx, int32_t nthreads) {
+    return work_layout(L, T, max_ctx, nthreads, NULL, NULL);
+}
+
+/* ------------------------------------------------------------------ the layer */
+static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
+    *lo = (int)((int64_t)T * tid / nth);
+    *hi = (int)((int64_t)T * (tid + 1) / nth);
+}
+
+/* Prepare rows [lo, hi) of x [T, k] for a matmul: int8 blocks, or (f32) block sums. */
+static Act prep_rows(const float *x, int T, int k, const Work *w, int f32, int tid, int nth) {
+    int lo, hi, nb = k / 32;
+    row_range(T, tid, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        const float *xr = x + (int64_t)t * k;
+        if (f32) {
+            for (int b = 0; b < nb; b++) {
+                float s = 0.f;
+                for (int j = 0; j < 32; j++) s += xr[b * 32 + j];
+                w->xs[(int64_t)t * nb + b] = s;
+            }
+        } else {
+            quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
+                         w->xs + (int64_t)t * nb);
+        }
+    }
+    Act a = {f32, x, w->xd, w->xs, w->xa};
+    return a;
+}
+
+static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth) {
+    int lo, hi;
+    chunk(m->n, tid, nth, &lo, &hi);
+    qgemv_rows(m, lo, hi, T, a, y, m->n);
+}
+
+#ifdef RLM_PROFILE
+/* Seconds per stage, summed over calls (thread 0's view; a profiling build only). */
+static double rlm_prof[16], rlm_t0;
+#define PROF(i)                                                    \
+    if (tid == 0) {                                                \
+        double now_ = omp_get_wtime();                             \
+        rlm_prof[i] += now_ - rlm_t0;                              \
+        rlm_t0 = now_;                                             \
+    }
+#define PROF_START() if (tid == 0) rlm_t0 = omp_get_wtime();
+#else
+#define PROF(i)
+#define PROF_START()
+#endif
+
+/* Stages: 0 norm, 1 qkv, 2 rope + K/V store, 3 attention, 4 o, 5 residual + norm,
+ * 6 gate/up, 7 SiLU, 8 down + residual, 9 head. Returns 1 in a profiling build. */
+int32_t rlm_profile(double *out, int32_t reset) {
+#ifdef RLM_PROFILE
+    for (int i = 0; i < 16; i++) {
+        if (out) out[i] = rlm_prof[i];
+        if (reset) rlm_prof[i] = 0;
+    }
+    return 1;
+#else
+    (void)out;
+    (void)reset;
+    return 0;
+#endif
+}
+
+/* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
+ * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
+ * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
+ * out_loc before any token attends. */
+static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res,
+                       const Work *wp, int tid, int nth) {
+    const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
+    const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
+    Work w = *wp;
+    int lo, hi;
+    row_range(T, tid, nth, &lo, &hi);
+    PROF_START()
+    for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
+                                              w.x + (int64_t)t * H);
+    Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(0)
+    gemv(&L->qkv, T, &a, w.qkv, tid, nth);
+#pragma omp barrier
+    PROF(1)
+    for (int t = lo; t < hi; t++) {
+        float *r = w.qkv + (int64_t)t * qkvn;
+        if (L->qkv_bias)
+            for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
+        const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
+        int64_t off = S->out_loc[t] * kv;
+        store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
+        store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
+    }
+#pragma omp barrier
+    PROF(2)
+    float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
+        int t = (int)(th / Hq), h = (int)(th % Hq);
+        const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+        attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
+                    D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
+                    w.attn + (int64_t)t * q + h * D);
+    }
+    a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(3)
+    gemv(&L->o, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    PROF(4)
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+        rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
+    }
+    a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(5)
+    gemv(&L->gate_up, T, &a, w.gu, tid, nth);
+#pragma omp barrier
+    PROF(6)
+    for (int t = lo; t < hi; t++) {
+        const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
+        float *ac = w.act + (int64_t)t * I;
+        for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
+#pragma omp barrier
+    PROF(7)
+    gemv(&L->down, T, &a, w.tmp, tid, nth);
+#pragma omp barrier
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+    }
+    PROF(8)
+}
+
+static inline void team(int *tid, int *nth) {
+#ifdef _OPENMP
+    *tid = omp_get_thread_num();
+    *nth = omp_get_num_threads();
+#else
+    *tid = 0;
+    *nth = 1;
+#endif
+}
+
+void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
+    Work w;
+    work_layout(L, S->T, S->max_ctx, S->nthreads, S->ws, &w);
+#pragma omp parallel num_threads(S->nthreads)
+    {
+        int tid, nth;
+        team(&tid, &nth);
+        layer_body(L, S, k_cache, v_cache, res, &w, tid, nth);
+    }
+}
+
+/* Every layer of the step in one parallel region (layers[i] with k_caches[i] /
+ * v_caches[i]); same result as rlm_layer called layer by layer. */
+void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
+                void *const *v_caches, const Step *S, float *res) {
+    Work w;
+    work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
+#pragma omp parallel num_threads(S->nthreads)
+    {
+        int tid, nth;
+        team(&tid, &nth);
+        for (int i = 0; i < n_layers; i++) {
+            layer_body(&layers[i], S, k_caches[i], v_caches[i], res, &w, tid, nth);
+#pragma omp barrier
+        }
+    }
+}
+
+/* logits [T, head->n] = head(norm(x)) for x [T, k] (norm NULL: no norm).
+ * ws: rlm_matmul_workspace_floats() floats. */
+void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, const float *x,
+                   float *logits, float *ws, int32_t act_f32, int32_t nthreads) {
+    const int k = head->k, nb = k / 32;
+    Work w;
+    memset(&w, 0, sizeof w);
+    w.x = ws;
+    w.xd = ws + (int64_t)T * k;
+    w.xs = w.xd + (int64_t)T * nb;
+    w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
+#pragma omp parallel num_threads(nthreads)
+    {
+        int tid, nth, lo, hi;
+        team(&tid, &nth);
+        row_range(T, tid, nth, &lo, &hi);
+        for (int t = lo; t < hi; t++) {
+            if (norm) rmsnorm_row(x + (int64_t)t * k, norm, eps, k, w.x + (int64_t)t * k);
+            else memcpy(w.x + (int64_t)t * k, x + (int64_t)t * k, (size_t)k * 4);
+        }
+        PROF_START()
+        Act a = prep_rows(w.x, T, k, &w, act_f32, tid, nth);
+#pragma omp barrier
+        gemv(head, T, &a, logits, tid, nth);
+#pragma omp barrier
+        PROF(9)
+    }
+}
+
+int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
+    return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + (int64_t)nthreads * k) / 4
+           + 64;
+}
+
+/* Kernel-test entry points: one op each, the same code the layer runs. */
+void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *dx, float *sx) {
+    for (int t = 0; t < T; t++)
+        quantize_row(x + (int64_t)t * k, k, a + (int64_t)t * k, dx + (int64_t)t * (k / 32),
+                     sx + (int64_t)t * (k / 32));
+}
+
+void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
+                   const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
+                   int64_t r2t_stride, const void *k_cache, const void *v_cache,
+                   int32_t kv_dtype, int32_t max_ctx, float *out) {
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(max_ctx + 16));
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hq; h++)
+            attend_head(q + ((int64_t)t * Hq + h) * D, req_to_token + rows[t] * r2t_stride,
+                        pos[t], h / (Hq / Hkv), Hkv, D, scale, k_cache, v_cache, kv_dtype,
+                        scores, out + ((int64_t)t * Hq + h) * D);
+    free(scores);
+}
+
+/* Which SIMD path this build took (for logs and benchmarks). */
+const char *rlm_isa(void) {
+#if defined(RLM_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "avx512-vnni";
+#elif defined(RLM_AVX2) && defined(__AVXVNNI__)
+    return "avx-vnni";
+#elif defined(RLM_AVX2)
+    return "avx2";
+#else
+    return "generic";
+#endif
+}

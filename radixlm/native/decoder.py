@@ -1,0 +1,148 @@
+"""Small steps (decode, jump-forward) of a Llama-family model in the native library.
+
+One C call per layer (RMSNorm, quantized q/k/v, rotary, K/V store into the pool,
+attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down, residuals) and one
+for the final norm and the LM head. The pool stays the only K/V store: a step written here
+is read by the torch path's next extend step and the other way round. Larger steps
+(prefill chunks) stay on the torch path, where GEMMs and flash attention win.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from radixlm.native.build import Layer, QMat, Step
+from radixlm.native.ops import KV_DTYPES, qmat
+from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
+from radixlm.runtime.forward_batch import ForwardBatch
+
+_FUSED = {
+    "qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+    "o": ["self_attn.o_proj"],
+    "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
+    "down": ["mlp.down_proj"],
+}
+
+
+def supported(model, pool) -> str | None:
+    """Why ``model`` cannot run natively (None when it can)."""
+    cfg = model.cfg
+    if model.device.type != "cpu":
+        return "not a CPU model"
+    if pool.k_buffer[0].dtype not in KV_DTYPES:
+        return f"K/V dtype {pool.k_buffer[0].dtype} (fp32 or bf16 only)"
+    if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
+        return "dimensions not multiples of 32"
+    if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
+        return "head layout"
+    extra = getattr(model, "native_unsupported", None)
+    return extra() if callable(extra) else None
+
+
+class NativeDecoder:
+    """Runs steps of at most ``max_rows`` tokens. ``blocks``: HF weight name -> QWeight
+    (the source file's own blocks); weights missing there are quantized from the model's
+    dense weights (Q8 blocks, or Q4 with ``quant="int4"``)."""
+
+    def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
+                 max_rows: int, quant: str = "auto", act_f32: bool = True) -> None:
+        self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
+        self.act_f32 = int(act_f32)
+        self.quantize = quantize_q4 if quant == "int4" else quantize_q8
+        self._keep: list = []  # arrays the C structs point into
+        cfg = model.cfg
+        self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
+        self.layers = [self._layer(i, blocks) for i in range(cfg.num_layers)]
+        n = cfg.num_layers
+        self._layer_array = (Layer * n)(*self.layers)
+        self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
+        self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
+        head = blocks.get("lm_head.weight")
+        if head is None and model.lm_head is model.embed:
+            head = blocks.get("model.embed_tokens.weight")
+        if head is None:
+            head = quantize_q8(model.lm_head.float().numpy())
+        self.head = self._qmat(head)
+        self.final_norm = self._f32(model.norm)
+        self._ws = torch.empty(0)
+        self._head_ws = torch.empty(0)
+
+    # ------------------------------------------------------------------ weights
+    def _f32(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        a = np.ascontiguousarray(t.detach().float().numpy())
+        self._keep.append(a)
+        return a.ctypes.data
+
+    def _qmat(self, w: QWeight) -> QMat:
+        return qmat(w, self._keep)
+
+    def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
+               dense) -> QWeight:
+        full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
+        if all(n in blocks for n in full):
+            return concat([blocks[n] for n in full])
+        return self.quantize(dense.weight.float().numpy())
+
+    def _layer(self, i: int, blocks: dict[str, QWeight]) -> Layer:
+        cfg, layer = self.model.cfg, self.model.layers[i]
+        mats = {key: self._qmat(self._fused(blocks, i, names, getattr(layer, attr)))
+                for (key, names), attr in zip(_FUSED.items(),
+                                              ("qkv", "o_proj", "gate_up", "down"))}
+        return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                     cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
+                     self._f32(layer.input_norm), self._f32(layer.post_norm),
+                     self._f32(layer.qkv.bias), mats["qkv"], mats["o"], mats["gate_up"],
+                     mats["down"])
+
+    # ------------------------------------------------------------------ the step
+    def accepts(self, batch: ForwardBatch) -> bool:
+        return 0 < batch.num_tokens <= self.max_rows
+
+    def _workspace(self, attr: str, floats: int) -> torch.Tensor:
+        ws = getattr(self, attr)
+        if ws.numel() < floats:
+            ws = torch.empty(max(floats, 2 * ws.numel()), dtype=torch.float32)
+            setattr(self, attr, ws)
+        return ws
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits ``[len(batch.logits_indices), V]`` in fp32 (the K/V of every token of
+        the step written to the pool)."""
+        model, lib, pool = self.model, self.lib, self.pool
+        nthreads = torch.get_num_threads()
+        T = batch.num_tokens
+        res = model.embed[batch.input_ids].float()  # (T, hidden), the residual stream
+        freqs = batch.positions.float()[:, None] * model.inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        if model.rope_scaling != 1.0:
+            cos, sin = cos * model.rope_scaling, sin * model.rope_scaling
+        if len(batch.extend_lens_cpu) == T:  # one token per request (decode)
+            rows = batch.req_pool_indices
+        else:
+            rows = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens)
+        max_ctx = max(batch.seq_lens_cpu)
+        ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], T, max_ctx,
+                                                             nthreads))
+        table = pool.req_to_token
+        step = Step(T, self.kv_dtype, nthreads, max_ctx, self.act_f32, cos.data_ptr(),
+                    sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
+                    batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
+                    ws.data_ptr())
+        lib.rlm_layers(self._layer_array, len(self.layers), self._k_ptrs, self._v_ptrs,
+                       ctypes.byref(step), res.data_ptr())
+        x = res[batch.logits_indices].contiguous()
+        n = x.shape[0]
+        logits = torch.empty(n, self.head.n, dtype=torch.float32)
+        if n:
+            hws = self._workspace("_head_ws", lib.rlm_matmul_workspace_floats(
+                n, self.head.k, nthreads))
+            lib.rlm_norm_head(ctypes.byref(self.head), self.final_norm,
+                              model.cfg.rms_norm_eps, n, x.data_ptr(), logits.data_ptr(),
+                              hws.data_ptr(), self.act_f32, nthreads)
+        return logits

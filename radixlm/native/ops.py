@@ -1,0 +1,67 @@
+"""Thin torch-facing wrappers of single native ops (kernel tests and benchmarks call these;
+the engine runs whole layers through ``decoder``)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from radixlm.native.build import QMat
+from radixlm.native.qweights import FMT_Q4, QWeight
+
+KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def qmat(w: QWeight, keep: list) -> QMat:
+    """The C view of ``w``; ``keep`` holds the arrays it points into."""
+    arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float32)]
+    if w.fmt == FMT_Q4:
+        arrays.append(np.ascontiguousarray(w.m, dtype=np.float32))
+    keep.extend(arrays)
+    return QMat(w.fmt, w.n, w.k, arrays[0].ctypes.data, arrays[1].ctypes.data,
+                arrays[2].ctypes.data if w.fmt == FMT_Q4 else None)
+
+
+def norm_matmul(lib, x: torch.Tensor, w: QWeight, act_f32: bool = True,
+                norm: torch.Tensor | None = None, eps: float = 1e-5,
+                threads: int | None = None) -> torch.Tensor:
+    """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32."""
+    keep: list = []
+    m = qmat(w, keep)
+    x = x.float().contiguous()
+    t = x.shape[0]
+    threads = threads or torch.get_num_threads()
+    out = torch.empty(t, w.n, dtype=torch.float32)
+    ws = torch.empty(lib.rlm_matmul_workspace_floats(t, w.k, threads), dtype=torch.float32)
+    norm_ptr = None if norm is None else norm.float().contiguous()
+    lib.rlm_norm_head(ctypes.byref(m), None if norm_ptr is None else norm_ptr.data_ptr(), eps,
+                      t, x.data_ptr(), out.data_ptr(), ws.data_ptr(), int(act_f32), threads)
+    return out
+
+
+def quantize_act(lib, x: torch.Tensor):
+    """The kernel's int8 activation blocks of ``x [T, k]``: (a, d, s)."""
+    x = x.float().contiguous()
+    t, k = x.shape
+    a = torch.empty(t, k, dtype=torch.int8)
+    d = torch.empty(t, k // 32)
+    s = torch.empty(t, k // 32)
+    lib.rlm_quantize_rows(x.data_ptr(), t, k, a.data_ptr(), d.data_ptr(), s.data_ptr())
+    return a, d, s
+
+
+def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+              req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """The layer's attention on its own (see ``ref.attention`` for the contract)."""
+    q = q.float().contiguous()
+    t, heads, dim = q.shape
+    out = torch.empty_like(q)
+    rows, pos = rows.long().contiguous(), pos.long().contiguous()
+    lib.rlm_attention(q.data_ptr(), t, heads, k_cache.shape[1], dim, scale, rows.data_ptr(),
+                      pos.data_ptr(), req_to_token.data_ptr(), req_to_token.stride(0),
+                      k_cache.data_ptr(), v_cache.data_ptr(), KV_DTYPES[k_cache.dtype],
+                      int(pos.max()) + 1, out.data_ptr())
+    return out

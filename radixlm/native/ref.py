@@ -1,0 +1,50 @@
+"""Pure-torch twins of the native ops: the ground truth their tests compare against."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.native.qweights import QWeight
+
+
+def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [T, k]`` fp32 -> (int8 ``a [T, k]``, ``d [T, k/32]``, ``s = d * sum(a)``), the rule
+    of the C ``quantize_row``: ``d = amax / 127``, ``a = round-half-even(x / d)``."""
+    t, k = x.shape
+    g = x.float().view(t, k // 32, 32)
+    d = g.abs().amax(-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    a = torch.round(g * inv[..., None]).clamp(-127, 127)
+    return a.to(torch.int8).view(t, k), d, d * a.sum(-1)
+
+
+def qmatmul(x: torch.Tensor, w: QWeight, act_f32: bool = True) -> torch.Tensor:
+    """``x [T, k] @ W.T`` with ``W`` the dequantized blocks; with int8 activations the
+    input is first rounded as the kernel rounds it."""
+    weight = torch.from_numpy(w.dequantize()).double()
+    if not act_f32:
+        a, d, _ = quantize_act(x)
+        x = (a.view(x.shape[0], -1, 32).double() * d[..., None].double()).view(x.shape)
+    return (x.double() @ weight.T).float()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+def attention(q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+              req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """``q [T, H, D]``; token ``t`` attends to pool slots ``req_to_token[rows[t], :pos[t]+1]``
+    of ``k_cache/v_cache [S, Hkv, D]`` (GQA: query head h reads KV head h // (H / Hkv))."""
+    t_count, heads, _ = q.shape
+    group = heads // k_cache.shape[1]
+    out = torch.empty_like(q, dtype=torch.float32)
+    for t in range(t_count):
+        slots = req_to_token[rows[t], :int(pos[t]) + 1].long()
+        keys = k_cache[slots].float().repeat_interleave(group, dim=1)  # (L, H, D)
+        values = v_cache[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[t].float(), keys) * scale
+        out[t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
+    return out

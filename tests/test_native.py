@@ -1,0 +1,277 @@
+"""Native CPU ops (radixlm/native) against their torch twins, the GGUF blocks against the
+file's dequantized weights, and the engine with the native path on, off and unavailable."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from radixlm.native import build, ops, ref
+from radixlm.native.qweights import (
+    FMT_Q4,
+    FMT_Q8,
+    from_gguf_raw,
+    gguf_blocks,
+    quantize_q4,
+    quantize_q8,
+)
+
+# Every SIMD path this x86-64 host can execute: its own (-march=native), AVX2 with FMA
+# (the u8*s8 maddubs path of hosts without VNNI), and the plain C one.
+VARIANTS = {"native": None, "avx2": ["-mavx2", "-mfma"], "generic": ["-mno-avx"]}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def lib(request, tmp_path_factory):
+    if request.param == "native":
+        lib = build.load()
+        assert lib is not None, "the native library must build on the test machine (gcc)"
+        return lib
+    flags = set(build.cpu_flags())
+    if request.param == "avx2" and not {"avx2", "fma"} <= flags:
+        pytest.skip("this host cannot execute AVX2")  # not an x86-64 AVX2 machine
+    lib = build.load_variant(VARIANTS[request.param], tmp_path_factory.mktemp("native"))
+    expected = {"avx2": "avx2", "generic": "generic"}[request.param]
+    assert lib.rlm_isa().decode() == expected
+    return lib
+
+
+def _rand_weight(fmt: int, n: int, k: int, seed: int):
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.1
+    return quantize_q4(w) if fmt == FMT_Q4 else quantize_q8(w)
+
+
+def test_library_reports_the_host_isa():
+    isa = build.load().rlm_isa().decode()
+    flags = build.cpu_flags()
+    expected = ("avx512-vnni" if {"avx512_vnni", "avx512vl"} <= set(flags)
+                else "avx-vnni" if "avx_vnni" in flags
+                else "avx2" if {"avx2", "fma"} <= set(flags) else "generic")
+    assert isa == expected
+
+
+def test_activation_quantization_matches_twin(lib):
+    x = torch.randn(5, 96) * torch.tensor([0.01, 1.0, 30.0]).repeat_interleave(32)
+    x[2, 32:64] = 0  # an all-zero block
+    a, d, s = ops.quantize_act(lib, x)
+    ra, rd, rs = ref.quantize_act(x)
+    assert torch.equal(a, ra)
+    torch.testing.assert_close(d, rd)
+    torch.testing.assert_close(s, rs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
+@pytest.mark.parametrize("act_f32", [True, False])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
+@pytest.mark.parametrize("t", [1, 9])
+def test_quantized_matmul_matches_twin(lib, fmt, act_f32, n, k, t):
+    w = _rand_weight(fmt, n, k, seed=n + k + t)
+    x = torch.randn(t, k)
+    out = ops.norm_matmul(lib, x, w, act_f32=act_f32)
+    expected = ref.qmatmul(x, w, act_f32=act_f32)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_activations_stay_within_stated_error(lib):
+    """int8 blocks of activations (llama.cpp's scheme): ~0.5% relative error, documented."""
+    w = _rand_weight(FMT_Q4, 256, 576, seed=1)
+    x = torch.randn(4, 576)
+    exact = ref.qmatmul(x, w, act_f32=True)
+    approx = ops.norm_matmul(lib, x, w, act_f32=False)
+    assert ((approx - exact).norm() / exact.norm()).item() < 0.01
+
+
+def test_norm_then_matmul_matches_twin(lib):
+    w = _rand_weight(FMT_Q8, 67, 64, seed=3)
+    x, norm = torch.randn(6, 64) * 3, torch.rand(64) + 0.5
+    out = ops.norm_matmul(lib, x, w, norm=norm, eps=1e-6)
+    torch.testing.assert_close(out, ref.qmatmul(ref.rmsnorm(x, norm, 1e-6), w), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (3, 3, 64), (8, 1, 24), (2, 1, 6)])
+def test_attention_through_req_to_token_matches_twin(lib, kv_dtype, heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(heads * dim)
+    slots = 300
+    k_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(kv_dtype)
+    table = torch.randperm(slots - 1, generator=gen)[:3 * 90].view(3, 90).int() + 1  # scattered
+    rows = torch.tensor([2, 0, 0, 1, 2])  # request 0 has two tokens in the step
+    pos = torch.tensor([0, 40, 41, 89, 7])
+    q = torch.randn(5, heads, dim, generator=gen)
+    out = ops.attention(lib, q, rows, pos, table, k_cache, v_cache, dim ** -0.5)
+    expected = ref.attention(q, rows, pos, table, k_cache, v_cache, dim ** -0.5)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_gguf_blocks_are_the_files_own_numbers(model_dir):
+    """Q4_1 / Q8_0 blocks read from the embedded GGUF dequantize to exactly what the gguf
+    package dequantizes (and Q4_0, made with gguf's quantizer, likewise)."""
+    import gguf
+
+    from radixlm.runtime.weights import gguf_source
+
+    path = gguf_source(model_dir)
+    blocks = gguf_blocks(path)
+    reader = gguf.GGUFReader(str(path))
+    seen = set()
+    for t in reader.tensors:
+        if t.name not in ("blk.0.attn_q.weight", "blk.5.ffn_down.weight", "token_embd.weight"):
+            continue
+        expected = gguf.quants.dequantize(t.data, t.tensor_type).reshape(blocks[t.name].n, -1)
+        np.testing.assert_array_equal(blocks[t.name].dequantize(), expected.astype(np.float32))
+        seen.add(t.tensor_type.name)
+    assert seen == {"Q4_1", "Q8_0"}
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    q40 = from_gguf_raw("Q4_0", raw)
+    np.testing.assert_array_equal(
+        q40.dequantize(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0))
+
+
+def test_native_blocks_match_the_dequantized_checkpoint(model_dir):
+    """Under HF names (q/k rows un-permuted) the blocks are the converted fp32 weights."""
+    from radixlm.runtime.weights import load_gguf_blocks, load_hf_config, load_state_dict
+
+    blocks = load_gguf_blocks(model_dir, load_hf_config(model_dir))
+    state = load_state_dict(model_dir)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj"
+                 ".weight", "model.layers.7.mlp.up_proj.weight", "model.embed_tokens.weight"):
+        np.testing.assert_allclose(blocks[name].dequantize(), state[name].numpy(), atol=1e-6)
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1.",
+           "Once upon a time, in a small village,", "Q: What is 12 times 12?\nA:"]
+
+
+@pytest.fixture(scope="module")
+def reference_engine():
+    """The reference path: dense fp32 weights, torch ops, no native library."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(dtype="float32", weight_quant="none", max_total_tokens=8192,
+                    log_level="warning")
+    assert engine.runner.native is None
+    yield engine
+    engine.shutdown()
+
+
+def _greedy(engine, prompts, n=24):
+    outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": n},
+                           return_logprob=True)
+    return [o["output_ids"] for o in outs], [o["meta_info"]["output_token_logprobs"]
+                                             for o in outs]
+
+
+def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
+    """fp32: the native path's greedy text (batched and alone) equals the reference path's,
+    and each chosen token's logprob is within 2e-3."""
+    assert engine_fp32.runner.native is not None and engine_fp32.runner.native.act_f32
+    ids, lps = _greedy(engine_fp32, PROMPTS)
+    ref_ids, ref_lps = _greedy(reference_engine, PROMPTS)
+    assert ids == ref_ids
+    for a, b in zip(lps, ref_lps):
+        np.testing.assert_allclose([x[0] for x in a], [x[0] for x in b], atol=2e-3)
+    alone, _ = _greedy(engine_fp32, [PROMPTS[1]])
+    assert alone[0] == ref_ids[1]
+
+
+def test_engine_int8_activations_stay_close(reference_engine):
+    """int8 activation blocks: chosen-token logprobs within 0.3 of the reference over 30
+    layers (measured ~0.2 at worst; greedy text may part on near-ties, as llama.cpp's)."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(dtype="float32", native_activations="int8", max_total_tokens=4096,
+                    log_level="warning")
+    try:
+        out = engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 8},
+                              return_logprob=True, logprob_start_len=0)
+        ref_out = reference_engine.generate(
+            input_ids=engine.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
+            + out["output_ids"], sampling_params={"max_new_tokens": 0},
+            return_logprob=True, logprob_start_len=0)
+        n_in = out["meta_info"]["prompt_tokens"]
+        ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
+        np.testing.assert_allclose(ours, theirs, atol=0.3)
+    finally:
+        engine.shutdown()
+
+
+def test_fallback_when_the_library_is_unavailable(monkeypatch, caplog, tiny_model_dir):
+    """No compiler: the engine starts on the reference path and says so once."""
+    from radixlm.runtime.engine import Engine
+
+    monkeypatch.setattr(build, "_compiler", lambda: None)
+    build.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="radixlm.native.build"):
+            engine = Engine(model=str(tiny_model_dir), dtype="float32", max_total_tokens=1024,
+                            log_level="warning")
+            try:
+                assert engine.runner.native is None
+                out = engine.generate("Hello", {"temperature": 0, "max_new_tokens": 4})
+                assert out["meta_info"]["completion_tokens"] == 4
+            finally:
+                engine.shutdown()
+        messages = [r.getMessage() for r in caplog.records if "native CPU ops" in r.getMessage()]
+        assert len(messages) == 1 and "no C compiler" in messages[0]
+    finally:
+        build.load.cache_clear()
+
+
+def test_native_off_by_environment(monkeypatch):
+    monkeypatch.setenv("RADIXLM_NATIVE", "0")
+    build.load.cache_clear()
+    try:
+        assert build.load() is None
+    finally:
+        build.load.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def q8_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny random model with every linear rounded to Q8 blocks, so the native path's
+    own quantization of this (non-GGUF) checkpoint reproduces its weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("tiny-q8")
+    for f in tiny_model_dir.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    state = load_file(str(tiny_model_dir / "model.safetensors"))
+    for name, w in state.items():
+        if w.ndim == 2:
+            state[name] = torch.from_numpy(quantize_q8(w.numpy()).dequantize())
+    save_file(state, str(out / "model.safetensors"))
+    return out
+
+
+def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir):
+    """A non-GGUF checkpoint (Q8 blocks made here; head_dim 16): native fp32 greedy equals
+    the reference, including a step that extends several tokens after a cached prefix and
+    a batch of requests at different lengths."""
+    from radixlm.runtime.engine import Engine
+
+    prompts = ["The weather today is", "The weather today is nice and", "A", "Numbers: 1, 2"]
+    outs = {}
+    for label, quant in (("native", "auto"), ("ref", "none")):
+        engine = Engine(model=str(q8_model_dir), dtype="float32", weight_quant=quant,
+                        max_total_tokens=2048, log_level="warning")
+        try:
+            assert (engine.runner.native is not None) == (label == "native")
+            params = {"temperature": 0, "max_new_tokens": 12}
+            first = engine.generate(prompts[0], params)["output_ids"]
+            cached = engine.generate(prompts[1], params)  # prefix hit, then a 2-token extend
+            assert cached["meta_info"]["cached_tokens"] > 0
+            batch = [o["output_ids"] for o in engine.generate(prompts, params)]
+            outs[label] = (first, cached["output_ids"], batch)
+        finally:
+            engine.shutdown()
+    assert outs["native"] == outs["ref"]
