@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -69,9 +68,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--grammar-backend", default="llguidance")
     args = ap.parse_args()
+    from radixlm.hostinfo import host_info, host_line
     from radixlm.runtime.engine import Engine
 
-    results: dict = {"host": _host(), "grammar_backend": args.grammar_backend}
+    results: dict = {"host": host_info(), "grammar_backend": args.grammar_backend}
     names = ["Alice", "Bob", "Chen", "Dana", "Emil", "Fatima", "Goran", "Hana"]
     max_new = 48 if args.quick else 96
     with Engine(log_level="warning", grammar_backend=args.grammar_backend) as engine:
@@ -144,7 +144,7 @@ def main() -> None:
     results["compile"] = _compile_times(tok, args.grammar_backend,
                                         limit=40 if args.quick else None)
     print(json.dumps(results, indent=2))
-    print(f"\nhost: {results['host']}")
+    print(f"\n{host_line(results['host'])}")
     print(f"\n{'workload':<10}{'free e2e':>10}{'constr e2e':>12}{'free decode':>13}"
           f"{'constr decode':>15}{'ratio':>7}  (tok/s; ratio of decode rates)")
     for b in ("batch1", "batch16"):
@@ -160,22 +160,6 @@ def main() -> None:
     print(f"compile: {c['compiled']}/{c['total']} p50 {c['p50_s']:.3f}s p99 {c['p99_s']:.3f}s")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
-
-
-def _host() -> str:
-    """CPU model and vector ISA flags (speed claims need the machine)."""
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = " ".join(f for f in line.split(":", 1)[1].split()
-                                 if f.startswith(("avx", "fma", "amx")))
-                break
-    except OSError:
-        pass
-    return f"{model} [{flags}]"
 
 
 def _decode_rate(outs: list[dict]) -> float:

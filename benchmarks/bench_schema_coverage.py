@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,21 +32,6 @@ def pct(xs: list[float], q: float) -> float:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
-def host() -> dict:
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = " ".join(f for f in line.split(":", 1)[1].split()
-                                 if f.startswith(("avx", "fma", "amx", "sse4")))
-                break
-    except OSError:
-        model = platform.processor()
-    return {"cpu": model, "isa": flags, "python": platform.python_version()}
 
 
 def summarize(results: list[dict]) -> dict:
@@ -89,7 +73,9 @@ def main() -> int:
     from radixlm.runtime.weights import load_tokenizer, resolve_model
 
     tok = load_tokenizer(resolve_model("smollm2-135m-instruct"))
-    out: dict = {"host": host(), "data": str(args.data), "walks": args.walks}
+    from radixlm.hostinfo import host_info, host_line
+
+    out: dict = {"host": host_info(), "data": str(args.data), "walks": args.walks}
     all_results = {}
     for name in args.backends.split(","):
         be = None
@@ -115,7 +101,7 @@ def main() -> int:
             for kind, ex in r.get("violation_examples", []):
                 print("VIOLATION", name, r["id"], kind, ex, file=sys.stderr)
     print(json.dumps(out, indent=1))
-    print(f"\nhost: {out['host']['cpu']} [{out['host']['isa']}]")
+    print(f"\n{host_line(out['host'])}")
     print(f"{'backend':<12}{'compiled':>10}{'viol':>6}{'valid acc':>12}{'inval rej':>12}"
           f"{'cmp p50 ms':>12}{'cmp p99 ms':>12}{'mask p50 us':>13}{'mask p99 us':>13}")
     for name in args.backends.split(","):
