@@ -209,3 +209,35 @@ def test_streamed_tool_call_deltas_match_non_streamed(client: openai.OpenAI) -> 
 def test_bad_tool_definitions_are_400(client: openai.OpenAI, kwargs: dict, needle: str) -> None:
     with pytest.raises(openai.BadRequestError, match=needle):
         client.chat.completions.create(model="m", messages=ASK, max_tokens=4, **kwargs)
+
+
+def test_generic_format_round_trip_without_a_model() -> None:
+    from radixlm.runtime.server.tool_calls import (
+        parse_output,
+        parse_tools,
+        render_messages,
+        streamable_prefix,
+    )
+
+    auto = parse_tools([WEATHER], None, None)
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "", "tool_calls": [{
+                   "id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    out = render_messages(history, auto, native=False)
+    assert out[0]["role"] == "system" and '"get_weather"' in out[0]["content"]
+    assert out[2]["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": '
+                                 '{"city": "Oslo"}}\n</tool_call>')
+    assert out[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
+    text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n' \
+           '</tool_call>'
+    content, calls = parse_output(text, auto)
+    assert content == "Sure." and json.loads(calls[0]["function"]["arguments"]) == \
+        {"city": "Rome"}
+    assert parse_output("plain <tool_call>{broken</tool_call>", auto)[1] == []
+    assert streamable_prefix("Sure. <tool_ca", auto) == len("Sure. ")
+    assert streamable_prefix("Sure. <b>", auto) == len("Sure. <b>")
+    required = parse_tools([WEATHER], "required", True)
+    assert streamable_prefix('[{"name"', required) == 0
+    assert parse_output('[{"name": "get_weather", "arguments": {}}]', required)[0] is None

@@ -149,13 +149,16 @@ def render_messages(messages: list[dict[str, Any]], setup: ToolSetup | None,
                     "name": c["function"]["name"],
                     "arguments": _loads_args(c["function"].get("arguments"))}} for c in calls]
             else:
-                blocks = [f'{OPEN}\n{json.dumps({"name": c["function"]["name"], "arguments": _loads_args(c["function"].get("arguments"))}, ensure_ascii=False)}\n{CLOSE}'  # noqa: E501
-                          for c in calls]
+                blocks = [OPEN + "\n" + json.dumps(
+                    {"name": c["function"]["name"],
+                     "arguments": _loads_args(c["function"].get("arguments"))},
+                    ensure_ascii=False) + "\n" + CLOSE for c in calls]
                 m["content"] = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
-        if m["role"] == "tool" and not native:
-            m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n"
-                                            "</tool_response>"}
-        m.pop("tool_call_id", None) if not native else None
+        if not native:
+            m.pop("tool_call_id", None)
+            if m["role"] == "tool":
+                m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n"
+                                                "</tool_response>"}
         out.append(m)
     if setup is not None and setup.active and not native:
         prompt = generic_tools_prompt(setup.functions)
