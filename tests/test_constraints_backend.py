@@ -240,3 +240,26 @@ def test_compiles_off_thread_and_caches(tokenizer, tmp_path, monkeypatch):
     assert be2.stats()["disk_hits"] == 1
     assert accepts_text(g3, tokenizer, "dogs") and not accepts_text(g3, tokenizer, "cow")
     be2.shutdown()
+
+
+def test_llguidance_schema_prep_is_sound(tokenizer, backend):
+    """oneOf of type-disjoint branches (through a $ref) runs as anyOf; listed properties
+    close the object; uniqueItems keeps arrays to one item; draft-3 keywords are refused."""
+    if backend.name != "llguidance":
+        pytest.skip("llguidance schema preparation")
+    schema = {"$defs": {"when": {"type": "object", "properties": {"at": {"type": "integer"}},
+                                 "required": ["at"]}},
+              "type": "object", "required": ["t", "tags"],
+              "properties": {"t": {"oneOf": [{"$ref": "#/$defs/when"}, {"type": "null"}]},
+                             "tags": {"type": "array", "items": {"type": "string"},
+                                      "uniqueItems": True}}}
+    g = compile_(backend, json_schema=schema)
+    for text, ok in (('{"t":null,"tags":[]}', True), ('{"t":{"at":3},"tags":["a"]}', True),
+                     ('{"t":"x","tags":[]}', False), ('{"t":null,"tags":["a","b"]}', False),
+                     ('{"t":null,"tags":[],"extra":1}', False)):
+        assert accepts_text(g, tokenizer, text) == ok, text
+        if ok:
+            jsonschema.validate(json.loads(text), schema)
+    overlapping = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
+    with pytest.raises(ValueError, match="oneOf"):
+        compile_(backend, json_schema=overlapping)

@@ -82,7 +82,7 @@ def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
     return out
 
 
-def close_objects(schema: Any, in_all_of: bool = False) -> Any:
+def close_objects(schema: Any, in_all_of: bool = False, root: Any = None) -> Any:
     """A copy with ``uniqueItems`` and simple ``not`` rewritten (see ``_negate``; unique
     arrays hold at most one item, as in the regex translator), without unknown ``format``
     names (annotations), and where every object schema that lists ``properties`` and says
@@ -93,7 +93,11 @@ def close_objects(schema: Any, in_all_of: bool = False) -> Any:
     their properties (closing those could empty the language)."""
     if not isinstance(schema, dict):
         return schema
+    root = schema if root is None else root
     out = dict(schema)
+    if isinstance(out.get("oneOf"), list) and "anyOf" not in out \
+            and _types_disjoint(out["oneOf"], root):
+        out["anyOf"] = out.pop("oneOf")  # exactly one branch can match any value
     if out.get("uniqueItems") is False:
         del out["uniqueItems"]
     elif out.get("uniqueItems") is True and out.get("minItems", 0) <= 1:
@@ -108,17 +112,17 @@ def close_objects(schema: Any, in_all_of: bool = False) -> Any:
             out["type"] = negated
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: close_objects(v) for k, v in out[key].items()}
+            out[key] = {k: close_objects(v, root=root) for k, v in out[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [close_objects(v, key == "allOf") for v in out[key]]
+            out[key] = [close_objects(v, key == "allOf", root) for v in out[key]]
     for key in _SCHEMA_ONE:
         if key in out:
-            out[key] = close_objects(out[key])
+            out[key] = close_objects(out[key], root=root)
     if isinstance(out.get("items"), list):
-        out["items"] = [close_objects(v) for v in out["items"]]
+        out["items"] = [close_objects(v, root=root) for v in out["items"]]
     elif "items" in out:
-        out["items"] = close_objects(out["items"])
+        out["items"] = close_objects(out["items"], root=root)
     if isinstance(out.get("format"), str) and out["format"] not in KNOWN_FORMATS:
         del out["format"]  # an unknown format is an annotation: it asserts nothing
     props = out.get("properties")
@@ -128,6 +132,49 @@ def close_objects(schema: Any, in_all_of: bool = False) -> Any:
                                            "unevaluatedProperties", "allOf", "$ref"))):
         out["additionalProperties"] = False
     return out
+
+
+def _json_types(s: Any, root: Any, depth: int = 0) -> set[str] | None:
+    """The JSON types a subschema can match, from ``type``/``const``/``enum`` (following
+    local ``$ref``s); None when it can't be told. ``number`` includes ``integer``."""
+    if not isinstance(s, dict) or depth > 8:
+        return None
+    ref = s.get("$ref")
+    if isinstance(ref, str):
+        if not ref.startswith("#/") or len(s.keys() - {"$ref", "description", "title"}) > 0:
+            return None
+        target = root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                return None
+            target = target[part]
+        return _json_types(target, root, depth + 1)
+    values = [s["const"]] if "const" in s else s.get("enum")
+    if isinstance(values, list):
+        found = set()
+        for v in values:
+            t = {bool: "boolean", type(None): "null", str: "string", dict: "object",
+                 list: "array"}.get(type(v), "number")
+            found |= {t, "integer"} if t == "number" else {t}
+        return found
+    t = s.get("type")
+    if t is None:
+        return None
+    found = set([t] if isinstance(t, str) else t)
+    return found | {"integer"} if "number" in found else found
+
+
+def _types_disjoint(branches: list, root: Any) -> bool:
+    """No two ``oneOf`` branches can match a value of the same JSON type (so ``oneOf`` is
+    ``anyOf``, which llguidance implements)."""
+    seen: set[str] = set()
+    for b in branches:
+        types = _json_types(b, root)
+        if types is None or types & seen:
+            return False
+        seen |= types
+    return True
 
 
 def _negate(sub: Any, own_type: Any) -> list[str] | bool | None:
