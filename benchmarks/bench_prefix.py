@@ -331,8 +331,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    from radixlm.hostinfo import host_info, host_line
     from radixlm.runtime.engine import Engine
 
+    host = host_info()
+    print(host_line(host), flush=True)
     kinds = {w.name: w for w in (FewShot, MultiTurnChat, TreeOfThought, NoSharing)}
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in kinds]
@@ -348,7 +351,7 @@ def main() -> None:
             engine.generate("Hello there, how are you?", {"temperature": 0,
                                                           "max_new_tokens": 4})
         runner = engines["radix_on"].runner
-        results = {"config": {"model": args.model, "quick": args.quick,
+        results = {"host": host, "config": {"model": args.model, "quick": args.quick,
                               "dtype": str(runner.dtype), "device": str(runner.device),
                               "attention_backend": runner.attention_backend_name,
                               "max_total_tokens": args.max_total_tokens, "seed": args.seed},
@@ -364,6 +367,7 @@ def main() -> None:
         for engine in engines.values():
             engine.shutdown()
     print(json.dumps(results, indent=2))
+    print(host_line(host))
     print_table(results)
     if args.out:
         with open(args.out, "w") as f:

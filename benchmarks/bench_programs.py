@@ -258,6 +258,10 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON results here")
     args = parser.parse_args()
 
+    from radixlm.hostinfo import host_info, host_line
+
+    host = host_info()
+    print(host_line(host), file=sys.stderr, flush=True)
     workloads = make_workloads(args.num)
     names = [w for w in args.workloads.split(",") if w]
     unknown = set(names) - set(workloads)
@@ -296,7 +300,8 @@ def main() -> None:
         finally:
             engine.shutdown()
 
-    print(json.dumps({"model": args.model, "num": args.num, "results": results}, indent=1))
+    print(json.dumps({"host": host, "model": args.model, "num": args.num, "results": results},
+                     indent=1))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "num": args.num, "results": results}, f, indent=1)

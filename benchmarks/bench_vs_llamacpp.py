@@ -30,9 +30,24 @@ WORDS = ("the of and to in is was for on that with as by at from his her an were
 
 
 # ---------------------------------------------------------------- llama.cpp worker
-def worker(gguf: str, threads: int) -> None:
-    """Reads one JSON job a line ({"prompt": ids, "new": n}), answers timings a line."""
+def worker(gguf: str, threads: int, extra_bufts: bool) -> None:
+    """Reads one JSON job a line ({"prompt": ids, "new": n}), answers timings a line.
+
+    ``extra_bufts`` False turns off llama.cpp's extra weight buffer types (AMX and repacked
+    layouts): its AMX matmul segfaults on the development VM (AMX tiles not granted), and a
+    Q4_1 model gets no repacked layout anyway."""
     import llama_cpp
+    import llama_cpp.llama as high_level
+
+    if not extra_bufts:
+        default_params = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        high_level.llama_cpp.llama_model_default_params = params
 
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=4096, n_threads=threads,
                           n_threads_batch=threads, n_batch=512, verbose=False)
@@ -54,9 +69,10 @@ def worker(gguf: str, threads: int) -> None:
 
 
 class LlamaCpp:
-    def __init__(self, python: str, gguf: str, threads: int) -> None:
+    def __init__(self, python: str, gguf: str, threads: int, extra_bufts: bool) -> None:
         self.proc = subprocess.Popen(
-            [python, __file__, "--worker", gguf, "--threads", str(threads)],
+            [python, __file__, "--worker", gguf, "--threads", str(threads)]
+            + (["--llama-extra-bufts"] if extra_bufts else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.version = json.loads(self.proc.stdout.readline())["ready"]
 
@@ -99,10 +115,13 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=1800)
     ap.add_argument("--llama-python", default=None,
                     help="interpreter with llama_cpp (default .venv-llamacpp/bin/python)")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="let llama.cpp use AMX / repacked weights (crashes where AMX is "
+                         "not granted, as on the development VM)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.threads)
+        worker(args.worker, args.threads, args.llama_extra_bufts)
         return
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -118,7 +137,7 @@ def main() -> None:
     python = args.llama_python or str(ROOT / ".venv-llamacpp" / "bin" / "python")
     if not Path(python).exists():
         python = sys.executable
-    llama = LlamaCpp(python, gguf, args.threads)
+    llama = LlamaCpp(python, gguf, args.threads, args.llama_extra_bufts)
     rng = random.Random(0)
     tok = engine.tokenizer
     text = " ".join(rng.choice(WORDS) for _ in range(4 * args.prefill_tokens))
@@ -138,7 +157,8 @@ def main() -> None:
     engine.shutdown()
     keys = list(rounds[0]["radixlm"])
     results = {"host": host, "llama_cpp_version": llama.version, "gguf": gguf,
-               "threads": args.threads, "rounds": rounds,
+               "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts,
+               "rounds": rounds,
                "radixlm": {k: statistics.median(r["radixlm"][k] for r in rounds) for k in keys},
                "llama_cpp": {k: statistics.median(r["llama_cpp"][k] for r in rounds)
                              for k in keys}}

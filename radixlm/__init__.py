@@ -25,8 +25,11 @@ from radixlm.lang import (  # noqa: E402
     gen_string,
     get_default_backend,
     get_server_info,
+    global_config,
     greedy_token_selection,
+    image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -36,6 +39,7 @@ from radixlm.lang import (  # noqa: E402
     user,
     user_begin,
     user_end,
+    video,
 )
 
 __version__ = "0.1.0"
@@ -63,7 +67,8 @@ __all__ = [
     "Backend", "BackendError", "Engine", "OpenAI", "ProgramError", "ProgramState", "Runtime",
     "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end", "flush_cache",
     "function", "gen", "gen_int", "gen_string", "get_default_backend", "get_server_info",
-    "greedy_token_selection", "select", "set_default_backend", "system", "system_begin",
+    "global_config", "greedy_token_selection", "image", "select", "separate_reasoning",
+    "set_default_backend", "system", "system_begin",
     "system_end", "token_length_normalized", "unconditional_likelihood_normalized", "user",
-    "user_begin", "user_end",
+    "user_begin", "user_end", "video",
 ]

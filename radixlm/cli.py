@@ -7,29 +7,49 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from radixlm.runtime.server_args import IGNORED, warn_ignored
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
+IGNORED_PREFIX = "ignored_"
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    """`serve` options. SGLang's names are aliases of ours (`--model-path` = `--model`);
+    SGLang flags without meaning here are accepted and warned about (server_args.py)."""
     e = p.add_argument_group("engine (None/unset means the engine's default)")
-    e.add_argument("--model", default=DEFAULT_MODEL,
+    e.add_argument("--model", "--model-path", dest="model", default=DEFAULT_MODEL,
                    help="model alias, local HF directory or .gguf file")
+    e.add_argument("--tokenizer-path", help="tokenizer directory (default: the model's)")
+    e.add_argument("--chat-template", help="chat template name or file (.jinja / .json)")
     # values are validated by EngineConfig (one list of choices, kept there)
     e.add_argument("--dtype", help="auto | bfloat16 | float16 | float32")
     e.add_argument("--device", help="auto | cpu | cuda")
     e.add_argument("--attention-backend", help="auto | torch | triton")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
     e.add_argument("--max-total-tokens", type=int, help="KV pool capacity in tokens")
-    e.add_argument("--mem-fraction", type=float, help="memory share for the KV pool")
+    e.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float,
+                   help="memory share for the KV pool")
     e.add_argument("--max-running-requests", type=int)
     e.add_argument("--max-queued-requests", type=int,
                    help="waiting-queue bound; further requests get 429")
     e.add_argument("--chunked-prefill-size", type=int)
-    e.add_argument("--schedule-policy", help="lpm | fcfs | ...")
+    e.add_argument("--schedule-policy", help="lpm | fcfs | priority")
+    e.add_argument("--enable-priority-scheduling", action="store_true", default=None,
+                   help="SGLang's switch: --schedule-policy priority")
+    e.add_argument("--schedule-low-priority-values-first", dest="low_priority_values_first",
+                   action="store_true", default=None)
+    e.add_argument("--priority-preemption", action="store_true", default=None,
+                   help="a higher-priority request may retract lower-priority running ones")
+    e.add_argument("--priority-preemption-threshold",
+                   "--priority-scheduling-preemption-threshold",
+                   dest="priority_preemption_threshold", type=int,
+                   help="preempt only when priorities differ by more than this")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--random-seed", type=int)
+    e.add_argument("--tp-size", "--tp", dest="tp_size", type=int)
+    e.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
@@ -41,22 +61,41 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     s.add_argument("--log-level", default=None, help="debug|info|warning|error")
+    for name, takes_value in IGNORED.items():  # SGLang flags with no meaning here
+        flag, dest = "--" + name.replace("_", "-"), IGNORED_PREFIX + name
+        if takes_value:
+            p.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, dest=dest, action="store_true", default=None,
+                           help=argparse.SUPPRESS)
+
+
+def ignored_flags(args: argparse.Namespace) -> list[str]:
+    """The SGLang flags given that have no meaning here (their SGLang names)."""
+    return [k[len(IGNORED_PREFIX):] for k, v in vars(args).items()
+            if k.startswith(IGNORED_PREFIX) and v is not None]
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """EngineConfig keyword arguments from parsed `serve` arguments (None = default)."""
     return {
-        "model": args.model, "dtype": args.dtype, "device": args.device,
+        "model": args.model, "tokenizer_path": args.tokenizer_path,
+        "chat_template": args.chat_template, "served_model_name": args.served_model_name,
+        "dtype": args.dtype, "device": args.device,
         "attention_backend": args.attention_backend, "context_length": args.context_length,
         "max_total_tokens": args.max_total_tokens, "mem_fraction": args.mem_fraction,
         "max_running_requests": args.max_running_requests,
         "max_queued_requests": args.max_queued_requests,
         "chunked_prefill_size": args.chunked_prefill_size,
         "schedule_policy": args.schedule_policy,
+        "enable_priority_scheduling": args.enable_priority_scheduling,
+        "low_priority_values_first": args.low_priority_values_first,
+        "priority_preemption": args.priority_preemption,
+        "priority_preemption_threshold": args.priority_preemption_threshold,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
         "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
-        "log_level": args.log_level,
+        "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
     }
 
 
@@ -68,6 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
     if log_level is None:
         from radixlm.envs import log_level as env_log_level
         log_level = env_log_level()
+    from radixlm.runtime.server.launch import setup_logging
+
+    setup_logging(log_level)
+    warn_ignored(ignored_flags(args))
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key,
         max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
@@ -91,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_args(serving)
     serving.set_defaults(func=bench.main_from_args)
     return parser
+
+
+def launch_server_main(argv: Sequence[str] | None = None) -> int:
+    """`python -m radixlm.launch_server ...`: `radixlm serve ...` under SGLang's entry name."""
+    parser = argparse.ArgumentParser(prog="python -m radixlm.launch_server")
+    _add_serve_args(parser)
+    return _serve(parser.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

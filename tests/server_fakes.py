@@ -8,17 +8,17 @@ step (`step_delay` seconds apart) up to max_new_tokens, stopping early at a `sto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import string
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-SAMPLING_KEYS = {
-    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
-    "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "n", "seed", "regex", "json_schema", "choices", "dtype",
-}
+from radixlm.runtime.sampling_params import ALIASES as SAMPLING_ALIASES
+from radixlm.runtime.sampling_params import SamplingParams
+
+# the engine's own parameter names (and SGLang's aliases), so the fake stays in step
+SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)} | set(SAMPLING_ALIASES)
 
 
 class QueueFullError(RuntimeError):
@@ -109,11 +109,12 @@ class FakeEngine:
                              input_ids: list[int] | None = None, return_logprob: bool = False,
                              logprob_start_len: int = -1, top_logprobs_num: int = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
-                             rid: str | None = None) -> Any:
+                             rid: str | None = None, priority: int | None = None) -> Any:
         kwargs = dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num,
-                      return_text_in_logprobs=return_text_in_logprobs, rid=rid)
+                      return_text_in_logprobs=return_text_in_logprobs, rid=rid,
+                      priority=priority)
         self._validate(kwargs)
         limit = self.config.max_queued_requests
         if limit is not None and self.forced_waiting + 1 > limit:

@@ -253,12 +253,13 @@ def q8_model_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
-def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir):
+def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib, monkeypatch):
     """A non-GGUF checkpoint (Q8 blocks made here; head_dim 16): native fp32 greedy equals
     the reference, including a step that extends several tokens after a cached prefix and
-    a batch of requests at different lengths."""
+    a batch of requests at different lengths; with each SIMD build (AVX2, generic too)."""
     from radixlm.runtime.engine import Engine
 
+    monkeypatch.setattr(build, "load", lambda: lib)
     prompts = ["The weather today is", "The weather today is nice and", "A", "Numbers: 1, 2"]
     outs = {}
     for label, quant in (("native", "auto"), ("ref", "none")):

@@ -166,15 +166,18 @@ def test_forward_failure_of_one_request_aborts_only_that_request(tiny_model_dir,
     bad = [*ps[2][:2], poison, *ps[2][2:]]
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 log_level="critical") as engine:
-        model = engine.runner.model
-        original = model.forward
+        # whichever path runs the step (torch model, or native small steps) fails alike
+        for runner_part in (engine.runner.model, engine.runner.native):
+            if runner_part is None:
+                continue
+            original = runner_part.forward
 
-        def fragile(batch, attn):
-            if bool((batch.input_ids == poison).any()):
-                raise RuntimeError("poisoned token")
-            return original(batch, attn)
+            def fragile(batch, *args, _original=original):
+                if bool((batch.input_ids == poison).any()):
+                    raise RuntimeError("poisoned token")
+                return _original(batch, *args)
 
-        model.forward = fragile
+            runner_part.forward = fragile
         outs = engine.generate(input_ids=[ps[0], ps[1], bad, ps[3]], sampling_params=PARAMS)
         reason = outs[2]["meta_info"]["finish_reason"]
         assert reason["type"] == "abort" and "poisoned token" in reason["message"]

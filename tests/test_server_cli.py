@@ -78,3 +78,80 @@ def test_bench_against_the_fake_server(backend: str, tmp_path) -> None:
     assert summary["total_input_tokens"] == sum(len(c["prompt"]) for c in fake.calls)
     assert all(c["sampling_params"]["ignore_eos"] is True for c in fake.calls)
     assert summary["itl_ms"]["p50"] > 0 and summary["ttft_ms"]["p99"] > 0
+
+
+def test_sglang_flag_names_parse_into_the_same_config() -> None:
+    ours = build_parser().parse_args([
+        "serve", "--model", "m", "--mem-fraction", "0.3", "--schedule-policy", "priority",
+        "--tp-size", "1", "--dp-size", "1", "--chat-template", "chatml",
+        "--tokenizer-path", "t", "--served-model-name", "x", "--random-seed", "7",
+        "--priority-preemption-threshold", "2"])
+    sglang = build_parser().parse_args([
+        "serve", "--model-path", "m", "--mem-fraction-static", "0.3",
+        "--enable-priority-scheduling", "--tp", "1", "--dp", "1", "--chat-template", "chatml",
+        "--tokenizer-path", "t", "--served-model-name", "x", "--random-seed", "7",
+        "--priority-scheduling-preemption-threshold", "2"])
+    a = EngineConfig.from_kwargs(**engine_kwargs_from_args(ours))
+    b = EngineConfig.from_kwargs(**engine_kwargs_from_args(sglang))
+    assert a == b
+    assert (a.model, a.mem_fraction, a.schedule_policy, a.chat_template, a.tokenizer_path,
+            a.served_model_name, a.random_seed, a.priority_preemption_threshold) == (
+        "m", 0.3, "priority", "chatml", "t", "x", 7, 2)
+
+
+def test_launch_server_parser_takes_a_users_sglang_command() -> None:
+    from radixlm.cli import _add_serve_args, ignored_flags
+
+    parser = __import__("argparse").ArgumentParser()
+    _add_serve_args(parser)
+    args = parser.parse_args(
+        "--model-path smollm2-135m-instruct --host 0.0.0.0 --port 30001 --dtype bfloat16 "
+        "--context-length 2048 --mem-fraction-static 0.2 --max-running-requests 8 "
+        "--max-total-tokens 9000 --chunked-prefill-size 512 --schedule-policy lpm "
+        "--disable-radix-cache --api-key k --served-model-name s --random-seed 1 "
+        "--log-level warning --tp-size 1 --dp-size 1 --trust-remote-code "
+        "--cuda-graph-max-bs 16 --enable-metrics".split())
+    assert sorted(ignored_flags(args)) == ["cuda_graph_max_bs", "enable_metrics",
+                                          "trust_remote_code"]
+    config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+    assert config == EngineConfig(
+        model="smollm2-135m-instruct", dtype="bfloat16", context_length=2048,
+        mem_fraction=0.2, max_running_requests=8, max_total_tokens=9000,
+        chunked_prefill_size=512, disable_radix_cache=True, served_model_name="s",
+        random_seed=1, log_level="warning")
+    assert (args.host, args.port, args.api_key) == ("0.0.0.0", 30001, "k")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--no-such-flag"])
+
+
+def test_engine_keywords_take_sglang_names(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="radixlm"):
+        config = EngineConfig.from_kwargs(model_path="m", mem_fraction_static=0.25, tp_size=1,
+                                          disable_cuda_graph=True, port=1234)
+    assert config == EngineConfig(model="m", mem_fraction=0.25)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == ["ignored (no meaning in radixlm): disable_cuda_graph, port"]
+    with pytest.raises(ValueError, match="same setting"):
+        EngineConfig.from_kwargs(model="a", model_path="b")
+    with pytest.raises(ValueError, match="unknown engine option"):
+        EngineConfig.from_kwargs(model_path="m", speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match="tp_size/dp_size > 1"):
+        EngineConfig.from_kwargs(tp_size=2)
+
+
+def test_chat_template_by_name_or_file(tmp_path) -> None:
+    from radixlm.runtime.chat_templates import NAMED, load_chat_template
+
+    assert load_chat_template("chatml") == NAMED["chatml"]
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}")
+    assert load_chat_template(str(jinja)) == jinja.read_text()
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text('{"chat_template": "{{ messages[0][\'content\'] }}"}')
+    assert load_chat_template(str(cfg)) == "{{ messages[0]['content'] }}"
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    for arg, needle in ((str(bad), "not valid Jinja"), ("no-such-template", "known name"),
+                        (str(tmp_path / "x.json"), "neither a file")):
+        with pytest.raises(ValueError, match=needle):
+            load_chat_template(arg)

@@ -114,7 +114,7 @@ def test_generate_accepts_sglang_frontend_fields(client: TestClient, fake: FakeE
               "ignore_eos": False, "temperature": 0.0, "json_schema": None, "regex": None}
     r = client.post("/generate", json={"text": "hi", "sampling_params": params,
                                        "image_data": None, "modalities": None,
-                                       "lora_path": None, "some_future_field": 1,
+                                       "lora_path": None, "conversation_id": "c1",
                                        "return_logprob": None, "logprob_start_len": None,
                                        "top_logprobs_num": None})
     assert r.status_code == 200, r.text
@@ -127,6 +127,10 @@ def test_generate_accepts_sglang_frontend_fields(client: TestClient, fake: FakeE
     ({"text": "hi", "input_ids": [1]}, "exactly one of 'text' and 'input_ids'"),
     ({"sampling_params": {}}, "exactly one of 'text' and 'input_ids'"),
     ({"text": "hi", "image_data": "x.png"}, "image_data"),
+    ({"text": "hi", "some_future_field": 1}, "unknown field(s): some_future_field"),
+    ({"text": "hi", "return_entropy": True}, "return_entropy"),
+    ({"text": "hi", "routed_dp_rank": 1}, "routed_dp_rank"),
+    ({"text": "hi", "modalities": ["image"]}, "modalities"),
     ({"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
     ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
     ({"text": "hi", "sampling_params": {"n": 0}}, "n must be"),

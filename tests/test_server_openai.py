@@ -139,7 +139,7 @@ def test_response_format_maps_to_json_schema(client: openai.OpenAI, fake: FakeEn
 @pytest.mark.parametrize("kwargs, needle", [
     ({"temperature": 5}, "temperature"),
     ({"extra_body": {"frobnicate": 1}}, "Unrecognized request argument supplied: frobnicate"),
-    ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    ({"logit_bias": {"x": 2.0}}, "logit_bias"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ({"response_format": {"type": "json_schema"}}, "json_schema"),

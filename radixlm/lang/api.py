@@ -26,16 +26,19 @@ from radixlm.lang.ir import (
     Expr,
     ExprList,
     Gen,
+    Media,
     RoleBegin,
     RoleEnd,
     SamplingParams,
     Select,
+    SeparateReasoning,
     normalize_dtype,
     normalize_json_schema,
     to_expr,
     validate_regex,
 )
 from radixlm.lang.program import SglFunction
+from radixlm.lang.reasoning import check_model_type
 
 _default_backend: Backend | None = None
 
@@ -96,8 +99,10 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -135,13 +140,19 @@ def gen(
                       choices_method=choices_method or token_length_normalized)
     _check_int("max_tokens", max_tokens, 0)
     _check_int("min_tokens", min_tokens, 0)
+    _check_int("n", n, 1)
+    if isinstance(stop_regex, str):
+        stop_regex = [stop_regex]
+    for pattern in stop_regex or ():
+        validate_regex(pattern)
     if temperature is not None and temperature < 0:
         raise ValueError(f"gen: temperature must be >= 0, got {temperature}")
     if isinstance(stop, str):
         stop = [stop]
     params = SamplingParams(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
+        stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature,
+        top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
@@ -181,6 +192,28 @@ def select(
     if temperature is None or temperature < 0:
         raise ValueError(f"select: temperature must be >= 0, got {temperature}")
     return Select(name, list(choices), float(temperature), choices_method)
+
+
+def image(path: Any) -> Expr:
+    """SGLang's image input. radixlm serves text-only models: appending it to a state raises
+    ValueError ("this model has no vision input")."""
+    return Media("image", path)
+
+
+def video(path: Any, num_frames: int = 0) -> Expr:
+    """SGLang's video input; like `image`, refused when appended (text-only models)."""
+    return Media("video", path)
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    """Run `expr` (a named gen/select, or a list of them), then split each variable's text
+    into the answer (kept in the variable and the state's text) and the reasoning (in
+    `<name>_reasoning_content`), by `model_type`'s markers (`qwen3`, `deepseek-r1`, ...).
+    When streaming, the variables are split but the text already streamed is left as is."""
+    check_model_type(model_type)
+    if expr is None:
+        raise ValueError("separate_reasoning: give the gen/select to split")
+    return SeparateReasoning(model_type, to_expr(expr))  # type: ignore[arg-type]
 
 
 def _placeholder(*values: Any) -> bool:

@@ -23,13 +23,16 @@ from radixlm.lang.ir import (
     Expr,
     ExprList,
     Gen,
+    Media,
     RoleBegin,
     RoleEnd,
     SamplingParams,
     Select,
+    SeparateReasoning,
     VarScopeBegin,
     VarScopeEnd,
 )
+from radixlm.lang.reasoning import reasoning_var, split_reasoning
 
 _POLL_S = 0.05
 
@@ -59,6 +62,7 @@ class StreamExecutor:
         self.cur_role: str | None = None
         self.cur_role_begin_pos = 0
         self.var_scope_pos: dict[str, int] = {}
+        self._deferred: set[str] = set()  # variables whose event waits for a post-step
         self.error_: BaseException | None = None
         self.is_finished = False
         self.children: list[StreamExecutor] = []
@@ -81,6 +85,15 @@ class StreamExecutor:
 
     def _check(self, e: Expr) -> None:
         name = getattr(e, "name", None)
+        if isinstance(e, Media):
+            raise ValueError(f"sgl.{e.kind}: this model has no vision input (radixlm serves "
+                             "text-only models)")
+        if isinstance(e, SeparateReasoning):
+            for leaf in e.expr.flatten():
+                self._check(leaf)
+                if isinstance(leaf, (Gen, Select)):
+                    self._check(VarScopeBegin(reasoning_var(leaf.name)))  # registers the name
+            return
         if isinstance(e, (Gen, Select, VarScopeBegin)) and name is not None:
             if name in self._names:
                 raise ValueError(f"variable name {name!r} is already used in this program")
@@ -197,6 +210,8 @@ class StreamExecutor:
             self.var_scope_pos[expr.name] = len(self.text_)
         elif isinstance(expr, VarScopeEnd):
             self._set(expr.name, self.text_[self.var_scope_pos.pop(expr.name):], None)
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr.expr, expr.model_type)
         elif isinstance(expr, CommitLazy):
             if self.text_:
                 self.backend.cache_prefix(self.text_)
@@ -212,7 +227,8 @@ class StreamExecutor:
             return
         self.variables[name] = value
         self.meta_info[name] = meta
-        self.variable_event.setdefault(name, threading.Event()).set()
+        if name not in self._deferred:
+            self.variable_event.setdefault(name, threading.Event()).set()
 
     def _prompt(self) -> Prompt:
         content = self.text_[self.cur_role_begin_pos:] if self.cur_role else ""
@@ -221,8 +237,18 @@ class StreamExecutor:
     def _gen(self, expr: Gen) -> None:
         params = expr.params.merged_over(self.default_params)
         numeric = params.dtype in ("int", "float")  # may end in the space/newline it stopped on
-        if not self.stream:
+        samples = params.n or 1
+        if not self.stream or samples > 1:
+            if self.stream:
+                raise ValueError(f"gen(n={samples}) cannot stream; run without stream=True")
             text, meta = self.backend.generate(self._prompt(), params)
+            if samples > 1:  # n samples: the variable is the list, the text the first
+                if not isinstance(text, list) or len(text) != samples:
+                    raise ValueError(f"the backend returned {text!r} for gen(n={samples})")
+                texts = [t.rstrip(" \n") if numeric else t for t in text]
+                self._fill(texts[0])
+                self._set(expr.name, texts, meta)
+                return
             if numeric:
                 text = text.rstrip(" \n")
             self._fill(text)
@@ -234,13 +260,42 @@ class StreamExecutor:
             self.variables[expr.name] = ""
         for piece, chunk_meta in self.backend.generate_stream(self._prompt(), params):
             meta = chunk_meta
-            self.text_ += piece
-            if expr.name is not None:
-                self.variables[expr.name] += piece
+            with self.changed:  # readers (text_async_iter) see text and meta together
+                self.text_ += piece
+                if expr.name is not None:
+                    self.variables[expr.name] += piece
+                    self.meta_info[expr.name] = meta
             self._notify()
         if numeric:
             self.text_ = self.text_[:start] + self.text_[start:].rstrip(" \n")
         self._set(expr.name, self.text_[start:], meta)
+
+    def _separate_reasoning(self, expr: Expr, model_type: str) -> None:
+        """Run `expr`; split the text of each gen/select in it into answer and reasoning.
+        The state's text keeps only the answer, except when streaming (already sent)."""
+        if isinstance(expr, ExprList):
+            for e in expr.exprs:
+                self._separate_reasoning(e, model_type)
+            return
+        if not isinstance(expr, (Gen, Select)):
+            self._execute(expr)
+            return
+        start = len(self.text_)
+        self._deferred.add(expr.name)  # readers wait for the split value, not the raw one
+        try:
+            self._execute(expr)
+        finally:
+            self._deferred.discard(expr.name)
+        value = self.variables[expr.name]
+        pairs = [split_reasoning(v, model_type) for v in
+                 (value if isinstance(value, list) else [value])]
+        reasoning = [p[0] for p in pairs] if isinstance(value, list) else pairs[0][0]
+        answer = [p[1] for p in pairs] if isinstance(value, list) else pairs[0][1]
+        first = answer[0] if isinstance(answer, list) else answer
+        if not self.stream:
+            self.text_ = self.text_[:start] + first
+        self._set(reasoning_var(expr.name), reasoning, self.meta_info.get(expr.name))
+        self._set(expr.name, answer, self.meta_info.get(expr.name))
 
     def _select(self, expr: Select) -> None:
         decision = self.backend.select(self._prompt(), expr.choices, expr.temperature,

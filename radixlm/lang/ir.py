@@ -31,8 +31,10 @@ class SamplingParams:
 
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
+    n: int | None = None  # > 1: the variable becomes a list of n samples (text gets the first)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,13 +63,22 @@ class SamplingParams:
     def engine_sampling_params(self) -> dict[str, Any]:
         """The `sampling_params` dict of the native `/generate` API (None fields left out)."""
         keys = (
-            "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature",
-            "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
-            "dtype", "regex", "json_schema",
+            "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
+            "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+            "ignore_eos", "dtype", "regex", "json_schema",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
-        if out.get("stop") == []:
-            del out["stop"]
+        for key in ("stop", "stop_regex"):
+            if out.get(key) == []:
+                del out[key]
+        if self.n is not None and self.n != 1:
+            out["n"] = self.n
+        from radixlm.lang.global_config import global_config
+
+        if not global_config.skip_special_tokens_in_output:
+            out["skip_special_tokens"] = False
+        if not global_config.spaces_between_special_tokens_in_out:
+            out["spaces_between_special_tokens"] = False
         return out
 
     def logprob_kwargs(self) -> dict[str, Any]:
@@ -202,6 +213,26 @@ class VarScopeBegin(Expr):
 @dataclass(eq=False)
 class VarScopeEnd(Expr):
     name: str
+
+
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """After `expr` ran: split the reasoning out of each gen/select variable it set (see
+    reasoning.py); the variable keeps the answer, `<name>_reasoning_content` the reasoning."""
+
+    model_type: str
+    expr: Expr
+
+    def flatten(self) -> Iterator[Expr]:
+        yield self
+
+
+@dataclass(eq=False)
+class Media(Expr):
+    """`image(...)` / `video(...)`: refused when appended (no model here takes vision input)."""
+
+    kind: str
+    source: Any
 
 
 @dataclass(eq=False)

@@ -100,12 +100,16 @@ class SglFunction:
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple], *,
                   backend: Any = None, num_threads: int | str = "auto",
-                  progress_bar: bool = True, precache: bool = True,
+                  progress_bar: bool = True, precache: bool | None = None,
                   **sampling: Any) -> list[ProgramState]:
         """Run once per item of `batch_kwargs` (dicts of arguments, or tuples of positional
-        ones), concurrently. The program's constant prefix is traced and cached first."""
+        ones), concurrently. The program's constant prefix is traced and cached first
+        (`precache`; default: `global_config.enable_precache_with_tracing`)."""
         from radixlm.lang.api import _backend_or_default
+        from radixlm.lang.global_config import global_config
 
+        if precache is None:
+            precache = global_config.enable_precache_with_tracing
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or tuples)")
         if not batch_kwargs:

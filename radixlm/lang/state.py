@@ -7,6 +7,7 @@ submits expressions, `s["x"]` waits for a variable, `fork` makes concurrent copi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -89,6 +90,16 @@ class ProgramState:
         """`size` copies of this state that continue independently (and concurrently)."""
         return ProgramStateGroup([ProgramState(e) for e in self.executor.fork(size)], self)
 
+    @contextlib.contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """`with s.copy() as c: c += ...`: a one-state fork, joined back (its new variables
+        gathered into lists in `s`) when the block ends, as SGLang's `copy`."""
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
     def _role(self, role: str, expr: Any) -> Any:
         if expr is None:
             return _RoleScope(self, RoleBegin(role), RoleEnd(role))
@@ -133,8 +144,12 @@ class ProgramState:
             elif finished:
                 return
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        """Async version of `text_iter`."""
+    async def text_async_iter(self, var_name: str | None = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """Async version of `text_iter`. With `return_meta_data` (a variable only) yield
+        `(piece, meta_info)` pairs, the backend's meta info of that variable so far."""
+        if return_meta_data and var_name is None:
+            raise ValueError("return_meta_data needs var_name (meta info is per variable)")
         it = self.text_iter(var_name)
         loop = asyncio.get_running_loop()
         done = object()
@@ -142,7 +157,12 @@ class ProgramState:
             piece = await loop.run_in_executor(None, next, it, done)
             if piece is done:
                 return
-            yield piece
+            if return_meta_data:
+                with self.executor.changed:
+                    meta = self.executor.meta_info.get(var_name)
+                yield piece, meta
+            else:
+                yield piece
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
@@ -205,7 +225,7 @@ class ProgramStateGroup:
                         src.meta_info.setdefault(k, []).append(ex.meta_info.get(k))
                         src._names.add(k)
                         src.variable_event.setdefault(k, threading.Event()).set()
-        elif mode == "concate_join":
+        elif mode in ("concate_and_append", "concate_join"):
             self.src += "".join(s.executor.text_[s.executor.fork_start:] for s in self.states)
         else:
             raise ValueError(f"unknown join mode {mode!r}")
@@ -231,6 +251,10 @@ def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs:
             state.executor.error_ = state.executor.error_ or e
         finally:
             state.executor.end()
+        from radixlm.lang.global_config import global_config
+
+        if global_config.verbosity >= 2:  # SGLang: print the final text of every run
+            print(state.executor.text_)
 
     if stream:
         threading.Thread(target=body, daemon=True, name="radixlm-program-main").start()

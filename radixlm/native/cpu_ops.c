@@ -206,7 +206,28 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     float msum = 0.f;
-    for (int b = 0; b < nb; b++) {
+    int b = 0;
+    if (w->fmt == FMT_Q4) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (; b + 2 <= nb; b += 2) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
+            __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);
+            __m512 l0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v0, mask)));
+            __m512 h0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v0, 4), mask)));
+            __m512 l1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v1, mask)));
+            __m512 h1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v1, 4), mask)));
+            __m512 t0 = _mm512_mul_ps(l0, _mm512_loadu_ps(x + b * 32));
+            __m512 t1 = _mm512_mul_ps(l1, _mm512_loadu_ps(x + b * 32 + 32));
+            t0 = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x + b * 32 + 16), t0);
+            t1 = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + b * 32 + 48), t1);
+            acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(wd[b]), acc0);
+            acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(wd[b + 1]), acc1);
+        }
+        for (int i = 0; i < nb; i++) msum += wm[i] * xs[i];
+    }
+    for (; b < nb; b++) { /* Q8 rows, and an odd last Q4 block (its m term is in msum) */
         __m512 lo, hi;
         if (w->fmt == FMT_Q4) {
             __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
@@ -214,7 +235,6 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
             lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
             hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-            msum += wm[b] * xs[b];
         } else {
             lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(wq + b * 32))));
@@ -346,6 +366,53 @@ static inline void dot4_f32(const float *wf, const float *x, int64_t ldx, int k,
 #endif
 }
 
+/* RT dequantized rows (row stride ldw) x 4 tokens (row stride ldx): out[r * 4 + i]. Rows of
+ * weights and tokens both reused from registers: FMA-bound instead of load-bound. */
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+#define RT 4
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    __m512 acc[RT][4];
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int j = 0; j < k; j += 16) {
+        __m512 xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + j);
+        for (int r = 0; r < RT; r++) {
+            __m512 wv = _mm512_load_ps(wf + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]);
+}
+#elif defined(RLM_AVX2)
+#define RT 2
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    __m256 acc[RT][4];
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int j = 0; j < k; j += 8) {
+        __m256 xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + j);
+        for (int r = 0; r < RT; r++) {
+            __m256 wv = _mm256_load_ps(wf + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = hsum256(acc[r][i]);
+}
+#else
+#define RT 1
+static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
+                               int k, float *out) {
+    (void)ldw;
+    dot4_f32(wf, x, ldx, k, out);
+}
+#endif
+
 /* A prepared activation matrix [T, k]: fp32 rows (+ per-block sums), or int8 blocks. */
 typedef struct {
     int f32;
@@ -354,29 +421,80 @@ typedef struct {
     const int8_t *xa;
 } Act;
 
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+/* Four Q4 rows at once against one fp32 activation row: x loads shared by the rows and
+ * one horizontal reduction for the four (rows of ~576 columns are short: per-row
+ * reductions were a third of the time). out[r] = row n0 + r. */
+static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, int64_t rb,
+                          int nb, const float *x, const float *xs, float *out) {
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        for (int r = 0; r < 4; r++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+            __m512 t = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[r * rb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float m = 0.f;
+        for (int b = 0; b < nb; b++) m += wm[r * rb + b] * xs[b];
+        out[r] = _mm512_reduce_add_ps(acc[r]) + m;
+    }
+}
+#endif
+
+static inline const float *wm_of(const QMat *w, int n, int nb) {
+    return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+}
+
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
-    float wf[k] __attribute__((aligned(64)));
-    for (int n = n0; n < n1; n++) {
+    float wf[RT * k] __attribute__((aligned(64)));
+    int n = n0;
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+    if (w->fmt == FMT_Q4 && T < 4) {
+        for (; n + 4 <= n1; n += 4)
+            for (int t = 0; t < T; t++) {
+                float out[4];
+                qdot_f32_q4x4(w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
+                              w->m + (int64_t)n * nb, nb, nb, a->xf + (int64_t)t * k,
+                              a->xs + (int64_t)t * nb, out);
+                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[r];
+            }
+    }
+#endif
+    if (T >= 4) { /* RT rows dequantized at once, then 4 tokens at a time */
+        for (; n + RT <= n1; n += RT) {
+            for (int r = 0; r < RT; r++)
+                dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                            wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
+            int t = 0;
+            for (; t + 4 <= T; t += 4) {
+                float out[RT * 4];
+                dot_rt4_f32(wf, k, a->xf + (int64_t)t * k, k, k, out);
+                for (int r = 0; r < RT; r++)
+                    for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
+            }
+            for (; t < T; t++)
+                for (int r = 0; r < RT; r++)
+                    y[(int64_t)t * ldy + n + r] = qdot_f32(
+                        w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                        wm_of(w, n + r, nb), a->xf + (int64_t)t * k, a->xs + (int64_t)t * nb, nb);
+        }
+    }
+    for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
         const float *wd = w->d + (int64_t)n * nb;
-        const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const float *wm = wm_of(w, n, nb);
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
-        if (T < 4) {
-            for (int t = 0; t < T; t++)
-                y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
-                                                   a->xs + (int64_t)t * nb, nb);
-            continue;
-        }
-        dequant_row(w, wq, wd, wm, nb, wf);
-        int t = 0;
-        for (; t + 4 <= T; t += 4) {
-            float out[4];
-            dot4_f32(wf, a->xf + (int64_t)t * k, k, k, out);
-            for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n] = out[i];
-        }
-        for (; t < T; t++)
+        for (int t = 0; t < T; t++)
             y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
                                                a->xs + (int64_t)t * nb, nb);
     }

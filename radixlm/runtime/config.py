@@ -9,6 +9,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m-instruct"
+    tokenizer_path: str | None = None  # default: the model's own tokenizer
+    # Chat template override: a registered name (lang/chat_template.py) or a file (.jinja,
+    # or .json with a "chat_template" key); default: the tokenizer's own.
+    chat_template: str | None = None
+    served_model_name: str | None = None  # model id the APIs report; default: `model`
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | torch | triton
@@ -29,7 +34,13 @@ class EngineConfig:
     max_running_requests: int = 64
     max_queued_requests: int | None = None  # None: unbounded waiting queue
     chunked_prefill_size: int = 1024  # max new tokens in one prefill step
-    schedule_policy: str = "lpm"  # lpm | fcfs
+    schedule_policy: str = "lpm"  # lpm | fcfs | priority
+    # priority policy: higher `priority` first (lower first with low_priority_values_first);
+    # with priority_preemption a waiting request may retract a running one whose priority
+    # is lower by more than priority_preemption_threshold.
+    low_priority_values_first: bool = False
+    priority_preemption: bool = False
+    priority_preemption_threshold: int = 0
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"  # lru | lfu
     enable_jump_forward: bool = True
@@ -57,8 +68,11 @@ class EngineConfig:
         if self.grammar_backend not in ("llguidance", "outlines"):
             raise ValueError("grammar_backend must be llguidance|outlines, got "
                              f"{self.grammar_backend!r}")
-        if self.schedule_policy not in ("lpm", "fcfs"):
-            raise ValueError(f"schedule_policy must be lpm|fcfs, got {self.schedule_policy!r}")
+        if self.schedule_policy not in ("lpm", "fcfs", "priority"):
+            raise ValueError("schedule_policy must be lpm|fcfs|priority, got "
+                             f"{self.schedule_policy!r}")
+        if self.priority_preemption_threshold < 0:
+            raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < 1:
@@ -76,7 +90,11 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
-        """Build from keyword arguments; ``None`` means default, unknown keys are an error."""
+        """Build from keyword arguments; ``None`` means default, unknown keys are an error.
+        SGLang's names are accepted too (see server_args.py)."""
+        from radixlm.runtime.server_args import to_engine_kwargs
+
+        kwargs = to_engine_kwargs(kwargs)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:

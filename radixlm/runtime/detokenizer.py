@@ -13,10 +13,14 @@ import re
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, *, skip_special_tokens: bool = True, stop: list[str] = (),
+    def __init__(self, tokenizer, *, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True, stop: list[str] = (),
                  stop_regex: list[str] = (), no_stop_trim: bool = False) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # passed to tokenizer.decode, as SGLang does (slow tokenizers honour it; fast ones
+        # never put spaces between special tokens)
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.stop = list(stop)
         self.stop_regex = [re.compile(p) for p in stop_regex]
         self.no_stop_trim = no_stop_trim
@@ -27,8 +31,9 @@ class IncrementalDetokenizer:
         self.matched: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False,
+            spaces_between_special_tokens=self.spaces_between_special_tokens)
 
     def update(self, output_ids: list[int]) -> None:
         """Consume ``output_ids`` (the whole output so far; it may have been rolled back and

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
@@ -20,7 +21,7 @@ from radixlm.runtime.outputs import AsyncSink, QueueSink
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
-from radixlm.runtime.weights import DEFAULT_MODEL, load_hf_config, load_tokenizer, resolve_model
+from radixlm.runtime.weights import load_hf_config, load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +37,23 @@ class _Prepared:
     logprob: LogprobOptions
     rid: str
     grammar_spec: object = None
+    priority: int = 0
 
 
 class Engine:
-    def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        """`model`: an alias, HF directory or .gguf file (default: the embedded model).
+        Keyword arguments are EngineConfig fields, or SGLang's server-argument names
+        (`model_path=`, `mem_fraction_static=`, ...; see runtime/server_args.py)."""
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         envs.configure_malloc()  # process-wide, so only where a model will run
         logging.basicConfig(level=self.config.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.model_name = model
-        self.model_path = resolve_model(model)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.model_name = self.config.served_model_name or self.config.model
+        self.model_path = resolve_model(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.tokenizer_path or self.model_path)
+        if self.config.chat_template is not None:
+            self.tokenizer.chat_template = load_chat_template(self.config.chat_template)
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
@@ -85,7 +92,8 @@ class Engine:
 
     # ------------------------------------------------------------------ validation
     def _prepare(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                 top_logprobs_num, return_text_in_logprobs, rid) -> tuple[list[_Prepared], bool]:
+                 top_logprobs_num, return_text_in_logprobs, rid,
+                 priority=None) -> tuple[list[_Prepared], bool]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt and input_ids")
         if prompt is not None:
@@ -117,6 +125,7 @@ class Engine:
         start_l = per_item(logprob_start_len, "logprob_start_len")
         top_l = per_item(top_logprobs_num, "top_logprobs_num")
         rid_l = per_item(rid, "rid") if rid is not None else [None] * n
+        prio_l = per_item(priority, "priority")
         if rid is not None and single and isinstance(rid, list):
             raise ValueError("rid must be a string for a single prompt")
         prepared: list[_Prepared] = []
@@ -130,14 +139,28 @@ class Engine:
             if lp.top_logprobs_num < 0:
                 raise ValueError("top_logprobs_num must be >= 0")
             spec = self._grammar_spec(params)
+            prio = self._priority(prio_l[i])
             base_rid = rid_l[i] or uuid.uuid4().hex
             for j in range(params.n):
                 sub_rid = base_rid if params.n == 1 else f"{base_rid}-{j}"
                 sub = params
                 if params.n > 1 and params.seed is not None:
                     sub = SamplingParams.from_dict({**params.__dict__, "seed": params.seed + j})
-                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec))
+                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio))
         return prepared, single and len(prepared) == 1
+
+    def _priority(self, value) -> int:
+        """A request's scheduling priority (0 when unset); only the priority policy takes
+        a non-zero one (another policy would silently ignore it)."""
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"priority must be an int, got {value!r}")
+        if value and self.config.schedule_policy != "priority":
+            raise ValueError(f"priority={value} needs schedule_policy='priority' (the server's "
+                             f"--schedule-policy priority); this engine runs "
+                             f"{self.config.schedule_policy!r}")
+        return -value if self.config.low_priority_values_first else value
 
     def _check_lengths(self, ids: list[int], params: SamplingParams, explicit: bool) -> None:
         if not ids:
@@ -145,6 +168,8 @@ class Engine:
         vocab = self.runner.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"input_ids contain a token id outside [0, {vocab})")
+        if params.logit_bias and any(int(t) >= vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias has a token id outside [0, {vocab})")
         if len(ids) >= self.context_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the context is {self.context_len}")
         room = self.context_len - len(ids)
@@ -173,11 +198,13 @@ class Engine:
     def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
         params = p.params
         detok = IncrementalDetokenizer(
-            self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
             stop_regex=params.stop_regex, no_stop_trim=params.no_stop_trim)
         req = Req(rid=p.rid, input_ids=p.input_ids, params=params, logprob=p.logprob,
                   detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
-                  seed=params.seed if params.seed is not None else self._rng.getrandbits(62))
+                  seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
+                  priority=p.priority)
         if p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         return req
@@ -196,11 +223,12 @@ class Engine:
     # ------------------------------------------------------------------ public API
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False,
-                 stream: bool = False, rid=None):
-        """Run to completion (or stream); see docs/ENGINE_API.md for shapes."""
+                 stream: bool = False, rid=None, priority=None):
+        """Run to completion (or stream); see docs/ENGINE_API.md for shapes. ``priority``
+        (an int, or one per prompt) orders requests under the priority policy."""
         prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
                                          logprob_start_len, top_logprobs_num,
-                                         return_text_in_logprobs, rid)
+                                         return_text_in_logprobs, rid, priority)
         q: queue.Queue = queue.Queue()
         reqs = [self._make_req(p, QueueSink(q, i), stream) for i, p in enumerate(prepared)]
         if stream:
@@ -232,12 +260,13 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
                              return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-                             return_text_in_logprobs=False, stream: bool = False, rid=None):
+                             return_text_in_logprobs=False, stream: bool = False, rid=None,
+                             priority=None):
         """Like ``generate`` without blocking the event loop; ``stream=True`` returns an
         async iterator of chunks."""
         prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
                                          logprob_start_len, top_logprobs_num,
-                                         return_text_in_logprobs, rid)
+                                         return_text_in_logprobs, rid, priority)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         reqs = [self._make_req(p, AsyncSink(loop, q, i), stream) for i, p in enumerate(prepared)]

@@ -305,4 +305,6 @@ class ModelRunner:
             top_logprobs_nums=[r.logprob.top_logprobs_num if r.logprob.return_logprob else -1
                                for r in reqs],
             bitmask=(torch.from_numpy(bitmask).to(self.device) if bitmask is not None else None),
+            logit_biases=[{int(t): b for t, b in r.params.logit_bias.items()}
+                          if r.params.logit_bias else None for r in reqs],
         )

@@ -47,6 +47,9 @@ class Req:
     sink: Any  # OutputSink
     stream: bool = False
     seed: int = 0
+    # scheduling priority under the `priority` policy (higher runs first; the engine flips
+    # the sign when `low_priority_values_first`)
+    priority: int = 0
     eos_ids: frozenset[int] = frozenset()
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
@@ -73,6 +76,7 @@ class Req:
     first_token_at: float | None = None
     finished_at: float | None = None
     last_streamed_len: int = -1
+    last_streamed_tokens: int = 0  # output length at the last stream check (stream_interval)
     uid: int = field(default_factory=lambda: next(_uids))
 
     @property

@@ -1,10 +1,10 @@
 """Batched sampling: one call per step, per-row parameters that never leak across rows.
 
 Order of operations on the fp32 logits ``[B, V]``: penalties (repetition, frequency,
-presence) -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) -> grammar bitmask ->
-logprobs (of this processed, masked distribution, before temperature) -> greedy argmax, or
-temperature, top-k, top-p, min-p and a draw from the request's own seeded generator (so a
-seed gives the same text whatever else is in the batch).
+presence) -> logit bias -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) ->
+grammar bitmask -> logprobs (of this processed, masked distribution, before temperature)
+-> greedy argmax, or temperature, top-k, top-p, min-p and a draw from the request's own
+seeded generator (so a seed gives the same text whatever else is in the batch).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class SamplingInputs:
     generators: list[torch.Generator | None]  # None: greedy row
     top_logprobs_nums: list[int]  # -1: no logprobs for this row
     bitmask: torch.Tensor | None = None  # [B, ceil(V/32)] int32 or None
+    logit_biases: list[dict[int, float] | None] | None = None  # per row, added to the logits
 
 
 @dataclass
@@ -50,6 +51,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, inp: SamplingInputs) -> SamplerOutput:
         logits = self._penalize(logits, inp)
+        for row, bias in enumerate(inp.logit_biases or ()):
+            if bias:
+                idx = torch.tensor(list(bias), device=logits.device)
+                logits[row, idx] += torch.tensor(list(bias.values()), device=logits.device,
+                                                 dtype=logits.dtype)
         for row, banned in enumerate(inp.banned_ids):
             if banned:
                 logits[row, banned] = float("-inf")

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
+# SGLang sampling parameters this engine cannot honour: a 400 / ValueError naming them.
+UNSUPPORTED = {
+    "custom_params": "custom logit processors are not supported",
+}
+# SGLang spells the per-request seed `sampling_seed`; `seed` is the OpenAI spelling.
+ALIASES = {"sampling_seed": "seed"}
 
 
 @dataclass
@@ -31,6 +37,9 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    # token id (as a string, as in JSON, or an int) -> value added to its logit
+    logit_bias: dict[str, float] | None = None
+    stream_interval: int | None = None  # stream every this many tokens (None: every token)
     regex: str | None = None
     json_schema: Any = None
     choices: list[str] | None = None
@@ -49,6 +58,18 @@ class SamplingParams:
             return params
         if not isinstance(params, dict):
             raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
+        for name, why in UNSUPPORTED.items():
+            if params.get(name) is not None:
+                raise ValueError(f"sampling parameter {name!r} is not supported: {why}")
+        params = {k: v for k, v in params.items() if k not in UNSUPPORTED}
+        for alias, name in ALIASES.items():
+            if alias in params:
+                value = params.pop(alias)
+                if value is not None and params.get(name) not in (None, value):
+                    raise ValueError(f"{alias} and {name} are the same parameter with "
+                                     f"different values ({value!r}, {params[name]!r})")
+                if value is not None:
+                    params[name] = value
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - names)
         if unknown:
@@ -95,6 +116,10 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.seed is not None:
             _check_int("seed", self.seed, None)
+        if self.stream_interval is not None:
+            _check_int("stream_interval", self.stream_interval, 1)
+        if self.logit_bias is not None:
+            self.logit_bias = check_logit_bias(self.logit_bias)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
@@ -133,6 +158,24 @@ class SamplingParams:
                 json.loads(self.json_schema)
             except json.JSONDecodeError as e:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
+
+
+def check_logit_bias(bias: Any) -> dict[str, float]:
+    """``{token_id: bias}`` with token ids as ints or decimal strings; finite numbers."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be an object of token id -> bias, got {bias!r}")
+    out = {}
+    for key, value in bias.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().isdigit():
+            token = int(key)
+        if token is None or token < 0:
+            raise ValueError(f"logit_bias key {key!r} is not a token id")
+        _check_num(f"logit_bias[{key!r}]", value)
+        if abs(value) == float("inf"):
+            raise ValueError(f"logit_bias[{key!r}] must be finite")
+        out[str(token)] = float(value)
+    return out
 
 
 def _check_int(name: str, value: Any, lo: int | None) -> None:

@@ -24,7 +24,12 @@ from radixlm.runtime.kv_manager import KVManager
 from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch, StepOutput
 from radixlm.runtime.outputs import make_output
 from radixlm.runtime.request import Req, ReqStatus
-from radixlm.runtime.schedule_policy import order_waiting, shares_uncached_prefix
+from radixlm.runtime.schedule_policy import (
+    order_by_priority,
+    order_waiting,
+    preemption_victim,
+    shares_uncached_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -239,28 +244,20 @@ class Scheduler:
             take(req, n)
             budget -= n
         full = self.num_active + len(picked) >= self.config.max_running_requests
-        waiting = [] if full or budget <= 0 else self.waiting
+        waiting = [] if (full and not self._preemptive) or budget <= 0 else self.waiting
         for req, cached in order_waiting(waiting, self.config.schedule_policy, self.kv.cache):
-            if budget <= 0 or self.num_active + len(picked) >= self.config.max_running_requests:
+            if budget <= 0:
+                break
+            if (self.num_active + len(picked) >= self.config.max_running_requests
+                    and not self._preempt_for(req)):
                 break
             if shares_uncached_prefix(req, picked, self.kv.cache, cached):
                 continue
-            if not self.kv.admit(req, req.max_cacheable_prefix):
+            n = self._try_admit(req, budget, picked)
+            while n == 0 and self._preempt_for(req):  # no room: retract outranked requests
+                n = self._try_admit(req, budget, picked)
+            if n <= 0:
                 break
-            matched = req.kv_len
-            n = min(req.pending_len, budget)
-            reserve = self._reserve(self.running + self.extending + picked)
-            alone = not (self.running or self.extending or picked)
-            if (n < req.pending_len and picked) or (
-                    not alone and self.kv.available - n < reserve) or not self.kv.extend(req, n):
-                self.kv.release(req, insert=False)
-                break
-            if req.num_retractions == 0:
-                req.cached_tokens = matched
-                self.stats["cached_tokens_total"] += matched
-                self.stats["prompt_tokens_total"] += len(req.input_ids)
-            self.waiting.remove(req)
-            req.status = ReqStatus.RUNNING
             take(req, n)
             budget -= n
         if not picked:
@@ -275,12 +272,56 @@ class Scheduler:
                 take(req, 1)
         return ScheduleBatch(ForwardMode.EXTEND, picked, prefix_lens, extend_lens, sample)
 
+    def _try_admit(self, req: Req, budget: int, picked: list[Req]) -> int:
+        """Admit waiting ``req`` with up to ``budget`` new tokens: the number admitted, 0
+        when KV slots or a row are lacking, -1 when it must wait for a step of its own
+        (a chunked prefill goes first in no shared batch)."""
+        if not self.kv.admit(req, req.max_cacheable_prefix):
+            return 0
+        matched = req.kv_len
+        n = min(req.pending_len, budget)
+        if n < req.pending_len and picked:
+            self.kv.release(req, insert=False)
+            return -1
+        reserve = self._reserve(self.running + self.extending + picked)
+        alone = not (self.running or self.extending or picked)
+        if (not alone and self.kv.available - n < reserve) or not self.kv.extend(req, n):
+            self.kv.release(req, insert=False)
+            return 0
+        if req.num_retractions == 0:
+            req.cached_tokens = matched
+            self.stats["cached_tokens_total"] += matched
+            self.stats["prompt_tokens_total"] += len(req.input_ids)
+        self.waiting.remove(req)
+        req.status = ReqStatus.RUNNING
+        return n
+
+    @property
+    def _preemptive(self) -> bool:
+        return self.config.schedule_policy == "priority" and self.config.priority_preemption
+
+    def _preempt_for(self, req: Req) -> bool:
+        """Priority preemption: retract the running request ``req`` outranks the most (by
+        more than the threshold); False when preemption is off or none is outranked."""
+        if not self._preemptive:
+            return False
+        victim = preemption_victim(req, self.running,
+                                   self.config.priority_preemption_threshold)
+        if victim is None:
+            return False
+        self._retract(victim, reason=f"preempted by {req.rid} (priority {req.priority} > "
+                                     f"{victim.priority})")
+        return True
+
     def _schedule_decode(self) -> ScheduleBatch | None:
         if not self.running:
             return None
-        order = sorted(self.running, key=lambda r: r.created_at)
+        if self.config.schedule_policy == "priority":
+            order = order_by_priority(self.running)
+        else:
+            order = sorted(self.running, key=lambda r: r.created_at)
         end, i = len(order), 0
-        while i < end:  # oldest first get a slot; the newest are retracted to make room
+        while i < end:  # first in order get a slot; the last are retracted to make room
             if self.kv.extend(order[i], 1):
                 i += 1
                 continue
@@ -293,7 +334,7 @@ class Scheduler:
         return ScheduleBatch(ForwardMode.DECODE, batch, [r.kv_len - 1 for r in batch], [1] * n,
                              [True] * n)
 
-    def _retract(self, req: Req) -> None:
+    def _retract(self, req: Req, reason: str = "for lack of KV slots") -> None:
         """Give back a running request's K/V (to the cache) and queue it for recompute."""
         self.running.remove(req)
         if req.kv_len > req.fill_len - 1:  # its slot for this step was already taken
@@ -303,7 +344,7 @@ class Scheduler:
         req.num_retractions += 1
         self.stats["num_retractions_total"] += 1
         self.waiting.insert(0, req)
-        logger.info("retracted %s (%d tokens) for lack of KV slots", req.rid, req.fill_len)
+        logger.info("retracted %s (%d tokens) %s", req.rid, req.fill_len, reason)
 
     # ------------------------------------------------------------------ results
     def _process(self, sb: ScheduleBatch, out: StepOutput) -> None:
@@ -419,6 +460,10 @@ class Scheduler:
 
     def _stream(self, req: Req) -> None:
         if req.stream and not req.finished:
+            interval = req.params.stream_interval
+            if interval and len(req.output_ids) - req.last_streamed_tokens < interval:
+                return
+            req.last_streamed_tokens = len(req.output_ids)
             text_len = len(req.detok.visible_text(final=False))
             if text_len != req.last_streamed_len:
                 req.last_streamed_len = text_len

@@ -58,7 +58,8 @@ class Backend:
         raise NotImplementedError
 
     def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
-        """Continue `prompt.text`; return (generated text, meta_info)."""
+        """Continue `prompt.text`; return (generated text, meta_info), or with `params.n`
+        > 1 a list of n texts and a list of n meta_infos."""
         raise NotImplementedError
 
     def generate_stream(self, prompt: Prompt,

@@ -61,6 +61,10 @@ class OpenAI(Backend):
                 kw[name] = getattr(params, name)
         if params.stop:
             kw["stop"] = params.stop
+        if params.stop_regex:
+            raise BackendError("stop_regex is not supported by the OpenAI backend")
+        if params.n is not None and params.n != 1:
+            kw["n"] = params.n
         extra: dict[str, Any] = {}
         if params.top_k is not None and params.top_k > 0:
             extra["top_k"] = params.top_k
@@ -94,7 +98,7 @@ class OpenAI(Backend):
             raise BackendError(f"OpenAI request failed with HTTP {e.status_code}: "
                                f"{e.message}") from e
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
         kw = self._request_kwargs(params)
         if self.is_chat_model:
             if params.return_logprob:
@@ -103,21 +107,24 @@ class OpenAI(Backend):
                     kw["top_logprobs"] = params.top_logprobs_num
             resp = self._call(self.client.chat.completions.create,
                               messages=self._messages(prompt), **kw)
-            choice = resp.choices[0]
-            text = choice.message.content or ""
+            texts = [c.message.content or "" for c in resp.choices]
         else:
             if params.return_logprob:
                 kw["logprobs"] = params.top_logprobs_num or 1
             resp = self._call(self.client.completions.create, prompt=prompt.text, **kw)
-            choice = resp.choices[0]
-            text = choice.text
-        meta: dict[str, Any] = {"id": resp.id, "finish_reason": choice.finish_reason}
-        if resp.usage is not None:
-            meta["prompt_tokens"] = resp.usage.prompt_tokens
-            meta["completion_tokens"] = resp.usage.completion_tokens
-        if getattr(choice, "logprobs", None) is not None:
-            meta["logprobs"] = choice.logprobs.model_dump()
-        return text, meta
+            texts = [c.text for c in resp.choices]
+        metas = []
+        for choice in resp.choices:
+            meta: dict[str, Any] = {"id": resp.id, "finish_reason": choice.finish_reason}
+            if resp.usage is not None:
+                meta["prompt_tokens"] = resp.usage.prompt_tokens
+                meta["completion_tokens"] = resp.usage.completion_tokens
+            if getattr(choice, "logprobs", None) is not None:
+                meta["logprobs"] = choice.logprobs.model_dump()
+            metas.append(meta)
+        if "n" in kw:  # n > 1: one text and meta per sample
+            return texts, metas
+        return texts[0], metas[0]
 
     def generate_stream(self, prompt: Prompt,
                         params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -109,10 +109,12 @@ class RuntimeEndpoint(Backend):
         self.model_info.setdefault("eos_token", tok.eos_token)
         return tok.chat_template
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
         out = self._generate({"text": prompt.text,
                               "sampling_params": params.engine_sampling_params(),
                               **params.logprob_kwargs()})
+        if isinstance(out, list):  # n > 1: one result per sample
+            return [o["text"] for o in out], [o["meta_info"] for o in out]
         return out["text"], out["meta_info"]
 
     def generate_stream(self, prompt: Prompt,

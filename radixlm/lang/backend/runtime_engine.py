@@ -70,11 +70,13 @@ class Runtime(Backend):
             self._chat_template = ChatTemplate.from_tokenizer(self.engine.tokenizer)
         return self._chat_template
 
-    def _call(self, what: str, **kwargs: Any) -> Any:
-        """engine.generate(**kwargs) for one prompt, aborted if it outlives the timeout."""
+    def _call(self, what: str, samples: int = 1, **kwargs: Any) -> Any:
+        """engine.generate(**kwargs) for one prompt (``samples`` of it: rids `rid-j`),
+        aborted if it outlives the timeout."""
         rid = kwargs["rid"] = f"lang-{uuid.uuid4().hex}"
+        rids = [rid] if samples == 1 else [f"{rid}-{j}" for j in range(samples)]
         return call_with_timeout(lambda: self.engine.generate(**kwargs), self.timeout, what,
-                                 on_timeout=lambda: self._abort(rid))
+                                 on_timeout=lambda: [self._abort(r) for r in rids])
 
     def _abort(self, rid: str | None) -> None:
         if rid is not None:
@@ -83,10 +85,13 @@ class Runtime(Backend):
             except Exception:  # best effort: the request may already be gone
                 pass
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
-        out = self._call("generate", prompt=prompt.text,
+    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
+        out = self._call("generate", samples=params.n or 1, prompt=prompt.text,
                          sampling_params=params.engine_sampling_params(),
                          **params.logprob_kwargs())
+        if isinstance(out, list):  # n > 1: one result per sample
+            outs = [_check_finished(o) for o in out]
+            return [o["text"] for o in outs], [o["meta_info"] for o in outs]
         out = _check_finished(out)
         return out["text"], out["meta_info"]
 

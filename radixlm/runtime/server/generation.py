@@ -45,6 +45,8 @@ class GenCall:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    priority: int | None = None  # scheduling priority (the engine's priority policy)
+    log_metrics: bool = True  # False: not counted in /metrics nor logged (health checks)
     prompt_len: int = 0  # filled by admit()
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -59,6 +61,8 @@ class GenCall:
                       top_logprobs_num=self.top_logprobs_num)
         if self.return_text_in_logprobs:
             kw["return_text_in_logprobs"] = True
+        if self.priority is not None:
+            kw["priority"] = self.priority
         return kw
 
 
@@ -158,8 +162,9 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
     async def one(call: GenCall) -> dict[str, Any]:
         out = await engine.async_generate(**call.engine_kwargs())
         pending.discard(call.rid)
-        state.metrics.observe_finished(call.rid, out.get("meta_info", {}),
-                                       time.perf_counter() - t0, streamed=False)
+        if call.log_metrics:
+            state.metrics.observe_finished(call.rid, out.get("meta_info", {}),
+                                           time.perf_counter() - t0, streamed=False)
         return out
 
     gen = asyncio.ensure_future(asyncio.gather(*(one(c) for c in calls)))
@@ -224,7 +229,7 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
                 raise _engine_error(exc) from exc
             now = time.perf_counter()
             n = len(chunk.get("output_ids") or ())
-            if n > last_n:
+            if call.log_metrics and n > last_n:
                 if last_t is None:
                     state.metrics.ttft.observe(now - t0)
                 else:
@@ -236,8 +241,9 @@ async def stream_call(state: ServerState, call: GenCall) -> AsyncIterator[dict[s
                 error = _request_error(chunk["meta_info"])
                 if error is not None:
                     raise error
-                state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
-                                               streamed=True)
+                if call.log_metrics:
+                    state.metrics.observe_finished(call.rid, chunk["meta_info"], now - t0,
+                                                   streamed=True)
             yield chunk
             if finished:
                 break

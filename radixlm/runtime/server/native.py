@@ -51,6 +51,9 @@ def build_native_calls(req: GenerateRequest, request_id: str) -> list[GenCall]:
         if params is not None and not isinstance(params, dict):
             raise ApiError(400, "'sampling_params' must be an object", param="sampling_params")
         params = clean_sampling(params)
+        if "sampling_seed" in params and params.get("seed", params["sampling_seed"]) == \
+                params["sampling_seed"]:  # SGLang's spelling; one key, so seed + j below works
+            params["seed"] = params.pop("sampling_seed")
         n = params.pop("n", 1)
         if not isinstance(n, int) or n < 1:
             raise ApiError(400, f"sampling_params.n must be an integer >= 1, got {n!r}",
@@ -73,7 +76,8 @@ def build_native_calls(req: GenerateRequest, request_id: str) -> list[GenCall]:
                                                 "return_logprob")),
                 logprob_start_len=-1 if start is None else int(start),
                 top_logprobs_num=0 if top is None else int(top),
-                return_text_in_logprobs=req.return_text_in_logprobs))
+                return_text_in_logprobs=req.return_text_in_logprobs, priority=req.priority,
+                log_metrics=req.log_metrics))
     return calls
 
 

@@ -2,9 +2,9 @@
 
 Differences from api.openai.com: any `model` name is accepted (one model is served);
 extras `regex`, `choices`, `json_schema`, `ebnf`, `top_k`, `min_p`, `repetition_penalty`,
-`min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`, `no_stop_trim`, `rid`
-may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger than the
-room left in the context is clamped to it; a prompt that fills the context is a 400.
+`min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`, `no_stop_trim`, `rid`,
+`priority` may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger
+than the room left in the context is clamped to it; a prompt that fills the context is a 400.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def openai_sampling(req: _OpenAIBase, max_new_tokens: int | None) -> dict[str, A
         "skip_special_tokens": req.skip_special_tokens, "no_stop_trim": req.no_stop_trim,
         "min_new_tokens": req.min_tokens, "seed": req.seed, "regex": req.regex,
         "choices": req.choices, "json_schema": req.json_schema, "ebnf": req.ebnf,
+        "logit_bias": req.logit_bias,
     }
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
@@ -90,7 +91,8 @@ def _fan_out(req: _OpenAIBase, prompts: list[tuple[str | None, list[int] | None]
             calls.append(GenCall(text=text, input_ids=ids, sampling=s, rid=rid,
                                  return_logprob=top is not None, top_logprobs_num=top or 0,
                                  return_text_in_logprobs=top is not None,
-                                 logprob_start_len=0 if prompt_logprobs else -1))
+                                 logprob_start_len=0 if prompt_logprobs else -1,
+                                 priority=req.priority))
     return calls
 
 

@@ -1,9 +1,9 @@
 """Request bodies of the HTTP API as pydantic models.
 
-Native (`/generate`) follows SGLang's `GenerateReqInput`: unknown top-level fields are ignored
-(SGLang clients send fields we do not use), fields we cannot honour (images, LoRA, ...) are
-rejected when set. OpenAI bodies follow the OpenAI API: unknown fields are an error, as on
-api.openai.com, except the documented extras (`regex`, `choices`, `json_schema`, `top_k`, ...).
+Native (`/generate`) follows SGLang's `GenerateReqInput`: fields we cannot honour (images,
+LoRA, ...) are rejected when set, and so are fields SGLang does not have. OpenAI bodies
+follow the OpenAI API: unknown fields are an error, as on api.openai.com, except the
+documented extras (`regex`, `choices`, `json_schema`, `top_k`, ...).
 Responses are built as plain dicts in `native.py` / `openai_api.py`.
 """
 
@@ -13,16 +13,33 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# SGLang GenerateReqInput fields we accept but cannot serve: non-empty values are a 400.
-NATIVE_UNSUPPORTED = (
-    "image_data", "video_data", "audio_data", "input_embeds", "lora_path", "session_params",
-    "custom_logit_processor", "token_ids_logprob", "bootstrap_host", "bootstrap_port",
-    "bootstrap_room",
-)
+from radixlm.runtime.sampling_params import check_logit_bias
+
+# SGLang GenerateReqInput fields we cannot serve: a value other than the default is a 400.
+NATIVE_UNSUPPORTED: dict[str, Any] = {
+    "image_data": None, "video_data": None, "audio_data": None, "use_audio_in_video": False,
+    "input_embeds": None, "lora_path": None, "lora_id": None, "session_params": None,
+    "custom_logit_processor": None, "token_ids_logprob": None, "return_hidden_states": False,
+    "return_routed_experts": False, "return_indexer_topk": False,
+    "routed_experts_start_len": 0, "positional_embed_overrides": None,
+    "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
+    "bootstrap_pair_key": None, "decode_tp_size": None, "require_reasoning": False,
+    "disagg_prefill_dp_rank": None, "background": False, "extra_key": None,
+    "routing_key": None, "custom_labels": None, "return_bytes": False,
+    "return_entropy": False, "external_trace_header": None, "need_wait_for_mm_inputs": None,
+    "num_items_assigned": None, "max_dynamic_patch": None, "min_dynamic_patch": None,
+    "image_max_dynamic_patch": None, "video_max_dynamic_patch": None,
+    "multi_item_delimiter_indices": None,
+}
+# SGLang fields that are bookkeeping only; honoured as such: conversation_id and
+# received_time are not used, no_logs holds (request content is never logged).
+NATIVE_INERT = ("conversation_id", "received_time", "no_logs")
 
 
 class GenerateRequest(BaseModel):
-    """Body of POST /generate (SGLang's GenerateReqInput, the subset a single engine serves)."""
+    """Body of POST /generate (SGLang's GenerateReqInput, the subset a single engine serves).
+    Every other GenerateReqInput field is either inert (NATIVE_INERT) or a 400 when set
+    (NATIVE_UNSUPPORTED); a field SGLang does not have is a 400 too."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -37,17 +54,30 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     log_metrics: bool = True
     modalities: list[str] | None = None
-    return_hidden_states: bool = False
+    priority: int | None = None
+    # one engine: DP rank 0 is the only one (sglang-router may name it)
+    routed_dp_rank: int | None = None
+    data_parallel_rank: int | None = None
 
     @model_validator(mode="after")
     def _check(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of 'text' and 'input_ids' must be given")
-        for name in NATIVE_UNSUPPORTED:
-            if (self.model_extra or {}).get(name) not in (None, [], {}, ""):
+        extra = self.model_extra or {}
+        unknown = sorted(k for k in extra if k not in NATIVE_UNSUPPORTED
+                         and k not in NATIVE_INERT)
+        if unknown:
+            raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+        for name, default in NATIVE_UNSUPPORTED.items():
+            if extra.get(name, default) not in (default, None, [], {}, ""):
                 raise ValueError(f"'{name}' is not supported by this server")
-        if self.return_hidden_states:
-            raise ValueError("'return_hidden_states' is not supported by this server")
+        if self.modalities and set(self.modalities) - {"text"}:
+            raise ValueError(f"'modalities' {self.modalities} are not supported: this server "
+                             "takes text only")
+        for name in ("routed_dp_rank", "data_parallel_rank"):
+            if getattr(self, name) not in (None, 0):
+                raise ValueError(f"'{name}'={getattr(self, name)}: this server is one data-"
+                                 "parallel rank (0)")
         return self
 
     @property
@@ -140,11 +170,12 @@ class _OpenAIBase(BaseModel):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     rid: str | None = None
+    priority: int | None = None  # SGLang: scheduling priority (--schedule-policy priority)
 
     @model_validator(mode="after")
     def _check_base(self) -> _OpenAIBase:
-        if self.logit_bias:
-            raise ValueError("'logit_bias' is not supported by this server")
+        if self.logit_bias is not None:
+            self.logit_bias = check_logit_bias(self.logit_bias)
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise ValueError("'stop' takes at most 4 sequences")
         if self.stream_options is not None and not self.stream:

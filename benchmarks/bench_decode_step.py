@@ -1,0 +1,166 @@
+"""Where a decode step's time goes: ms per step split into linears / attention / the rest,
+for the reference torch path and the native path, at a few batch sizes.
+
+    .venv/bin/python benchmarks/bench_decode_step.py [--batches 1,16,64] [--context 256]
+
+The reference path is measured with torch.profiler (self CPU time per op, grouped: GEMMs and
+weight-only matmuls = linears; SDPA, K/V stores and gathers = attention; the remaining ops;
+what is left of the wall time is Python and dispatch). The native path is measured with a
+profiling build of the library (stage timers at the barriers; the head counts as a linear).
+Both run the same synthetic decode batch (one token per request after ``--context``
+cached positions) on the same engine weights, alternating ``--rounds`` times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+
+LINEAR_OPS = ("aten::addmm", "aten::mm", "aten::_weight_int4pack_mm_for_cpu",
+              "aten::_weight_int8pack_mm", "aten::bmm", "aten::linear")
+ATTN_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_attention_math", "aten::scaled_dot_product_attention",
+            "aten::index_put_", "aten::index", "aten::_unsafe_index_put", "aten::copy_")
+
+
+def decode_batch(batch: int, context: int) -> ForwardBatch:
+    def t(values):
+        return torch.tensor(values, dtype=torch.int64)
+
+    rows = list(range(batch))
+    return ForwardBatch(
+        ForwardMode.DECODE, t([17 + i for i in rows]), t([context] * batch),
+        t([1 + i for i in rows]), t(rows), t([context + 1] * batch), t([context] * batch),
+        t([1] * batch), t(rows), t(rows), [context + 1] * batch, [context] * batch, [1] * batch,
+        [1000 + i for i in rows])
+
+
+def fill_table(runner, batch: int, context: int) -> None:
+    """Distinct pool slots for every cached position of every row (K/V content is whatever
+    the pool holds: timing only)."""
+    table = runner.pool.req_to_token
+    base = 1 + batch
+    for r in range(batch):
+        table[r, :context + 1] = torch.arange(base + r * (context + 1),
+                                              base + (r + 1) * (context + 1))
+
+
+def profile_reference(runner, fb: ForwardBatch, steps: int) -> dict:
+    model, attn = runner.model, runner.attn
+    for _ in range(2):
+        attn.init_forward_metadata(fb)
+        model.forward(fb, attn)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            attn.init_forward_metadata(fb)
+            model.forward(fb, attn)
+        wall = (time.perf_counter() - t0) / steps
+    lin = att = other = 0.0
+    for ev in prof.key_averages():
+        us = ev.self_cpu_time_total / steps / 1e3  # ms per step
+        if ev.key in LINEAR_OPS:
+            lin += us
+        elif ev.key in ATTN_OPS:
+            att += us
+        else:
+            other += us
+    wall_ms = wall * 1e3
+    return {"step_ms": wall_ms, "linears_ms": lin, "attention_ms": att,
+            "rest_ms": max(wall_ms - lin - att, 0.0), "rest_ops_ms": other}
+
+
+def profile_native(runner, lib_prof, fb: ForwardBatch, steps: int) -> dict:
+    native = runner.native
+    lib_main = native.lib
+    native.lib = lib_prof
+    try:
+        for _ in range(2):
+            native.forward(fb)
+        lib_prof.rlm_profile(None, 1)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            native.forward(fb)
+        wall_ms = (time.perf_counter() - t0) / steps * 1e3
+        stages = (ctypes.c_double * 16)()
+        lib_prof.rlm_profile(stages, 1)
+    finally:
+        native.lib = lib_main
+    ms = [s / steps * 1e3 for s in stages]
+    lin = ms[1] + ms[4] + ms[6] + ms[8] + ms[9]
+    att = ms[2] + ms[3]
+    return {"step_ms": wall_ms, "linears_ms": lin, "attention_ms": att,
+            "rest_ms": max(wall_ms - lin - att, 0.0), "rest_c_ms": ms[0] + ms[5] + ms[7]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native import build
+    from radixlm.runtime.engine import Engine
+
+    host = host_info()
+    print(host_line(host), flush=True)
+    native_engine = Engine(log_level="warning", max_total_tokens=40000)
+    if native_engine.runner.native is None:
+        raise SystemExit("the native library is unavailable on this host: nothing to compare")
+    # the reference path as a host without the library runs it (torch int4 / bf16 or fp32)
+    build.load.cache_clear()
+    saved = build.load
+    build.load = lambda: None
+    try:
+        ref_engine = Engine(log_level="warning", max_total_tokens=40000)
+    finally:
+        build.load = saved
+    lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE", "-fopenmp"],
+                                  tempfile.mkdtemp(prefix="radixlm-prof-"))
+    assert lib_prof.rlm_profile(None, 1) == 1
+    results = {"host": host, "context": args.context, "reference": {}, "native": {},
+               "reference_path": f"torch {ref_engine.runner.dtype}"
+               + (" + int4 linears" if ref_engine.runner.int4 is not None else "")}
+    for b in [int(x) for x in args.batches.split(",")]:
+        fb = decode_batch(b, args.context)
+        runs = {"reference": [], "native": []}
+        for _ in range(args.rounds):
+            fill_table(ref_engine.runner, b, args.context)
+            runs["reference"].append(profile_reference(ref_engine.runner, fb, args.steps))
+            fill_table(native_engine.runner, b, args.context)
+            runs["native"].append(profile_native(native_engine.runner, lib_prof, fb,
+                                                 args.steps))
+        for path, rs in runs.items():
+            results[path][b] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+    ref_engine.shutdown()
+    native_engine.shutdown()
+    print(json.dumps(results, indent=2))
+    print(f"\n{host_line(host)}; context {args.context}; reference = "
+          f"{results['reference_path']}")
+    print(f"{'batch':>5} {'path':<10}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}")
+    for b in results["native"]:
+        for path in ("reference", "native"):
+            r = results[path][b]
+            print(f"{b:>5} {path:<10}{r['step_ms']:>9.2f}{r['linears_ms']:>9.2f}"
+                  f"{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
