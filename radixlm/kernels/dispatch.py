@@ -36,6 +36,7 @@ class KernelOps:
     name: str  # "ref" | "triton"
     rmsnorm: Callable
     silu_and_mul: Callable
+    gelu_tanh_and_mul: Callable
     rotary_cos_sin: Callable
     apply_rotary: Callable
     store_kv: Callable
@@ -48,6 +49,7 @@ REF_OPS = KernelOps(
     name="ref",
     rmsnorm=ref.rmsnorm,
     silu_and_mul=ref.silu_and_mul,
+    gelu_tanh_and_mul=ref.gelu_tanh_and_mul,
     rotary_cos_sin=ref.rotary_cos_sin,
     apply_rotary=ref.apply_rotary,
     store_kv=ref.store_kv,
@@ -74,6 +76,7 @@ def triton_ops() -> KernelOps:
         name="triton",
         rmsnorm=norm.rmsnorm,
         silu_and_mul=activation.silu_and_mul,
+        gelu_tanh_and_mul=ref.gelu_tanh_and_mul,  # Gemma only; torch ops are fine on CUDA
         rotary_cos_sin=ref.rotary_cos_sin,  # a few elementwise torch ops; not worth a kernel
         apply_rotary=rotary.apply_rotary,
         store_kv=kv_store.store_kv,

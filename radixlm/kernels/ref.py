@@ -31,6 +31,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``x`` is ``[T, 2F]`` = gate ‖ up; returns ``gelu_tanh(gate) * up`` (Gemma's MLP)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
 def rotary_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

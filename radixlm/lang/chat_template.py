@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 _SENTINEL = "\x00RADIXLM_SENTINEL\x00"
+_CONTEXT_SYSTEM = "\x00RADIXLM_SYSTEM\x00"  # a context's system text must not leak into a segment
 _ROLES = ("system", "user", "assistant")
 
 
@@ -75,9 +76,13 @@ class ChatTemplate:
 
     def _tail(self, context: list[dict[str, str]], role: str) -> tuple[str, str]:
         """Prefix and suffix that `role` adds after `context` (found with a sentinel)."""
+        def open_end(text: str) -> str:
+            trailer = self.trailer
+            return text[:len(text) - len(trailer)] if trailer and text.endswith(trailer) else text
+
         try:
-            before = self.render(context) if context else ""
-            full = self.render(context + [{"role": role, "content": _SENTINEL}])
+            before = open_end(self.render(context)) if context else ""
+            full = open_end(self.render(context + [{"role": role, "content": _SENTINEL}]))
         except Exception as e:
             raise ChatTemplateError(f"chat template cannot render role {role!r}: {e}") from e
         if not full.startswith(before) or full.count(_SENTINEL) != 1:
@@ -87,21 +92,63 @@ class ChatTemplate:
         prefix, suffix = full[len(before):].split(_SENTINEL)
         return prefix, suffix
 
+    @cached_property
+    def trailer(self) -> str:
+        """Text written after the last message of a chat without a generation prompt (Phi-3
+        closes it with EOS), found by comparing a one- and a two-message chat."""
+        user, reply = {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}
+        try:
+            one, two = self.render([user]), self.render([user, reply])
+        except Exception:  # noqa: BLE001 - e.g. a template that wants a system message
+            return ""
+        if two.startswith(one):
+            return ""
+        # Text alone cannot tell "<|end|>\n<|" + "endoftext|>" from "<|end|>\n" +
+        # "<|endoftext|>": a special token (EOS) that fits is the trailer.
+        fits = [t for t in self.special_tokens.values()
+                if one.endswith(t) and two.endswith(t) and two.startswith(one[:-len(t)])]
+        if fits:
+            return max(fits, key=len)
+        for k in range(1, len(one) + 1):
+            if two.startswith(one[:-k]) and two.endswith(one[-k:]):
+                return one[-k:]
+        return ""
+
     def segments(self, role: str) -> tuple[str, str]:
         """(prefix, suffix) written around a message of `role` in the middle of a chat."""
         if role not in _ROLES:
             raise ChatTemplateError(f"unknown role {role!r}; expected one of {_ROLES}")
         if role not in self._segments:
-            sys_msg = {"role": "system", "content": "S"}
+            sys_msg = {"role": "system", "content": _CONTEXT_SYSTEM}
+            user_msg = {"role": "user", "content": "U"}
+            reply = {"role": "assistant", "content": "A"}
             if role == "system":
                 seg = self._tail([], "system")
                 seg = (seg[0][len(self.leading_text):], seg[1])
-            elif role == "user":
-                seg = self._tail([sys_msg], "user")
             else:
-                seg = self._tail([sys_msg, {"role": "user", "content": "U"}], "assistant")
+                # After a system message first; after a user/assistant exchange where the
+                # template rejects system messages (Gemma 2) or folds them into the first
+                # user turn (Gemma 3: the system text would land in the user prefix).
+                contexts = ([[sys_msg], [user_msg, reply]] if role == "user"
+                            else [[sys_msg, user_msg], [user_msg]])
+                seg = self._tail_in_context(contexts, role)
             self._segments[role] = seg
         return self._segments[role]
+
+    def _tail_in_context(self, contexts: list[list[dict[str, str]]], role: str):
+        """``_tail`` after the first context that renders ``role`` cleanly."""
+        error = None
+        for context in contexts:
+            try:
+                seg = self._tail(context, role)
+            except ChatTemplateError as e:
+                error = e
+                continue
+            if _CONTEXT_SYSTEM not in seg[0] + seg[1]:
+                return seg
+            error = ChatTemplateError(f"the chat template merges the system message into the "
+                                      f"{role} message")
+        raise error
 
     @cached_property
     def leading_text(self) -> str:
@@ -109,11 +156,13 @@ class ChatTemplate:
         bos = self.special_tokens.get("bos_token") or ""
         if not bos or self.segments("user")[0].startswith(bos):
             return ""
-        try:
-            firsts = [self._tail([], role)[0] for role in ("system", "user")]
-        except ChatTemplateError:
-            return ""
-        return bos if all(f.startswith(bos) for f in firsts) else ""
+        firsts = []
+        for role in ("system", "user"):  # the roles a chat can start with (Gemma: user only)
+            try:
+                firsts.append(self._tail([], role)[0])
+            except ChatTemplateError:
+                continue
+        return bos if firsts and all(f.startswith(bos) for f in firsts) else ""
 
     @cached_property
     def preamble(self) -> str:
@@ -128,6 +177,8 @@ class ChatTemplate:
     def default_system_prompt(self) -> str | None:
         """Content of the system message the template adds when a chat starts without one."""
         preamble = self.preamble
+        if not preamble:
+            return None
         sys_prefix, sys_suffix = self.segments("system")
         if preamble and preamble.startswith(sys_prefix) and preamble.endswith(sys_suffix):
             return preamble[len(sys_prefix): len(preamble) - len(sys_suffix)]

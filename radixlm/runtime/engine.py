@@ -21,7 +21,12 @@ from radixlm.runtime.outputs import AsyncSink, QueueSink
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
-from radixlm.runtime.weights import load_hf_config, load_tokenizer, resolve_model
+from radixlm.runtime.weights import (
+    generation_eos_ids,
+    load_hf_config,
+    load_tokenizer,
+    resolve_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ class Engine:
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None)):
+        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None),
+                      generation_eos_ids(self.model_path)):
             if isinstance(value, int):
                 ids.add(value)
             elif isinstance(value, list | tuple):

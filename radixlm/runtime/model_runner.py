@@ -3,6 +3,7 @@ sampled tokens and logprobs out as Python values."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -124,9 +125,13 @@ class ModelRunner:
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
                                              hf_config) if lib is not None else None)
-        name = resolve_backend_name(config.attention_backend, self.device)
+        # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
+        layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
+                  else o for o in cfg.attn_options()]
+        name = resolve_backend_name(config.attention_backend, self.device,
+                                    plain=all(o.plain for o in layers))
         self.attention_backend_name = name
-        options = {}
+        options = {"layers": layers}
         if name == "torch" and config.kv_mirror_mb is not None:
             options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
         elif name == "torch" and self.native is not None:

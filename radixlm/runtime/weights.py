@@ -95,11 +95,92 @@ _GGUF_TO_HF = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",  # Gemma: norm of the attention output
+    "post_ffw_norm": "post_feedforward_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_GGUF_TOP = {"token_embd": "model.embed_tokens.weight", "output_norm": "model.norm.weight",
+             "output": "lm_head.weight"}
+FULL, SLIDING = "full_attention", "sliding_attention"
+GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+
+
+def _hf_tensor_name(kind: str, model_type: str) -> str:
+    """HF name (without ``model.layers.N.`` and ``.weight``) of GGUF block tensor ``kind``."""
+    if kind == "ffn_norm" and model_type.startswith("gemma"):
+        return "pre_feedforward_layernorm"
+    if kind == "ffn_up" and model_type == "phi3":
+        return "mlp.gate_up_proj"  # llama.cpp keeps Phi-3's fused gate ‖ up
+    return _GGUF_TO_HF[kind]
+
+
+def _permuted(model_type: str) -> bool:
+    """llama.cpp permutes q/k rows for its "llama" architecture only."""
+    return model_type in ("llama", "mistral")
+
+
+def _gguf_config_fixups(config, reader) -> None:
+    """Set what transformers' GGUF config reader leaves at a default although the file (or
+    llama.cpp's own rules) says otherwise: head_dim, soft-caps, the attention scale, sliding
+    windows, partial rotary, Gemma 3's rope scaling and Phi-3's longrope factors."""
+    import gguf
+
+    arch = str(reader.fields["general.architecture"].contents())
+
+    def field(key: str):
+        f = reader.fields.get(key.format(arch=arch))
+        return None if f is None else f.contents()
+
+    mt = config.model_type
+    head_dim = field(gguf.Keys.Attention.KEY_LENGTH)
+    if head_dim and mt == "qwen3":
+        config.head_dim = int(head_dim)
+    if mt in ("gemma2", "gemma3_text"):
+        for key, attr in ((gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping"),
+                          (gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
+            if mt == "gemma2" or field(key) is not None:
+                setattr(config, attr, field(key))
+        # llama.cpp: the 27B models scale by (hidden / heads) ** -0.5, the others by head_dim
+        big = config.num_hidden_layers == (46 if mt == "gemma2" else 62)
+        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
+                                        if big else config.head_dim)
+        pattern = field(gguf.Keys.Attention.SLIDING_WINDOW_PATTERN)
+        if mt == "gemma3_text" and pattern is not None:  # an int n (every n-th layer is
+            # global), or one bool per layer (true: sliding)
+            sliding = ([bool((i + 1) % int(pattern)) for i in range(config.num_hidden_layers)]
+                       if isinstance(pattern, int) else [bool(x) for x in pattern])
+            config.layer_types = [SLIDING if x else FULL for x in sliding]
+        if mt == "gemma3_text" and field(gguf.Keys.Rope.FREQ_BASE_SWA) is not None:
+            config.rope_parameters["sliding_attention"]["rope_theta"] = float(
+                field(gguf.Keys.Rope.FREQ_BASE_SWA))
+        if mt == "gemma3_text" and field(gguf.Keys.Rope.SCALING_TYPE) == "linear":
+            config.rope_parameters["full_attention"].update(
+                rope_type="linear", factor=float(field(gguf.Keys.Rope.SCALING_FACTOR)))
+    if mt == "phi3":
+        window = field(gguf.Keys.Attention.SLIDING_WINDOW)
+        config.sliding_window = int(window) if window else None
+        rot = field(gguf.Keys.Rope.DIMENSION_COUNT)
+        head = config.hidden_size // config.num_attention_heads
+        if rot and int(rot) != head:
+            config.rope_parameters["partial_rotary_factor"] = int(rot) / head
+        factors = {t.name.split(".")[0]: np.asarray(t.data, dtype=np.float32).tolist()
+                   for t in reader.tensors if t.name.startswith("rope_factors_")}
+        if factors:
+            orig = int(field(gguf.Keys.Rope.SCALING_ORIG_CTX_LEN))
+            config.original_max_position_embeddings = orig
+            config.rope_parameters.update(
+                rope_type="longrope", long_factor=factors["rope_factors_long"],
+                short_factor=factors["rope_factors_short"],
+                original_max_position_embeddings=orig)
+            if field(gguf.Keys.Rope.SCALING_ATTN_FACTOR) is not None:
+                config.rope_parameters["attention_factor"] = float(
+                    field(gguf.Keys.Rope.SCALING_ATTN_FACTOR))
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -110,29 +191,30 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     logger.info("converting %s (first use; cached afterwards)", gguf_path.name)
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    if config.model_type not in ("llama", "mistral", "qwen2"):
-        raise ValueError(f"GGUF architecture {config.model_type!r} is not Llama-family")
+    mt = config.model_type
+    if mt not in GGUF_MODEL_TYPES:
+        raise ValueError(f"GGUF architecture {mt!r} is not supported "
+                         f"(supported: {', '.join(GGUF_MODEL_TYPES)})")
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     reader = gguf.GGUFReader(str(gguf_path))
+    _gguf_config_fixups(config, reader)
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
     tensors: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc=f"dequantizing {gguf_path.name}", unit="tensor"):
+        if t.name.startswith("rope_factors_"):
+            continue  # read into the config
         w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim != len(t.shape) else w
         parts = t.name.split(".")
         if parts[0] == "blk":
             kind = parts[2]
-            if kind == "attn_q" and config.model_type != "qwen2":
-                w = _reverse_permute(w, n_head)
-            elif kind == "attn_k" and config.model_type != "qwen2":
-                w = _reverse_permute(w, n_kv)
-            name = f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.{parts[3]}"
+            if kind in ("attn_q", "attn_k") and _permuted(mt):
+                w = _reverse_permute(w, n_head if kind == "attn_q" else n_kv)
+            name = f"model.layers.{parts[1]}.{_hf_tensor_name(kind, mt)}.{parts[3]}"
         else:
-            name = {
-                "token_embd": "model.embed_tokens.weight",
-                "output_norm": "model.norm.weight",
-                "output": "lm_head.weight",
-            }[parts[0]]
+            name = _GGUF_TOP[parts[0]]
+        if mt.startswith("gemma") and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's RMSNorm scales as 1 + w
         tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
     if "lm_head.weight" in tensors:
         config.tie_word_embeddings = False
@@ -143,8 +225,16 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     (out_dir / "radixlm_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
 
 
+# Multimodal checkpoints served as their text model (Gemma 3 4B and up): the text config,
+# and the text weights under the text model's names (both layouts transformers writes).
+TEXT_ONLY_MULTIMODAL = ("gemma3",)
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+
+
 def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of ``*.safetensors`` in ``model_dir`` (HF names)."""
+    """All tensors of ``*.safetensors`` in ``model_dir`` (HF names; a multimodal
+    checkpoint's text-model tensors only, renamed as the text model's)."""
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -153,6 +243,13 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
+    if load_hf_config(model_dir, text_only=False).model_type in TEXT_ONLY_MULTIMODAL:
+        text = {}
+        for name, tensor in state.items():
+            for old, new in _TEXT_PREFIXES:
+                if name.startswith(old):
+                    text[new + name[len(old):]] = tensor
+        state = text
     return state
 
 
@@ -180,11 +277,11 @@ def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
         if parts[0] != "blk" or parts[2] not in _GGUF_TO_HF:
             continue
         kind = parts[2]
-        if hf_config.model_type != "qwen2" and kind in ("attn_q", "attn_k"):
+        if _permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
             heads = (hf_config.num_attention_heads if kind == "attn_q"
                      else hf_config.num_key_value_heads)
             q, d, m = (_reverse_permute(a, heads) for a in (q, d, m))
-        hf = f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.{parts[3]}"
+        hf = f"model.layers.{parts[1]}.{_hf_tensor_name(kind, hf_config.model_type)}.{parts[3]}"
         out[hf] = (torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(d),
                    torch.from_numpy(m + 8 * d))
     return out
@@ -198,10 +295,28 @@ def load_tokenizer(model: str | Path = DEFAULT_MODEL):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_hf_config(model_dir: Path):
+def load_hf_config(model_dir: Path, text_only: bool = True):
+    """The model's transformers config; with ``text_only``, a multimodal model's text config
+    (keeping the outer config's EOS ids, where its instruct models list end-of-turn)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model_dir))
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    if text_only and cfg.model_type in TEXT_ONLY_MULTIMODAL:
+        text = cfg.text_config
+        if getattr(cfg, "eos_token_id", None) is not None:
+            text.eos_token_id = cfg.eos_token_id
+        return text
+    return cfg
+
+
+def generation_eos_ids(model_dir: Path):
+    """``eos_token_id`` of the directory's ``generation_config.json`` (an int, a list, or
+    None): where instruct models list their end-of-turn tokens (Llama 3's ``<|eot_id|>``,
+    Phi-3's ``<|end|>``, Gemma's ``<end_of_turn>``) beside the tokenizer's EOS."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("eos_token_id")
 
 
 def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
@@ -218,11 +333,12 @@ def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
         parts = name.split(".")
         if parts[0] == "blk" and parts[2] in _GGUF_TO_HF:
             kind = parts[2]
-            if hf_config.model_type != "qwen2" and kind in ("attn_q", "attn_k"):
+            if _permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
                 heads = (hf_config.num_attention_heads if kind == "attn_q"
                          else hf_config.num_key_value_heads)
                 w = w.rows(_reverse_permute(np.arange(w.n), heads))
-            out[f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.{parts[3]}"] = w
+            out[f"model.layers.{parts[1]}.{_hf_tensor_name(kind, hf_config.model_type)}"
+                f".{parts[3]}"] = w
         elif name in ("token_embd.weight", "output.weight"):
             out["model.embed_tokens.weight" if name.startswith("token_embd")
                 else "lm_head.weight"] = w

@@ -10,19 +10,45 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from radixlm.runtime.forward_batch import ForwardBatch
 
 
+@dataclass(frozen=True)
+class AttnLayerOptions:
+    """How one layer attends: ``softmax(cap(q·k * scale))`` with ``cap(s) = softcap *
+    tanh(s / softcap)`` when ``softcap`` is set, over the keys at positions ``p - window <
+    j <= p`` of a query at position ``p`` (all ``j <= p`` when ``window`` is None)."""
+
+    scale: float
+    softcap: float | None = None
+    window: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.softcap is None and self.window is None
+
+
 class AttentionBackend(ABC):
-    def __init__(self, pool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    #: whether the backend honours ``AttnLayerOptions.softcap`` and ``.window``
+    supports_softcap_and_window = False
+
+    def __init__(self, pool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 layers: list[AttnLayerOptions] | None = None) -> None:
+        """``layers``: per-layer options; None means ``head_dim ** -0.5`` and full causal
+        attention on every layer."""
         self.pool = pool
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
+        self.layers = layers or [AttnLayerOptions(self.scale)] * len(pool.k_buffer)
+        if not self.supports_softcap_and_window and not all(o.plain for o in self.layers):
+            raise ValueError(f"{type(self).__name__} has no attention soft-capping or sliding "
+                             "window, which this model needs; use attention_backend='torch'")
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:  # noqa: B027
         """Called once per step before the first layer; may precompute index tensors and
@@ -48,9 +74,10 @@ ATTENTION_BACKENDS = {
 }
 
 
-def resolve_backend_name(name: str, device: torch.device) -> str:
+def resolve_backend_name(name: str, device: torch.device, plain: bool = True) -> str:
+    """``plain``: no layer needs soft-capping or a sliding window (only torch has them)."""
     if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        return "triton" if device.type == "cuda" and plain else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend must be one of {['auto', *ATTENTION_BACKENDS]}, got {name!r}"

@@ -13,6 +13,10 @@ finished below it), so decode is one SDPA call with no holes however requests co
 go. Slots of requests that are not in the step are reused least-recently-used first (a
 request that comes back is refilled from the pool). When the mirror would exceed its
 memory budget, the backend falls back to gathering through ``req_to_token``.
+
+Layers with attention soft-capping or a sliding window (``AttnLayerOptions``) take the same
+paths; their mask is built from the query positions (a key's index is its position in
+every path) and soft-capped scores are computed outside SDPA, which has no soft-cap.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.attention.base import AttentionBackend, AttnLayerOptions
 from radixlm.runtime.attention.mirror_slots import MirrorSlots
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 
@@ -41,6 +45,8 @@ class _DecodeGroup:
     lo: int
     hi: int
     length: int  # longest entry, new token included
+    # [hi - lo, 1] position of each slot's new token (holes: 0); None when all layers are plain
+    row_pos: torch.Tensor | None
     local: torch.Tensor | None  # slots - lo in step order; None when that is 0 .. n-1
     mask: torch.Tensor | None  # [hi - lo, 1, 1, length] additive, None when no padding
 
@@ -58,9 +64,13 @@ class _Meta:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    supports_softcap_and_window = True
+
     def __init__(self, pool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 mirror_budget_bytes: int | None = None) -> None:
-        super().__init__(pool, num_heads, num_kv_heads, head_dim)
+                 mirror_budget_bytes: int | None = None,
+                 layers: list[AttnLayerOptions] | None = None) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, layers)
+        self.all_plain = all(o.plain for o in self.layers)
         num_layers = len(pool.k_buffer)
         self.num_rows, self.max_context = pool.req_to_token.shape
         self.token_bytes = (2 * num_layers * num_kv_heads * head_dim
@@ -168,18 +178,20 @@ class TorchAttentionBackend(AttentionBackend):
         lens = [e[2] for e in entries]
         lo, hi, length = min(slots), max(slots) + 1, max(lens)
         in_order = slots == list(range(lo, hi))
-        mask = None
-        if not in_order or min(lens) != length:
+        mask = row_lens = None
+        if not in_order or min(lens) != length or not self.all_plain:
             row_lens = [0] * (hi - lo)  # holes attend to nothing
             for m, n in zip(slots, lens):
                 row_lens[m - lo] = n
+            row_lens = tensor(row_lens)
+        if not in_order or min(lens) != length:
             arange = torch.arange(length, device=device)
-            mask = self._additive((arange[None, :] < tensor(row_lens)[:, None])[:, None, None, :])
+            mask = self._additive((arange[None, :] < row_lens[:, None])[:, None, None, :])
         return _DecodeGroup(
             t_idx=None if whole else tensor([e[0] for e in entries]),
             slots=tensor(slots), pos=tensor([n - 1 for n in lens]), lo=lo, hi=hi,
             length=length, local=None if in_order else tensor([m - lo for m in slots]),
-            mask=mask)
+            mask=mask, row_pos=None if self.all_plain else (row_lens - 1).clamp_(min=0)[:, None])
 
     # ------------------------------------------------------------------ attention
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
@@ -188,13 +200,13 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache[batch.out_cache_loc] = v
         meta: _Meta = batch.attn_metadata
         if not meta.use_mirror and batch.mode == ForwardMode.DECODE:
-            return self._decode_gather(q, k_cache, v_cache, meta)
+            return self._decode_gather(q, k_cache, v_cache, layer_id, batch, meta)
         group = meta.group
         if group is not None and group.t_idx is None:
             return self._decode_mirror(q, k, v, layer_id, group)
         out = torch.empty_like(q)
         if meta.spans:
-            self._extend(q, k, v, k_cache, v_cache, layer_id, meta, out)
+            self._extend(q, k, v, k_cache, v_cache, layer_id, batch, meta, out)
         if group is not None:
             idx = group.t_idx
             out[idx] = self._decode_mirror(q[idx], k[idx], v[idx], layer_id, group)
@@ -209,21 +221,21 @@ class TorchAttentionBackend(AttentionBackend):
             q = q.new_zeros(group.hi - group.lo, self.num_heads, self.head_dim).index_copy_(
                 0, group.local, q)
         window = slice(group.lo, group.hi)
-        o = F.scaled_dot_product_attention(
+        o = self._sdpa(
             q.unsqueeze(2), mk[window, :group.length].transpose(1, 2),
-            mv[window, :group.length].transpose(1, 2), attn_mask=group.mask,
-            scale=self.scale, enable_gqa=True).squeeze(2)  # (rows, H, D)
+            mv[window, :group.length].transpose(1, 2), layer_id, group.row_pos,
+            mask=group.mask).squeeze(2)  # (rows, H, D)
         return o if group.local is None else o[group.local]
 
-    def _decode_gather(self, q, k_cache, v_cache, meta: _Meta) -> torch.Tensor:
+    def _decode_gather(self, q, k_cache, v_cache, layer_id, batch, meta: _Meta):
         keys = k_cache[meta.slot_idx].transpose(1, 2)  # (B, Hkv, L, D)
         values = v_cache[meta.slot_idx].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=meta.mask, scale=self.scale,
-            enable_gqa=True)
+        out = self._sdpa(q.unsqueeze(2), keys, values, layer_id, batch.positions[:, None],
+                         mask=meta.mask)
         return out.squeeze(2)
 
-    def _extend(self, q, k, v, k_cache, v_cache, layer_id, meta: _Meta, out) -> None:
+    def _extend(self, q, k, v, k_cache, v_cache, layer_id, batch, meta: _Meta,
+                out) -> None:
         for start, n, p, slot, prefix_slots, mask in meta.spans:
             qs = q[start:start + n].transpose(0, 1)  # (H, n, D)
             ks, vs = k[start:start + n], v[start:start + n]
@@ -231,20 +243,47 @@ class TorchAttentionBackend(AttentionBackend):
                 mk, mv = self.mirror_k[layer_id], self.mirror_v[layer_id]
                 mk[slot, p:p + n] = ks.to(mk.dtype)
                 mv[slot, p:p + n] = vs.to(mv.dtype)
+            q_pos = batch.positions[None, start:start + n]
             if p == 0:
-                o = F.scaled_dot_product_attention(
-                    qs[None], self._heads(ks), self._heads(vs), is_causal=True,
-                    scale=self.scale)
+                o = self._sdpa(qs[None], self._heads(ks), self._heads(vs), layer_id, q_pos,
+                               causal=True)
             else:
                 if meta.use_mirror:
                     keys, values = mk[slot, :p + n], mv[slot, :p + n]
                 else:
                     keys = torch.cat([k_cache[prefix_slots], ks.to(k_cache.dtype)])
                     values = torch.cat([v_cache[prefix_slots], vs.to(v_cache.dtype)])
-                o = F.scaled_dot_product_attention(
-                    qs[None], self._heads(keys), self._heads(values), attn_mask=mask,
-                    scale=self.scale)
+                o = self._sdpa(qs[None], self._heads(keys), self._heads(values), layer_id,
+                               q_pos, mask=mask)
             out[start:start + n] = o[0].transpose(0, 1)
+
+    def _sdpa(self, q, k, v, layer_id: int, q_pos: torch.Tensor, mask=None,
+              causal: bool = False) -> torch.Tensor:
+        """Attention of ``q [B, H, Lq, D]`` over ``k, v [B, H or Hkv, Lk, D]`` whose key
+        ``j`` sits at position ``j``. A plain layer uses ``mask`` (additive) or ``causal``
+        as given; a soft-capped or sliding-window layer builds its mask from ``q_pos
+        [B or 1, Lq]`` (positions of the queries), which also covers causality and
+        padding (padded keys lie past every query of their row)."""
+        opt = self.layers[layer_id]
+        gqa = k.shape[1] != q.shape[1]
+        if opt.plain:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  scale=opt.scale, enable_gqa=gqa)
+        k_pos = torch.arange(k.shape[2], device=q.device)
+        allowed = k_pos <= q_pos[..., None]  # [B | 1, Lq, Lk]
+        if opt.window is not None:
+            allowed &= k_pos > q_pos[..., None] - opt.window
+        allowed = allowed[:, None]  # broadcast over heads
+        if opt.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=opt.scale,
+                                                  enable_gqa=gqa)
+        if gqa:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * opt.scale
+        scores = torch.tanh(scores / opt.softcap) * opt.softcap
+        probs = scores.masked_fill_(~allowed, float("-inf")).softmax(-1)
+        return (probs @ v.float()).to(q.dtype)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[L, Hkv, D]`` -> ``[1, H, L, D]`` with KV heads repeated for GQA. SDPA's CPU

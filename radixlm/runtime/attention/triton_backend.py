@@ -66,11 +66,11 @@ class TritonAttentionBackend(AttentionBackend):
         if batch.mode == ForwardMode.DECODE:
             return decode_attention(
                 q, k_cache, v_cache, self.pool.req_to_token, batch.req_pool_indices,
-                batch.seq_lens, self.scale,
+                batch.seq_lens, self.layers[layer_id].scale,
                 num_kv_splits=meta.num_kv_splits, buffers=(meta.mid_o, meta.mid_lse),
             )
         return extend_attention(
             q, k_cache, v_cache, self.pool.req_to_token, batch.req_pool_indices,
-            batch.prefix_lens, batch.extend_lens, self.scale,
+            batch.prefix_lens, batch.extend_lens, self.layers[layer_id].scale,
             extend_start_loc=batch.extend_start_loc, max_extend_len=meta.max_extend_len,
         )

@@ -1,4 +1,13 @@
-"""Llama-family decoder (Llama/SmolLM2, Mistral, Qwen2) on the KV pool.
+"""Llama-family decoders on the KV pool: Llama 2/3.x (SmolLM2), Mistral, Qwen2/2.5, Qwen3,
+Gemma 2/3 (text), Phi-3.
+
+They share one layer: pre-norm attention and gated MLP with fused add-norms. What differs
+between families is a handful of switches in ``ModelConfig`` (read from the HF config in
+``from_hf``): q/k RMSNorm per head (Qwen3, Gemma 3), "sandwich" norms around each sublayer
+and RMSNorm weights stored as ``w - 1`` (Gemma), scaled embeddings, gelu-tanh MLPs, attention
+scale, attention and final logit soft-capping, sliding-window layers, partial rotary and
+per-layer-type rotary tables. A config with none of them set is a plain Llama
+(``ModelConfig.is_plain_llama``).
 
 The model never sees requests: it gets a ``ForwardBatch`` of flattened new tokens, writes
 their K/V into the pool through the attention backend, and returns logits only for
@@ -14,12 +23,22 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.dispatch import get_ops
+from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
+from radixlm.runtime.models.rope import Rope, per_layer_type, rope_params
+from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
+                "gelu_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The decoder's shape and family switches, read from a transformers config."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -31,12 +50,40 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    model_type: str = "llama"
+    # Family switches (defaults = plain Llama).
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + w): Gemma stores w - 1
+    qk_norm: bool = False  # RMSNorm over head_dim of q and k before rotary (Qwen3, Gemma 3)
+    sandwich_norm: bool = False  # norms after attention and MLP too (Gemma 2/3)
+    act: str = "silu"  # MLP gate activation: silu | gelu_tanh
+    embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden))
+    attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
+    attn_softcap: float | None = None  # tanh soft-capping of attention scores (Gemma 2)
+    final_softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
+    sliding_window: int | None = None  # keys within this many positions, on sliding layers
+    layer_types: tuple[str, ...] = ()  # per layer FULL | SLIDING; () = all FULL
+    rotary_dim: int | None = None  # rotated leading dims of a head (None: all; Phi-3.5/4)
 
     @classmethod
     def from_hf(cls, cfg) -> ModelConfig:
-        if cfg.model_type not in ("llama", "mistral", "qwen2"):
-            raise ValueError(f"model_type {cfg.model_type!r} is not supported (Llama-family only)")
+        mt = cfg.model_type
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {mt!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        act_name = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
+        if act_name not in _ACTIVATIONS:
+            raise ValueError(f"activation {act_name!r} of {mt!r} is not supported")
+        gemma = mt.startswith("gemma")
+        window = getattr(cfg, "sliding_window", None)
+        types = tuple(getattr(cfg, "layer_types", None) or ())
+        if window is None or not types:  # Mistral, Phi-3: one window on every layer
+            types = (SLIDING if window else FULL,) * cfg.num_hidden_layers
+        if len(types) != cfg.num_hidden_layers or not set(types) <= {FULL, SLIDING}:
+            raise ValueError(f"layer_types {types!r} are not supported")
+        scalar = getattr(cfg, "query_pre_attn_scalar", None)
+        partial = rope_params(cfg).get("partial_rotary_factor",
+                                       getattr(cfg, "partial_rotary_factor", 1.0))
         return cls(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
@@ -48,7 +95,19 @@ class ModelConfig:
             rms_norm_eps=cfg.rms_norm_eps,
             max_position_embeddings=cfg.max_position_embeddings,
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            qkv_bias=mt == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            model_type=mt,
+            norm_offset=1.0 if gemma else 0.0,
+            qk_norm=mt in ("qwen3", "gemma3_text"),
+            sandwich_norm=gemma,
+            act=_ACTIVATIONS[act_name],
+            embed_scale=cfg.hidden_size**0.5 if gemma else 1.0,
+            attn_scale=None if scalar is None else scalar**-0.5,
+            attn_softcap=getattr(cfg, "attn_logit_softcapping", None),
+            final_softcap=getattr(cfg, "final_logit_softcapping", None),
+            sliding_window=window if SLIDING in types else None,
+            layer_types=() if SLIDING not in types else types,
+            rotary_dim=None if partial == 1.0 else int(head_dim * partial),
         )
 
     @property
@@ -59,22 +118,28 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_plain_llama(self) -> bool:
+        """No family switch in use (rotary type and qkv bias aside): the Llama layer as is,
+        whatever the family is called."""
+        return (self.norm_offset == 0.0
+                and not (self.qk_norm or self.sandwich_norm or self.layer_types)
+                and self.act == "silu" and self.embed_scale == 1.0
+                and self.rotary_dim in (None, self.head_dim)
+                and self.attn_scale is None and self.attn_softcap is None
+                and self.final_softcap is None)
 
-def rope_inv_freq(hf_config, device: torch.device) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling for the config's rope type/theta/scaling."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    def window(self, layer_id: int) -> int | None:
+        """The sliding window of layer ``layer_id`` (None: full attention)."""
+        if self.layer_types and self.layer_types[layer_id] == SLIDING:
+            return self.sliding_window
+        return None
 
-    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
-    rope_type = (params or {}).get("rope_type", (params or {}).get("type", "default"))
-    if rope_type == "default":
-        theta = (params or {}).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        dim = getattr(hf_config, "head_dim", None) or (
-            hf_config.hidden_size // hf_config.num_attention_heads
-        )
-        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        return inv.to(device), 1.0
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
-    return inv.float(), float(scaling)
+    def attn_options(self) -> list[AttnLayerOptions]:
+        """What the attention backend needs per layer (scale, soft-cap, window)."""
+        scale = self.head_dim**-0.5 if self.attn_scale is None else self.attn_scale
+        return [AttnLayerOptions(scale, self.attn_softcap, self.window(i))
+                for i in range(self.num_layers)]
 
 
 def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: dict | None):
@@ -91,21 +156,36 @@ def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: di
     return Linear(weight, bias, packed)
 
 
+def _names(w: dict, fused: str, parts: list[str]) -> list[str]:
+    """The checkpoint's names for a fused projection: Phi-3 stores ``qkv_proj`` and
+    ``gate_up_proj`` already fused, the others their parts."""
+    return [fused] if fused + ".weight" in w else parts
+
+
 class LlamaLayer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int,
                  int4: dict | None = None) -> None:
         self.cfg, self.layer_id = cfg, layer_id
+        self.rope_key = cfg.layer_types[layer_id] if cfg.layer_types else FULL
         self.input_norm = w["input_layernorm.weight"]
-        self.post_norm = w["post_attention_layernorm.weight"]
+        # Gemma: post_attention_layernorm normalizes the attention output; the pre-MLP norm
+        # (which Llama calls post_attention_layernorm) is pre_feedforward_layernorm.
+        self.attn_out_norm = w["post_attention_layernorm.weight"] if cfg.sandwich_norm else None
+        self.post_norm = w["pre_feedforward_layernorm.weight" if cfg.sandwich_norm
+                           else "post_attention_layernorm.weight"]
+        self.mlp_out_norm = w["post_feedforward_layernorm.weight"] if cfg.sandwich_norm else None
+        self.q_norm = w["self_attn.q_norm.weight"] if cfg.qk_norm else None
+        self.k_norm = w["self_attn.k_norm.weight"] if cfg.qk_norm else None
         qkv_bias = (
             torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
                        w["self_attn.v_proj.bias"]])
             if cfg.qkv_bias and "self_attn.q_proj.bias" in w else None
         )
-        self.qkv = _fused_linear(w, ["self_attn.q_proj", "self_attn.k_proj",
-                                     "self_attn.v_proj"], qkv_bias, int4)
+        self.qkv = _fused_linear(w, _names(w, "self_attn.qkv_proj", [
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]), qkv_bias, int4)
         self.o_proj = _fused_linear(w, ["self_attn.o_proj"], None, int4)
-        self.gate_up = _fused_linear(w, ["mlp.gate_proj", "mlp.up_proj"], None, int4)
+        self.gate_up = _fused_linear(w, _names(w, "mlp.gate_up_proj", [
+            "mlp.gate_proj", "mlp.up_proj"]), None, int4)
         self.down = _fused_linear(w, ["mlp.down_proj"], None, int4)
 
     def forward(self, h, residual, cos, sin, attn, batch: ForwardBatch, ops):
@@ -120,12 +200,28 @@ class LlamaLayer:
         q = q.view(-1, cfg.num_heads, cfg.head_dim)  # (T, H, D)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # (T, Hkv, D)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        q, k = ops.apply_rotary(q, k, cos, sin)
+        if self.q_norm is not None:
+            q = ops.rmsnorm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rmsnorm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = self._rotary(q, k, cos, sin, ops)
         o = attn.forward(q, k, v, self.layer_id, batch)  # (T, H, D)
         h = self.o_proj(o.reshape(-1, cfg.q_size))
+        if self.attn_out_norm is not None:
+            h = ops.rmsnorm(h, self.attn_out_norm, cfg.rms_norm_eps)
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
-        h = self.down(ops.silu_and_mul(self.gate_up(x)))
+        gate_up = self.gate_up(x)
+        h = self.down(ops.silu_and_mul(gate_up) if cfg.act == "silu"
+                      else ops.gelu_tanh_and_mul(gate_up))
+        if self.mlp_out_norm is not None:
+            h = ops.rmsnorm(h, self.mlp_out_norm, cfg.rms_norm_eps)
         return h, residual
+
+    def _rotary(self, q, k, cos, sin, ops):
+        dim = 2 * cos.shape[-1]
+        if dim == self.cfg.head_dim:
+            return ops.apply_rotary(q, k, cos, sin)
+        q_rot, k_rot = ops.apply_rotary(q[..., :dim], k[..., :dim], cos, sin)  # partial
+        return torch.cat([q_rot, q[..., dim:]], -1), torch.cat([k_rot, k[..., dim:]], -1)
 
 
 class LlamaModel:
@@ -143,7 +239,10 @@ class LlamaModel:
         def get(name: str) -> torch.Tensor:
             if name not in state:
                 raise ValueError(f"weight {name!r} missing from checkpoint")
-            return state[name].to(device=device, dtype=dtype).contiguous()
+            t = state[name]
+            if cfg.norm_offset and name.endswith("norm.weight"):
+                t = t.float() + cfg.norm_offset  # in fp32, like the reference
+            return t.to(device=device, dtype=dtype).contiguous()
 
         self.embed = get("model.embed_tokens.weight")
         self.layers = []
@@ -159,7 +258,11 @@ class LlamaModel:
             self.lm_head = self.embed
         else:
             self.lm_head = get("lm_head.weight")
-        self.inv_freq, self.rope_scaling = rope_inv_freq(hf_config, device)
+        types = sorted({layer.rope_key for layer in self.layers})
+        self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
+                      for t in types}
+        first = next(iter(self.ropes.values()))  # the one table of a plain model (native path)
+        self.inv_freq, self.rope_scaling = first.inv_freq, first.scaling
         # With weight-only decode linears, the head (a third of a batch-1 step) gets int8
         # channels too (its GGUF source is Q8_0, blocks of 32: ~1% logit error vs bf16).
         self.head = Linear(self.lm_head, None,
@@ -169,18 +272,31 @@ class LlamaModel:
     def vocab_size(self) -> int:
         return int(self.lm_head.shape[0])
 
+    def native_unsupported(self) -> str | None:
+        """Why the native CPU decoder (plain Llama layers, one rotary table) cannot run this
+        model; None when it can."""
+        if not self.cfg.is_plain_llama:
+            return f"{self.cfg.model_type} uses family switches beyond the Llama layer"
+        if len(self.ropes) > 1 or self.ropes[FULL].long_inv_freq is not None:
+            return "per-layer or longrope rotary tables"
+        return None
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), V]`` in fp32."""
         ops, cfg = self.ops, self.cfg
         h = F.embedding(batch.input_ids, self.embed)  # (T, hidden)
-        cos, sin = ops.rotary_cos_sin(batch.positions, self.inv_freq, self.dtype)
-        if self.rope_scaling != 1.0:
-            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
+        if cfg.embed_scale != 1.0:
+            h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
+        rope = {t: r.cos_sin(ops, batch.positions, self.dtype) for t, r in self.ropes.items()}
         residual = None
         for layer in self.layers:
+            cos, sin = rope[layer.rope_key]
             h, residual = layer.forward(h, residual, cos, sin, attn, batch, ops)
         h = h[batch.logits_indices]
         residual = residual[batch.logits_indices]
         h, _ = ops.rmsnorm(h, self.norm, cfg.rms_norm_eps, residual)
-        return self.head(h).float()
+        logits = self.head(h).float()
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
