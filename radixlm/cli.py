@@ -46,6 +46,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="preempt only when priorities differ by more than this")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
+    e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--random-seed", type=int)
     e.add_argument("--tp-size", "--tp", dest="tp_size", type=int,
                    help="tensor-parallel ranks (torch.distributed)")
@@ -98,8 +99,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "priority_preemption_threshold": args.priority_preemption_threshold,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
-        "random_seed": args.random_seed, "log_level": args.log_level,
-        "tp_size": args.tp_size, "dp_size": args.dp_size,
+        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
+        "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
     }
 
 

@@ -45,6 +45,7 @@ class EngineConfig:
     radix_eviction_policy: str = "lru"  # lru | lfu
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
+    grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
     random_seed: int = 0
     log_level: str = "info"
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
@@ -66,6 +67,9 @@ class EngineConfig:
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "
                              f"{self.radix_eviction_policy!r}")
+        if self.grammar_backend not in ("llguidance", "outlines"):
+            raise ValueError("grammar_backend must be llguidance|outlines, got "
+                             f"{self.grammar_backend!r}")
         if self.schedule_policy not in ("lpm", "fcfs", "priority"):
             raise ValueError("schedule_policy must be lpm|fcfs|priority, got "
                              f"{self.schedule_policy!r}")

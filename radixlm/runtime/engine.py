@@ -96,6 +96,7 @@ class Engine:
             return None
         self.grammar_backend = create_grammar_backend(
             self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
+            backend=self.config.grammar_backend,
             enable_jump_forward=self.config.enable_jump_forward,
             max_workers=self.config.grammar_compile_workers)
         return self.grammar_backend

@@ -117,11 +117,14 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI `response_format`: text, json_object or json_schema."""
+    """OpenAI `response_format`: text, json_object or json_schema; or SGLang's structural_tag
+    (`structures`: [{begin, schema, end}], `triggers`: [str])."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaSpec | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ResponseFormat:
@@ -129,6 +132,10 @@ class ResponseFormat(BaseModel):
                                            or self.json_schema.json_schema is None):
             raise ValueError("response_format.json_schema.schema is required for type "
                              "'json_schema'")
+        if (self.type == "structural_tag") != (self.structures is not None
+                                               or self.triggers is not None):
+            raise ValueError("response_format.structures and .triggers go with type "
+                             "'structural_tag' (and it needs them)")
         return self
 
 
@@ -154,6 +161,7 @@ class _OpenAIBase(BaseModel):
     regex: str | None = None
     choices: list[str] | None = None
     json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
     top_k: int | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
@@ -177,7 +185,8 @@ class _OpenAIBase(BaseModel):
             raise ValueError("'stop' takes at most 4 sequences")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
-        constraints = [k for k in ("regex", "choices", "json_schema") if getattr(self, k)]
+        constraints = [k for k in ("regex", "choices", "json_schema", "ebnf")
+                       if getattr(self, k)]
         if self.response_format is not None and self.response_format.type != "text":
             constraints.append("response_format")
         if len(constraints) > 1:
@@ -263,8 +272,6 @@ class ChatCompletionRequest(_OpenAIBase):
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("'tools' is not supported by this server")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         if self.continue_final_message and self.messages[-1].role != "assistant":
