@@ -94,11 +94,16 @@ class Engine:
         except ImportError as e:  # constraints package not available
             self._grammar_error = e
             return None
-        self.grammar_backend = create_grammar_backend(
-            self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
-            backend=self.config.grammar_backend,
-            enable_jump_forward=self.config.enable_jump_forward,
-            max_workers=self.config.grammar_compile_workers)
+        try:
+            self.grammar_backend = create_grammar_backend(
+                self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
+                backend=self.config.grammar_backend,
+                enable_jump_forward=self.config.enable_jump_forward,
+                max_workers=self.config.grammar_compile_workers)
+        except ValueError as e:  # e.g. a tokenizer larger than the model's vocabulary
+            logger.warning("constrained decoding unavailable for this model: %s", e)
+            self._grammar_error = e
+            return None
         return self.grammar_backend
 
     # ------------------------------------------------------------------ validation
