@@ -1,14 +1,17 @@
 """Constrained vs unconstrained decoding speed, jump-forward on vs off, compile times.
 
     .venv/bin/python benchmarks/bench_constrained.py [--quick] [--out results.json]
+        [--grammar-backend llguidance|outlines]
 
 1. Tokens/s for the same prompts unconstrained vs JSON-schema-constrained at batch 1 and 16
    (greedy, ignore nothing: each request stops when its JSON closes or at max tokens).
 2. Jump-forward on vs off on a key-heavy schema (end-to-end wall time, same prompts).
 3. Grammar compile time p50/p99 over the shared JSONSchemaBench sample (fresh compiles,
    the on-disk cache off).
-Targets: constrained >= 0.9x unconstrained tok/s at batch 16; jump-forward >= 1.3x on the
-key-heavy schema.
+4. Mask fill time per constrained step at batch 16 (the scheduler's ``_fill_bitmask``) as a
+   share of the step.
+Targets: constrained >= 0.95x unconstrained decode rate at batch 16; jump-forward >= 1.5x on
+the key-heavy schema; mask fill <= 5% of the decode step at batch 16.
 """
 
 from __future__ import annotations
@@ -63,13 +66,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternations of each A/B pair (free/constrained, jump-forward on/off)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--grammar-backend", default="llguidance")
     args = ap.parse_args()
+    from radixlm.hostinfo import host_info, host_line
     from radixlm.runtime.engine import Engine
 
-    results: dict = {}
+    results: dict = {"host": host_info(), "grammar_backend": args.grammar_backend}
     names = ["Alice", "Bob", "Chen", "Dana", "Emil", "Fatima", "Goran", "Hana"]
     max_new = 48 if args.quick else 96
-    with Engine(log_level="warning") as engine:
+    with Engine(log_level="warning", grammar_backend=args.grammar_backend) as engine:
+        mask_s: list[float] = []
+        fill = engine.scheduler._fill_bitmask
+
+        def timed_fill(sampled, _fill=fill):
+            t0 = time.perf_counter()
+            out = _fill(sampled)
+            if out is not None:
+                mask_s.append(time.perf_counter() - t0)
+            return out
+
+        engine.scheduler._fill_bitmask = timed_fill
         tok = engine.tokenizer
         prompts = [chat(tok, f"Describe a person called {names[i % 8]} as JSON with name, age "
                              f"and city.") for i in range(16)]
@@ -79,9 +95,12 @@ def main() -> None:
         for batch in (1, 16):
             ps = prompts[:batch] if batch > 1 else prompts[0]
             arms: dict[str, list] = {"free": [], "con": []}
+            con_wall, steps0 = 0.0, len(mask_s)
             for _ in range(args.rounds):  # alternate the arms; medians over rounds
                 arms["free"].append(run(engine, ps, free))
                 arms["con"].append(run(engine, ps, schema))
+                con_wall += arms["con"][-1][0]
+            fills = mask_s[steps0:]
             med = {k: {"e2e": statistics.median(n / w for w, n, _ in v),
                        "decode": statistics.median(_decode_rate(o) for _, _, o in v)}
                    for k, v in arms.items()}
@@ -93,12 +112,15 @@ def main() -> None:
                 "unconstrained_decode_tok_s": med["free"]["decode"],
                 "constrained_decode_tok_s": med["con"]["decode"],
                 "ratio": med["con"]["decode"] / med["free"]["decode"],
-                "valid_json": f"{valid}/{batch}"}
+                "valid_json": f"{valid}/{batch}",
+                "mask_fill_ms_per_step": 1e3 * statistics.fmean(fills) if fills else 0.0,
+                "mask_fill_share_of_step": sum(fills) / con_wall if con_wall else 0.0}
         kh = {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(KEY_HEAVY)}
         kp = [chat(tok, f"Fill in an order form for customer {n}.") for n in names[:4]]
         # Both engines live side by side and take turns, so slow phases of a shared VM hit
         # both arms alike; the speedup is the median over rounds.
-        with Engine(log_level="warning", enable_jump_forward=False) as off_engine:
+        with Engine(log_level="warning", enable_jump_forward=False,
+                    grammar_backend=args.grammar_backend) as off_engine:
             walls: dict[str, list[float]] = {"on": [], "off": []}
             for e in (engine, off_engine):
                 e.generate(kp[0], kh)  # compile + warm up
@@ -119,15 +141,18 @@ def main() -> None:
                                "forced_tokens": forced, "tokens_on": n_on, "tokens_off": n_off,
                                "valid_on": sum(_valid(o["text"]) for o in outs_on),
                                "valid_off": sum(_valid(o["text"]) for o in outs_off)}
-    results["compile"] = _compile_times(tok, limit=40 if args.quick else None)
+    results["compile"] = _compile_times(tok, args.grammar_backend,
+                                        limit=40 if args.quick else None)
     print(json.dumps(results, indent=2))
+    print(f"\n{host_line(results['host'])}")
     print(f"\n{'workload':<10}{'free e2e':>10}{'constr e2e':>12}{'free decode':>13}"
           f"{'constr decode':>15}{'ratio':>7}  (tok/s; ratio of decode rates)")
     for b in ("batch1", "batch16"):
         r = results[b]
         print(f"{b:<10}{r['unconstrained_tok_s']:>10.1f}{r['constrained_tok_s']:>12.1f}"
               f"{r['unconstrained_decode_tok_s']:>13.1f}{r['constrained_decode_tok_s']:>15.1f}"
-              f"{r['ratio']:>7.2f}")
+              f"{r['ratio']:>7.2f}  mask fill {r['mask_fill_ms_per_step']:.2f} ms/step = "
+              f"{100 * r['mask_fill_share_of_step']:.1f}% of the step")
     jf = results["jump_forward"]
     print(f"jump-forward: on {jf['on_s']:.2f}s off {jf['off_s']:.2f}s speedup "
           f"{jf['speedup']:.2f}x forced {jf['forced_tokens']} tokens")
@@ -157,13 +182,15 @@ def _valid(text: str) -> bool:
         return False
 
 
-def _compile_times(tokenizer, limit=None) -> dict:
+def _compile_times(tokenizer, backend_name: str, limit=None) -> dict:
     from radixlm.constraints import ConstraintSpec, create_grammar_backend
 
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
     rows = rows[:limit] if limit else rows
+    extra = {"disk_cache": False} if backend_name == "outlines" else {}
     backend = create_grammar_backend(tokenizer, vocab_size=len(tokenizer),
-                                     eos_token_ids={tokenizer.eos_token_id}, disk_cache=False)
+                                     eos_token_ids={tokenizer.eos_token_id},
+                                     backend=backend_name, **extra)
     times, ok = [], 0
     for row in rows:
         spec = ConstraintSpec("json_schema", json.dumps(row["schema"], sort_keys=True))

@@ -46,9 +46,15 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="preempt only when priorities differ by more than this")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
+    e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--random-seed", type=int)
-    e.add_argument("--tp-size", "--tp", dest="tp_size", type=int)
-    e.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
+    e.add_argument("--tp-size", "--tp", dest="tp_size", type=int,
+                   help="tensor-parallel ranks (torch.distributed)")
+    e.add_argument("--dp-size", "--dp", dest="dp_size", type=int,
+                   help="data-parallel replicas behind sglang-router (the router takes --port)")
+    e.add_argument("--router-policy", default="cache_aware",
+                   help="sglang-router policy with --dp-size > 1: cache_aware | round_robin | "
+                        "random | power_of_two")
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
@@ -97,23 +103,39 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "priority_preemption_threshold": args.priority_preemption_threshold,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
-        "random_seed": args.random_seed, "log_level": args.log_level,
-        "tp_size": args.tp_size, "dp_size": args.dp_size,
+        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
+        "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
     }
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from radixlm.runtime.server.launch import serve
+    from radixlm.runtime.server.launch import serve, setup_logging
     from radixlm.runtime.server.state import ServerSettings
 
     log_level = args.log_level
     if log_level is None:
         from radixlm.envs import log_level as env_log_level
         log_level = env_log_level()
-    from radixlm.runtime.server.launch import setup_logging
-
     setup_logging(log_level)
     warn_ignored(ignored_flags(args))
+    dp_size = 1 if args.dp_size is None else args.dp_size
+    if dp_size < 1:
+        print("radixlm serve: --dp-size must be >= 1", file=sys.stderr)
+        return 2
+    if dp_size > 1:
+        from radixlm.runtime.server import data_parallel as dp
+
+        if args.router_policy not in dp.ROUTER_POLICIES:
+            print(f"radixlm serve: --router-policy must be one of "
+                  f"{' | '.join(dp.ROUTER_POLICIES)}, got {args.router_policy!r}",
+                  file=sys.stderr)
+            return 2
+        if args.api_key:  # the router would not pass clients' keys through unchecked
+            print("radixlm serve: --api-key is not supported with --dp-size > 1 "
+                  "(put the key on the router's host instead)", file=sys.stderr)
+            return 2
+        return dp.serve_data_parallel(args.serve_argv, args.host, args.port, dp_size,
+                                      args.router_policy, args.shutdown_timeout)
     settings = ServerSettings(
         host=args.host, port=args.port, api_key=args.api_key,
         max_queued_requests=args.max_queued_requests,
@@ -145,12 +167,17 @@ def launch_server_main(argv: Sequence[str] | None = None) -> int:
     """`python -m radixlm.launch_server ...`: `radixlm serve ...` under SGLang's entry name."""
     parser = argparse.ArgumentParser(prog="python -m radixlm.launch_server")
     _add_serve_args(parser)
-    return _serve(parser.parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.serve_argv = argv  # replicas of --dp-size get them again
+    return _serve(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `radixlm` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.serve_argv = argv[1:]  # `serve`'s own arguments (replicas get them again)
     return int(args.func(args) or 0)
 
 

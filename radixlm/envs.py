@@ -78,3 +78,9 @@ def configure_malloc() -> bool:
         return libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
     except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
         return False
+
+
+def tp_timeout_s() -> float:
+    """Seconds a tensor-parallel collective may wait for a peer before failing
+    (``RADIXLM_TP_TIMEOUT_S``, default 300)."""
+    return float(_get("RADIXLM_TP_TIMEOUT_S", "300") or 300)

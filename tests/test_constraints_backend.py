@@ -1,6 +1,6 @@
-"""The outlines-core backend on the real SmolLM2 tokenizer, no model: vocabulary round trip,
-masks (EOS, padded vocab, row isolation), simulated decoding with and without
-jump-forward validated by jsonschema, bad input, budgets, caches."""
+"""Both grammar backends (llguidance, outlines-core) on the real SmolLM2 tokenizer, no model:
+vocabulary round trip, masks (EOS, padded vocab, row isolation), simulated decoding with and
+without jump-forward validated by jsonschema, bad input; outlines budgets and caches."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from radixlm.constraints.walk import accepts_text, allowed_ids, random_walk
 PAD = 96  # logits wider than the tokenizer, like a padded embedding
 
 
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD,
-                                [tokenizer.eos_token_id, 0], disk_cache=False)
+@pytest.fixture(scope="module", params=["llguidance", "outlines"])
+def backend(tokenizer, request):
+    extra = {"disk_cache": False} if request.param == "outlines" else {}
+    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD, [tokenizer.eos_token_id, 0],
+                                backend=request.param, **extra)
     yield be
     be.shutdown()
 
@@ -172,15 +173,25 @@ def test_bad_input(backend):
         ({"json_schema": "{bad json"}, "not valid JSON"),
         ({"json_schema": {"type": "object", "properties": {"a": {"minimum": "x"}}}},
          "invalid JSON schema"),
-        ({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},
-         "multipleOf.*/properties/a/multipleOf"),
         ({"regex": "(a"}, "invalid regex"),
     ]
+    if backend.name == "outlines":
+        cases.append(({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},
+                      "multipleOf.*/properties/a/multipleOf"))
+    else:
+        cases += [({"json_schema": {"properties": {"a": {"divisibleBy": 2}}}},
+                   "'divisibleBy' at JSON pointer '/properties/a'"),
+                  ({"ebnf": 'root ::= "a" ('}, "invalid ebnf")]
     for params, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             backend.validate(spec_from_sampling_params(params))
     with pytest.raises(ValueError, match="at most one constraint"):
         spec_from_sampling_params({"regex": "a", "dtype": "int"})
+    if backend.name == "llguidance":  # refused by llguidance and by the regex translator
+        fut = backend.compile_async(spec_from_sampling_params(
+            {"json_schema": {"properties": {"a": {"not": {"enum": [1]}}}}}))
+        with pytest.raises(ValueError, match="Unimplemented keys.*not.*regex translation.*'not'"):
+            fut.result(timeout=30)
     fut = backend.compile_async(ConstraintSpec("regex", r"a[^\x00-\U0010FFFF]b"))
     with pytest.raises(ValueError, match="empty language"):
         fut.result(timeout=30)
@@ -229,3 +240,26 @@ def test_compiles_off_thread_and_caches(tokenizer, tmp_path, monkeypatch):
     assert be2.stats()["disk_hits"] == 1
     assert accepts_text(g3, tokenizer, "dogs") and not accepts_text(g3, tokenizer, "cow")
     be2.shutdown()
+
+
+def test_llguidance_schema_prep_is_sound(tokenizer, backend):
+    """oneOf of type-disjoint branches (through a $ref) runs as anyOf; listed properties
+    close the object; uniqueItems keeps arrays to one item; draft-3 keywords are refused."""
+    if backend.name != "llguidance":
+        pytest.skip("llguidance schema preparation")
+    schema = {"$defs": {"when": {"type": "object", "properties": {"at": {"type": "integer"}},
+                                 "required": ["at"]}},
+              "type": "object", "required": ["t", "tags"],
+              "properties": {"t": {"oneOf": [{"$ref": "#/$defs/when"}, {"type": "null"}]},
+                             "tags": {"type": "array", "items": {"type": "string"},
+                                      "uniqueItems": True}}}
+    g = compile_(backend, json_schema=schema)
+    for text, ok in (('{"t":null,"tags":[]}', True), ('{"t":{"at":3},"tags":["a"]}', True),
+                     ('{"t":"x","tags":[]}', False), ('{"t":null,"tags":["a","b"]}', False),
+                     ('{"t":null,"tags":[],"extra":1}', False)):
+        assert accepts_text(g, tokenizer, text) == ok, text
+        if ok:
+            jsonschema.validate(json.loads(text), schema)
+    overlapping = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
+    with pytest.raises(ValueError, match="oneOf"):
+        compile_(backend, json_schema=overlapping)

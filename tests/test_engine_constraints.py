@@ -95,3 +95,18 @@ def test_bad_constraints_raise_before_queueing(engine_fp32, params, words):
     with pytest.raises(ValueError, match=f"(?i){words}"):
         engine_fp32.generate("hi", {"max_new_tokens": 4, **params})
     engine_fp32.check_integrity()
+
+
+def test_outlines_backend_stays_selectable(tokenizer):
+    """grammar_backend="outlines": JSON schema still enforced; ebnf names the backend it needs."""
+    from radixlm.runtime.engine import Engine
+
+    with Engine(dtype="float32", max_total_tokens=4096, grammar_backend="outlines",
+                log_level="warning") as engine:
+        assert type(engine.grammar_backend).__name__ == "OutlinesGrammarBackend"
+        out = engine.generate(chat(tokenizer, "Describe Ada Lovelace as JSON."),
+                              {"temperature": 0, "max_new_tokens": 64,
+                               "json_schema": json.dumps(PERSON)})
+        jsonschema.validate(json.loads(out["text"]), PERSON)
+        with pytest.raises(ValueError, match="ebnf needs the llguidance grammar backend"):
+            engine.generate("x", {"ebnf": 'root ::= "a"'})

@@ -21,18 +21,22 @@ def test_serve_options_reach_the_engine_config() -> None:
         "serve", "--model", "m", "--max-running-requests", "4", "--max-total-tokens", "999",
         "--chunked-prefill-size", "64", "--schedule-policy", "fcfs", "--disable-radix-cache",
         "--disable-jump-forward", "--dtype", "float32", "--context-length", "256",
-        "--max-queued-requests", "3", "--attention-backend", "torch", "--log-level", "debug"])
+        "--max-queued-requests", "3", "--attention-backend", "torch", "--log-level", "debug",
+        "--grammar-backend", "outlines"])
     config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
     assert config == EngineConfig(
         model="m", max_running_requests=4, max_total_tokens=999, chunked_prefill_size=64,
         schedule_policy="fcfs", disable_radix_cache=True, enable_jump_forward=False,
         dtype="float32", context_length=256, max_queued_requests=3, attention_backend="torch",
-        log_level="debug")
+        log_level="debug", grammar_backend="outlines")
 
 
 def test_bad_engine_value_is_rejected_by_the_config() -> None:
     args = build_parser().parse_args(["serve", "--schedule-policy", "random"])
     with pytest.raises(ValueError, match="schedule_policy"):
+        EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+    args = build_parser().parse_args(["serve", "--grammar-backend", "xgrammar"])
+    with pytest.raises(ValueError, match="grammar_backend must be llguidance|outlines"):
         EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
 
 
@@ -135,8 +139,9 @@ def test_engine_keywords_take_sglang_names(caplog: pytest.LogCaptureFixture) -> 
         EngineConfig.from_kwargs(model="a", model_path="b")
     with pytest.raises(ValueError, match="unknown engine option"):
         EngineConfig.from_kwargs(model_path="m", speculative_algorithm="EAGLE")
-    with pytest.raises(ValueError, match="tp_size/dp_size > 1"):
-        EngineConfig.from_kwargs(tp_size=2)
+    assert EngineConfig.from_kwargs(tp_size=2).tp_size == 2  # checked against the model later
+    with pytest.raises(ValueError, match="radixlm serve --dp-size"):
+        EngineConfig.from_kwargs(dp_size=2)
 
 
 def test_chat_template_by_name_or_file(tmp_path) -> None:

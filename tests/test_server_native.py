@@ -131,7 +131,6 @@ def test_generate_accepts_sglang_frontend_fields(client: TestClient, fake: FakeE
     ({"text": "hi", "return_entropy": True}, "return_entropy"),
     ({"text": "hi", "routed_dp_rank": 1}, "routed_dp_rank"),
     ({"text": "hi", "modalities": ["image"]}, "modalities"),
-    ({"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}}, "ebnf"),
     ({"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
     ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
     ({"text": "hi", "sampling_params": {"n": 0}}, "sampling_params.n"),

@@ -1,7 +1,8 @@
 """The grammar-backend interface the scheduler and sampler talk to.
 
 A *spec* says what a request's output must match (exactly one kind per request):
-``ConstraintSpec(kind="regex" | "json_schema" | "choices" | "dtype", value=...)``. A backend
+``ConstraintSpec(kind="regex" | "json_schema" | "choices" | "dtype" | "ebnf" |
+"structural_tag", value=...)`` (the last two on the llguidance backend only). A backend
 compiles a spec once per (spec, tokenizer) into a shared, immutable compiled form, and
 hands each request a cheap per-request ``Grammar`` state.
 
@@ -33,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
-CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype")
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
 
 
 @dataclass(frozen=True)
 class ConstraintSpec:
     """One constraint. ``value`` is a regex str, a JSON-schema str (already serialized,
-    canonical), a tuple of choice strings, or a dtype name ("int", "float", "bool", "str").
+    canonical), a tuple of choice strings, a dtype name ("int", "float", "bool", "str"), a
+    GBNF/Lark grammar str (``ebnf``) or SGLang's structural-tag object as JSON text.
     ``whitespace_pattern`` applies to JSON schemas only."""
 
     kind: str
@@ -96,6 +98,12 @@ class GrammarBackend(ABC):
     def compile_async(self, spec: ConstraintSpec) -> Future[Grammar]:
         """Compile (or fetch from cache) off the calling thread; the future yields a fresh
         per-request ``Grammar`` or raises ``ValueError`` with a clear message."""
+
+    def fill_bitmasks(self, rows: list[tuple[Grammar, int]], bitmask: np.ndarray) -> None:
+        """Fill ``bitmask[row]`` for every ``(grammar, row)`` of one step (default: one by
+        one; a backend may fill them in parallel)."""
+        for grammar, row in rows:
+            grammar.fill_bitmask(bitmask, row)
 
     def shutdown(self) -> None:  # noqa: B027
         """Release worker threads."""

@@ -174,6 +174,8 @@ def _clear_errors(build, regex: str, *args) -> outlines_core.Index:
 
 
 class OutlinesGrammarBackend(GrammarBackend):
+    name = "outlines"
+
     """Compiles specs for one tokenizer on a thread pool, with memory and disk caches.
 
     Budgets per compile: ``compile_timeout_s`` (the request's future fails; the worker
@@ -248,6 +250,9 @@ class OutlinesGrammarBackend(GrammarBackend):
             regex = SchemaTranslator(schema, cls, ws, max_ref_depth=self.max_ref_depth,
                                      max_regex_chars=self.max_regex_chars,
                                      strict=self.strict_schema).translate()
+        elif spec.kind in ("ebnf", "structural_tag"):
+            raise ValueError(f"{spec.kind} needs the llguidance grammar backend "
+                             "(this server runs --grammar-backend outlines)")
         else:
             raise ValueError(f"unknown constraint kind {spec.kind!r}")
         if len(regex) > self.max_regex_chars:

@@ -1,5 +1,6 @@
 """Constraint specs from sampling parameters: exactly one of ``regex``, ``json_schema``,
-``choices``, ``dtype`` per request, normalized into a hashable ``ConstraintSpec``."""
+``choices``, ``dtype``, ``ebnf``, ``structural_tag`` per request, normalized into a hashable
+``ConstraintSpec``."""
 
 from __future__ import annotations
 
@@ -45,6 +46,20 @@ def normalize_json_schema(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def normalize_structural_tag(value: Any) -> str:
+    """SGLang's structural tag (a dict, a pydantic model or JSON text) -> compact JSON text."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("structural_tag must be a JSON object with structures and triggers")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:
     """The constraint named in ``params`` (a dict, or an object with those attributes such
     as ``SamplingParams``; None if no constraint). Raises ValueError if more than one kind is
@@ -77,6 +92,12 @@ def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:
         if not all(isinstance(c, str) and c for c in value):
             raise ValueError("choices must be non-empty strings")
         return ConstraintSpec("choices", tuple(value))
+    if kind == "ebnf":
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("ebnf must be a non-empty grammar string")
+        return ConstraintSpec("ebnf", value)
+    if kind == "structural_tag":
+        return ConstraintSpec("structural_tag", normalize_structural_tag(value))
     if value not in DTYPE_REGEX:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_REGEX)}, got {value!r}")
     return ConstraintSpec("dtype", value)

@@ -45,9 +45,12 @@ class EngineConfig:
     radix_eviction_policy: str = "lru"  # lru | lfu
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
+    grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
     random_seed: int = 0
     log_level: str = "info"
-    # Scale-out (issue #15): tensor-parallel ranks and data-parallel replicas.
+    # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
+    # the other ranks itself) and data-parallel replicas (a server-level option: one
+    # Engine is one replica, so here it is always 1).
     tp_size: int = 1
     dp_size: int = 1
 
@@ -64,6 +67,9 @@ class EngineConfig:
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "
                              f"{self.radix_eviction_policy!r}")
+        if self.grammar_backend not in ("llguidance", "outlines"):
+            raise ValueError("grammar_backend must be llguidance|outlines, got "
+                             f"{self.grammar_backend!r}")
         if self.schedule_policy not in ("lpm", "fcfs", "priority"):
             raise ValueError("schedule_policy must be lpm|fcfs|priority, got "
                              f"{self.schedule_policy!r}")
@@ -81,8 +87,9 @@ class EngineConfig:
             raise ValueError("mem_fraction must be in (0, 1)")
         if self.tp_size < 1 or self.dp_size < 1:
             raise ValueError("tp_size and dp_size must be >= 1")
-        if self.tp_size > 1 or self.dp_size > 1:
-            raise ValueError("tp_size/dp_size > 1 are not supported yet")
+        if self.dp_size > 1:
+            raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
+                             "replicas behind sglang-router); one Engine is one replica")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

@@ -86,12 +86,17 @@ class Engine:
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
+        # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         self.eos_ids = self._eos_ids()
         self.grammar_backend = None
         self._grammar_error: Exception | None = None
-        self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
-                                   self._make_grammar_backend())
+        try:
+            self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
+                                       self._make_grammar_backend())
+        except BaseException:
+            self.runner.shutdown()
+            raise
         self._rng = random.Random(self.config.random_seed)
         self._ids = itertools.count()
         self._closed = False
@@ -113,10 +118,16 @@ class Engine:
         except ImportError as e:  # constraints package not available
             self._grammar_error = e
             return None
-        self.grammar_backend = create_grammar_backend(
-            self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
-            enable_jump_forward=self.config.enable_jump_forward,
-            max_workers=self.config.grammar_compile_workers)
+        try:
+            self.grammar_backend = create_grammar_backend(
+                self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
+                backend=self.config.grammar_backend,
+                enable_jump_forward=self.config.enable_jump_forward,
+                max_workers=self.config.grammar_compile_workers)
+        except ValueError as e:  # e.g. a tokenizer larger than the model's vocabulary
+            logger.warning("constrained decoding unavailable for this model: %s", e)
+            self._grammar_error = e
+            return None
         return self.grammar_backend
 
     # ------------------------------------------------------------------ validation
@@ -377,20 +388,30 @@ class Engine:
     def get_stats(self) -> dict:
         """Counters and gauges; read without waiting for the scheduler thread (each value
         is consistent on its own, not necessarily with the others)."""
-        return self.scheduler.snapshot()
+        return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
+                "dp_size": self.config.dp_size}
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""
         s = self.scheduler
         s.call(lambda: s.kv.check_integrity(s.all_reqs_holding_kv()))
 
+    @property
+    def fatal_error(self) -> str | None:
+        """Why the engine can no longer serve (a tensor-parallel rank died), or None while
+        healthy. The server's /health answers 503 with it."""
+        return self.runner.fatal_error
+
     def shutdown(self) -> None:
+        """Stop the scheduler (aborting what is in flight), the grammar workers and the
+        other tensor-parallel ranks. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self.scheduler.stop()
         if self.grammar_backend is not None:
             self.grammar_backend.shutdown()
+        self.runner.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -13,8 +13,15 @@ from radixlm.runtime.attention.base import create_attention_backend, resolve_bac
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.kv_pool import KVPool
-from radixlm.runtime.models.llama import LlamaModel
+from radixlm.runtime.models.llama import LlamaModel, ModelConfig
 from radixlm.runtime.models.quant import int4_supported
+from radixlm.runtime.parallel import (
+    TPGroup,
+    TPGroupError,
+    check_tp_size,
+    local_hf_config,
+    shard_state_dict,
+)
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampler import Sampler, SamplingInputs
 from radixlm.runtime.weights import (
@@ -45,6 +52,25 @@ class ScheduleBatch:
     sample: list[bool]
     bitmask: object = None  # numpy int32 [num sampled rows, words] or None
     generators: list = field(default_factory=list)  # per sampled row
+
+
+@dataclass
+class StepPlan:
+    """One step's forward inputs as plain Python: what `run_plan` turns into tensors, and
+    what rank 0 broadcasts to the other tensor-parallel ranks."""
+
+    mode: ForwardMode
+    input_ids: list[int]
+    positions: list[int]
+    out_loc: list[int]  # KV slot of each new token
+    req_rows: list[int]  # req_to_token row of each request
+    seq_lens: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    extend_starts: list[int]
+    logits_indices: list[int]
+    owner_ids: list[int]
+    table_writes: tuple[list[int], list[int], list[int]]  # req_to_token rows, cols, slots
 
 
 @dataclass
@@ -110,17 +136,35 @@ def create_native_decoder(lib, config: EngineConfig, model: LlamaModel, pool: KV
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir, context_len: int) -> None:
+    def __init__(self, config: EngineConfig, model_dir, context_len: int,
+                 tp: TPGroup | None = None) -> None:
+        """Rank 0 (``tp`` None) starts the other tensor-parallel ranks itself when
+        ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
         self.config = config
         self.device, self.dtype = pick_device_dtype(config)
+        rank = tp.rank if tp is not None else 0
+        if tp is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", rank)
         hf_config = load_hf_config(model_dir)
-        lib = native_library(config, self.device)
-        self.int4 = None if lib is not None else self._int4_blocks(config, model_dir, hf_config)
-        self.model = LlamaModel(hf_config, load_state_dict(model_dir), self.dtype, self.device,
-                                self.int4)
+        model_hf = hf_config
+        if config.tp_size > 1:
+            check_tp_size(hf_config, config.tp_size, self.device.type)
+            model_hf = local_hf_config(hf_config, rank, config.tp_size)
+        local = ModelConfig.from_hf(model_hf)
+        capacity = self._pool_capacity(config, local)
+        self.tp = tp
+        if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
+            worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
+            self.tp = TPGroup.start(config.tp_size, self.device,
+                                    (worker_config, model_dir, context_len))
+        lib = native_library(config, self.device)  # None under TP
+        try:
+            self._load(config, model_dir, hf_config, model_hf, lib)
+        except BaseException:
+            self.shutdown()
+            raise
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
-        capacity = self._pool_capacity(config, cfg)
         self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                            self.dtype, self.device, config.max_running_requests + 1, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
@@ -140,11 +184,39 @@ class ModelRunner:
                                              cfg.head_dim, **options)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
+        if self.tp is not None:  # every rank loaded (rank 0: raises if one did not)
+            try:
+                self.tp.barrier()
+            except BaseException:
+                self.shutdown()
+                raise
         extra = (f" (+native steps up to {self.native.max_rows} tokens)"
                  if self.native is not None
                  else " (+int4 decode linears)" if self.int4 is not None else "")
-        logger.info("model on %s/%s%s, KV pool %d tokens, attention %s", self.device,
-                    self.dtype, extra, capacity, name)
+        logger.info("model on %s/%s%s, KV pool %d tokens, attention %s%s", self.device,
+                    self.dtype, extra, capacity, name,
+                    f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
+
+    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> None:
+        state = load_state_dict(model_dir)
+        if self.tp is not None:
+            self.tp.vocab_size = int(state["model.embed_tokens.weight"].shape[0])
+            state = shard_state_dict(state, hf_config, self.tp.rank, self.tp.size)
+            self.int4 = None  # int4 source blocks are not sharded: plain weights under TP
+        else:
+            self.int4 = (None if lib is not None
+                         else self._int4_blocks(config, model_dir, hf_config))
+        self.model = LlamaModel(model_hf, state, self.dtype, self.device, self.int4, tp=self.tp)
+
+    @property
+    def fatal_error(self) -> str | None:
+        """Why this runner can no longer run steps (a tensor-parallel rank died), or None."""
+        return self.tp.poll() if self.tp is not None else None
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without TP)."""
+        if self.tp is not None and self.tp.rank == 0:
+            self.tp.shutdown()
 
     def _int4_blocks(self, config: EngineConfig, model_dir, hf_config) -> dict | None:
         """None (no int4), or exact Q4_1 source blocks ({} means quantize)."""
@@ -157,7 +229,7 @@ class ModelRunner:
             return None
         return blocks
 
-    def _pool_capacity(self, config: EngineConfig, cfg) -> int:
+    def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig) -> int:
         if config.max_total_tokens is not None:
             return config.max_total_tokens + 1
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
@@ -188,12 +260,20 @@ class ModelRunner:
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
     def forward(self, sb: ScheduleBatch, sampling: SamplingInputs | None) -> StepOutput:
-        fb, logit_rows = self._build(sb)
-        if self.native is not None and self.native.accepts(fb):
-            logits = self.native.forward(fb)  # (L, V)
-        else:
-            self.attn.init_forward_metadata(fb)
-            logits = self.model.forward(fb, self.attn)  # (L, V)
+        plan, logit_rows, synced = self._plan(sb)
+        if self.tp is None:
+            logits = self.run_plan(plan)  # (L, V)
+        else:  # every rank runs the same plan; any failure fails the group
+            self.tp.check()
+            try:
+                self.tp.broadcast_plan(plan)
+                logits = self.run_plan(plan)
+            except Exception as exc:
+                self.tp.diagnose()  # a dead worker is the likely cause: name it if so
+                self.tp.fail(f"step failed on rank 0: {exc}")
+                raise TPGroupError(self.tp.error) from exc
+        for req, end in synced:  # only once written (a failed step is retried)
+            req.row_synced = end
         out = StepOutput({}, {}, {})
         # fill-position logprobs (prompt tokens, forced tokens)
         lp_rows = [(i, pos, r) for i, rows in enumerate(logit_rows) for pos, r in rows["lp"]]
@@ -223,17 +303,22 @@ class ModelRunner:
                 out.logprobs[i] = (result.logprobs[j], result.top_logprobs[j])
         return out
 
-    def _build(self, sb: ScheduleBatch) -> tuple[ForwardBatch, list[dict]]:
-        input_ids, positions, out_loc = [], [], []
-        sync_rows, sync_cols, sync_vals = [], [], []
+    def _plan(self, sb: ScheduleBatch) -> tuple[StepPlan, list[dict], list[tuple[Req, int]]]:
+        """The step's forward inputs as plain lists, which logits rows belong to which
+        request, and the (request, end) pairs whose req_to_token rows the plan writes."""
+        plan = StepPlan(sb.mode, [], [], [], [r.row for r in sb.reqs],
+                        [p + n for p, n in zip(sb.prefix_lens, sb.extend_lens)],
+                        list(sb.prefix_lens), list(sb.extend_lens), [], [],
+                        [r.uid for r in sb.reqs], ([], [], []))
+        sync_rows, sync_cols, sync_vals = plan.table_writes
         synced: list[tuple[Req, int]] = []
-        logits_indices: list[int] = []
+        logits_indices = plan.logits_indices
         logit_rows: list[dict] = []
-        starts, t = [], 0
+        t = 0
         for req, p, n, sample in zip(sb.reqs, sb.prefix_lens, sb.extend_lens, sb.sample):
-            input_ids.extend(req.fill_slice(p, p + n))
-            positions.extend(range(p, p + n))
-            out_loc.extend(req.kv_slots[p:p + n])
+            plan.input_ids.extend(req.fill_slice(p, p + n))
+            plan.positions.extend(range(p, p + n))
+            plan.out_loc.extend(req.kv_slots[p:p + n])
             end = p + n
             if req.row_synced < end:
                 sync_rows.extend([req.row] * (end - req.row_synced))
@@ -254,37 +339,45 @@ class ModelRunner:
                 rows["last"] = len(logits_indices)
                 logits_indices.append(t + n - 1)
             logit_rows.append(rows)
-            starts.append(t)
+            plan.extend_starts.append(t)
             t += n
+        return plan, logit_rows, synced
+
+    @torch.inference_mode()
+    def run_plan(self, plan: StepPlan) -> torch.Tensor:
+        """Tensors from the plan, req_to_token rows written, the model run: logits
+        ``[len(plan.logits_indices), V]``. Under TP every rank calls this with the same
+        plan (rank 0 from ``forward``, the others from their worker loop)."""
         dev = self.device
-        table = self.pool.req_to_token
-        if sync_rows:
-            table[torch.tensor(sync_rows, device=dev), torch.tensor(sync_cols, device=dev)] = (
-                torch.tensor(sync_vals, dtype=torch.int32, device=dev))
-        for req, end in synced:  # only once written (a failed step is retried)
-            req.row_synced = end
-        seq_lens = [p + n for p, n in zip(sb.prefix_lens, sb.extend_lens)]
+        rows, cols, vals = plan.table_writes
+        if rows:
+            self.pool.req_to_token[torch.tensor(rows, device=dev),
+                                   torch.tensor(cols, device=dev)] = (
+                torch.tensor(vals, dtype=torch.int32, device=dev))
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=dev)
 
         fb = ForwardBatch(
-            mode=sb.mode,
-            input_ids=tensor(input_ids),
-            positions=tensor(positions),
-            out_cache_loc=tensor(out_loc),
-            req_pool_indices=tensor([r.row for r in sb.reqs]),
-            seq_lens=tensor(seq_lens),
-            prefix_lens=tensor(sb.prefix_lens),
-            extend_lens=tensor(sb.extend_lens),
-            extend_start_loc=tensor(starts),
-            logits_indices=tensor(logits_indices),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=list(sb.prefix_lens),
-            extend_lens_cpu=list(sb.extend_lens),
-            owner_ids=[r.uid for r in sb.reqs],
+            mode=plan.mode,
+            input_ids=tensor(plan.input_ids),
+            positions=tensor(plan.positions),
+            out_cache_loc=tensor(plan.out_loc),
+            req_pool_indices=tensor(plan.req_rows),
+            seq_lens=tensor(plan.seq_lens),
+            prefix_lens=tensor(plan.prefix_lens),
+            extend_lens=tensor(plan.extend_lens),
+            extend_start_loc=tensor(plan.extend_starts),
+            logits_indices=tensor(plan.logits_indices),
+            seq_lens_cpu=plan.seq_lens,
+            prefix_lens_cpu=plan.prefix_lens,
+            extend_lens_cpu=plan.extend_lens,
+            owner_ids=plan.owner_ids,
         )
-        return fb, logit_rows
+        if self.native is not None and self.native.accepts(fb):
+            return self.native.forward(fb)
+        self.attn.init_forward_metadata(fb)
+        return self.model.forward(fb, self.attn)
 
     def sampling_inputs(self, reqs: list[Req], generators: list, bitmask) -> SamplingInputs:
         """Per-row sampling tensors for the requests that draw a token this step."""

@@ -14,11 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype")
+_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
 # SGLang sampling parameters this engine cannot honour: a 400 / ValueError naming them.
 UNSUPPORTED = {
-    "ebnf": "EBNF grammars are not supported by this engine's grammar backend",
-    "structural_tag": "structural tags are not supported by this engine's grammar backend",
     "custom_params": "custom logit processors are not supported",
 }
 # SGLang spells the per-request seed `sampling_seed`; `seed` is the OpenAI spelling.
@@ -64,6 +62,8 @@ class SamplingParams:
     choices: list[str] | None = None
     dtype: str | None = None
     whitespace_pattern: str | None = None
+    ebnf: str | None = None  # GBNF or Lark grammar (llguidance backend)
+    structural_tag: Any = None  # SGLang's {"structures": [...], "triggers": [...]}
 
     @classmethod
     def from_dict(cls, params: dict | None) -> SamplingParams:
@@ -167,6 +167,10 @@ class SamplingParams:
             raise ValueError("choices must be a non-empty list of strings")
         if self.dtype is not None and self.dtype not in ("int", "float", "bool", "str"):
             raise ValueError(f"dtype must be one of int, float, bool, str, got {self.dtype!r}")
+        if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
+            raise ValueError("ebnf must be a non-empty grammar string")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, str | dict):
+            raise ValueError("structural_tag must be a JSON object or its JSON text")
         if isinstance(self.json_schema, str):
             try:
                 json.loads(self.json_schema)

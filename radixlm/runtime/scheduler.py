@@ -263,8 +263,12 @@ class Scheduler:
         if not rows:
             return None
         mask = np.full((len(sampled), self.bitmask_words), -1, dtype=np.int32)
-        for i in rows:
-            sampled[i].grammar.fill_bitmask(mask, i)
+        pairs = [(sampled[i].grammar, i) for i in rows]
+        if self.grammar_backend is not None:  # may fill the batch in parallel
+            self.grammar_backend.fill_bitmasks(pairs, mask)
+        else:
+            for grammar, i in pairs:
+                grammar.fill_bitmask(mask, i)
         return mask
 
     # ------------------------------------------------------------------ scheduling
@@ -453,8 +457,9 @@ class Scheduler:
             return
         if req.grammar is not None:
             if not req.grammar.accept_token(token):
+                why = getattr(req.grammar, "error", lambda: None)()  # e.g. a mask budget
                 self._finish(req, {"type": "abort", "message":
-                                   f"token {token} violates the constraint"})
+                                   why or f"token {token} violates the constraint"})
                 return
             if req.grammar.is_terminated():
                 self._detok_and_check(req)

@@ -187,6 +187,8 @@ class LlamaLayer:
         self.gate_up = _fused_linear(w, _names(w, "mlp.gate_up_proj", [
             "mlp.gate_proj", "mlp.up_proj"]), None, int4)
         self.down = _fused_linear(w, ["mlp.down_proj"], None, int4)
+        # tensor parallel: sum of the row-parallel o/down partial outputs over the ranks
+        self.all_reduce = None
 
     def forward(self, h, residual, cos, sin, attn, batch: ForwardBatch, ops):
         cfg = self.cfg
@@ -206,12 +208,16 @@ class LlamaLayer:
         q, k = self._rotary(q, k, cos, sin, ops)
         o = attn.forward(q, k, v, self.layer_id, batch)  # (T, H, D)
         h = self.o_proj(o.reshape(-1, cfg.q_size))
+        if self.all_reduce is not None:  # tensor parallel: sum the row-parallel partials
+            h = self.all_reduce(h)
         if self.attn_out_norm is not None:
             h = ops.rmsnorm(h, self.attn_out_norm, cfg.rms_norm_eps)
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
         gate_up = self.gate_up(x)
         h = self.down(ops.silu_and_mul(gate_up) if cfg.act == "silu"
                       else ops.gelu_tanh_and_mul(gate_up))
+        if self.all_reduce is not None:
+            h = self.all_reduce(h)
         if self.mlp_out_norm is not None:
             h = ops.rmsnorm(h, self.mlp_out_norm, cfg.rms_norm_eps)
         return h, residual
@@ -228,10 +234,13 @@ class LlamaModel:
     """Weights as plain tensors (no nn.Module bookkeeping in the hot path)."""
 
     def __init__(self, hf_config, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, int4: dict | None = None) -> None:
+                 device: torch.device, int4: dict | None = None, tp=None) -> None:
         """``int4``: None for plain weights; else HF name -> (q, scale, zero) of exact
-        source blocks (missing names are quantized from the weights)."""
+        source blocks (missing names are quantized from the weights). ``tp``: None, or the
+        rank's ``TPGroup`` when ``hf_config``/``state`` describe one tensor-parallel shard
+        (see radixlm/runtime/parallel/sharding.py)."""
         self.hf_config = hf_config
+        self.tp = tp
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.dtype, self.device = dtype, device
         self.ops = get_ops(device)
@@ -253,6 +262,8 @@ class LlamaModel:
                 k[len(prefix):].rsplit(".", 1)[0]: v for k, v in int4.items()
                 if k.startswith(prefix)}
             self.layers.append(LlamaLayer(cfg, w, i, blocks))
+            if tp is not None:
+                self.layers[-1].all_reduce = tp.all_reduce
         self.norm = get("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in state:
             self.lm_head = self.embed
@@ -270,7 +281,7 @@ class LlamaModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.lm_head.shape[0])
+        return self.tp.vocab_size if self.tp is not None else int(self.lm_head.shape[0])
 
     def native_unsupported(self) -> str | None:
         """Why the native CPU decoder (plain Llama layers, one rotary table) cannot run this
@@ -285,7 +296,10 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), V]`` in fp32."""
         ops, cfg = self.ops, self.cfg
-        h = F.embedding(batch.input_ids, self.embed)  # (T, hidden)
+        if self.tp is not None:  # vocab-parallel
+            h = self.tp.embed(batch.input_ids, self.embed)  # (T, hidden)
+        else:
+            h = F.embedding(batch.input_ids, self.embed)  # (T, hidden)
         if cfg.embed_scale != 1.0:
             h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         rope = {t: r.cos_sin(ops, batch.positions, self.dtype) for t, r in self.ropes.items()}
@@ -296,7 +310,10 @@ class LlamaModel:
         h = h[batch.logits_indices]
         residual = residual[batch.logits_indices]
         h, _ = ops.rmsnorm(h, self.norm, cfg.rms_norm_eps, residual)
-        logits = self.head(h).float()
+        logits = self.head(h)
+        if self.tp is not None:  # vocab-parallel: each rank has a block of columns
+            logits = self.tp.gather_logits(logits)
+        logits = logits.float()
         if cfg.final_softcap is not None:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return logits

@@ -42,6 +42,8 @@ _ENGINE_METRICS = (
     ("cache_hit_rate", "radixlm_cache_hit_rate", "Share of prompt tokens hit in the cache",
      "gauge"),
     ("tree_size", "radixlm_radix_tree_tokens", "Tokens held by the radix tree", "gauge"),
+    ("tp_size", "radixlm_tp_size", "Tensor-parallel ranks of this engine", "gauge"),
+    ("dp_size", "radixlm_dp_size", "Data-parallel replicas this engine is one of", "gauge"),
 )
 
 

@@ -109,10 +109,26 @@ async def _native_stream(state: ServerState, calls: list[GenCall], streams: list
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """Liveness: 200 without waiting for the engine (503 while shutting down or once the
-    engine's thread has died)."""
+    """Liveness: 200 without touching the engine; 503 while shutting down or once the
+    engine reports a fatal error (e.g. a tensor-parallel worker died) or its scheduler
+    thread has died."""
     state = get_state(request)
-    return Response(status_code=503 if state.shutting_down or not state.engine_alive else 200)
+    if state.shutting_down or not state.engine_alive:
+        return Response(status_code=503)
+    error = getattr(state.engine, "fatal_error", None)
+    if error is not None:
+        return PlainTextResponse(f"unhealthy: {error}", status_code=503)
+    return Response(status_code=200)
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> list[dict[str, Any]]:
+    """Load as SGLang reports it (one entry per data-parallel rank of this server; the
+    router's load monitor reads `num_tokens`)."""
+    stats = await asyncio.to_thread(get_state(request).engine.get_stats)
+    return [{"dp_rank": 0, "num_reqs": stats.get("num_running", 0) + stats.get("num_waiting", 0),
+             "num_waiting_reqs": stats.get("num_waiting", 0),
+             "num_tokens": stats.get("kv_used_tokens", 0)}]
 
 
 @router.get("/health_generate")

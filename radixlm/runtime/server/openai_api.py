@@ -1,7 +1,7 @@
 """OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
 
 Differences from api.openai.com: any `model` name is accepted (one model is served);
-extras `regex`, `choices`, `json_schema`, `top_k`, `min_p`, `repetition_penalty`,
+extras `regex`, `choices`, `json_schema`, `ebnf`, `top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`, `no_stop_trim`, `rid`,
 `priority` may be sent in the body (the `openai` client's `extra_body`). `max_tokens` larger
 than the room left in the context is clamped to it; a prompt that fills the context is a 400.
@@ -27,11 +27,21 @@ from radixlm.runtime.server.generation import (
 )
 from radixlm.runtime.server.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     _OpenAIBase,
 )
 from radixlm.runtime.server.state import ApiError, ServerState, get_state
 from radixlm.runtime.server.streaming import SSEResponse
+from radixlm.runtime.server.tool_calls import (
+    ToolSetup,
+    parse_tools,
+    render_messages,
+    streamable_prefix,
+    template_reads_tools,
+)
+from radixlm.runtime.server.tool_calls import constraint as tool_constraint
+from radixlm.runtime.server.tool_calls import parse_output as parse_tool_output
 from radixlm.runtime.server.validation import check_text
 
 router = APIRouter(prefix="/v1")
@@ -58,13 +68,17 @@ def openai_sampling(req: _OpenAIBase, max_new_tokens: int | None) -> dict[str, A
         "stop": req.stop, "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens, "no_stop_trim": req.no_stop_trim,
         "min_new_tokens": req.min_tokens, "seed": req.seed, "regex": req.regex,
-        "choices": req.choices, "json_schema": req.json_schema, "logit_bias": req.logit_bias,
+        "choices": req.choices, "json_schema": req.json_schema, "ebnf": req.ebnf,
+        "logit_bias": req.logit_bias,
     }
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         s["json_schema"] = json.dumps({"type": "object"})
     elif fmt is not None and fmt.type == "json_schema":
         s["json_schema"] = json.dumps(fmt.json_schema.json_schema)  # type: ignore[union-attr]
+    elif fmt is not None and fmt.type == "structural_tag":
+        s["structural_tag"] = json.dumps({"structures": fmt.structures,
+                                          "triggers": fmt.triggers})
     return {k: v for k, v in s.items() if v is not None}
 
 
@@ -219,27 +233,42 @@ async def _completion_stream(state: ServerState, body: CompletionRequest, calls:
 # ---------------------------------------------------------------- /v1/chat/completions
 
 
-def chat_input_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    """Token ids of the conversation under the tokenizer's chat template."""
+def _texts(content: Any) -> list[str]:
+    """The strings in a rendered message's content (a string or a list of text parts)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict)
+                and isinstance(p.get("text"), str)]
+    return []
+
+
+def chat_input_ids(state: ServerState, body: ChatCompletionRequest,
+                   tools: ToolSetup | None = None) -> list[int]:
+    """Token ids of the conversation under the tokenizer's chat template (with ``tools``
+    rendered as `tool_calls.py` describes)."""
+    tok = state.engine.tokenizer
+    native = tools is not None and tools.active and template_reads_tools(tok)
     try:
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
-                     **({"name": m.name} if m.name else {})} for m in body.messages]
+        messages = render_messages([_message_dict(m) for m in body.messages], tools, native)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
     size = 0
     for m in messages:
-        check_text(m["content"], "messages")
-        size += len(m["content"].encode())
+        for text in _texts(m.get("content")):
+            check_text(text, "messages")
+            size += len(text.encode())
     if size > state.max_prompt_bytes:
         raise ApiError(400, f"the messages are {size} bytes; no prompt over "
                             f"{state.max_prompt_bytes} bytes fits the context",
                        param="messages", code="context_length_exceeded")
-    tok = state.engine.tokenizer
+    kwargs = dict(body.chat_template_kwargs or {})
+    if native:
+        kwargs["tools"] = tools.openai_tools  # type: ignore[union-attr]
     try:
         out = tok.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=not body.continue_final_message,
-            continue_final_message=body.continue_final_message,
-            **(body.chat_template_kwargs or {}))
+            continue_final_message=body.continue_final_message, **kwargs)
     except Exception as exc:  # noqa: BLE001 - template errors are the caller's messages
         raise ApiError(400, f"the chat template rejected the messages: {exc}",
                        param="messages") from exc
@@ -249,14 +278,54 @@ def chat_input_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]
     return [int(t) for t in ids]
 
 
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A request message as the chat template sees it (tool fields kept)."""
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                           "content": m.text(), **({"name": m.name} if m.name else {})}
+    extra = m.model_extra or {}
+    if extra.get("tool_calls"):
+        calls = extra["tool_calls"]
+        if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) for c in calls):
+            raise ValueError("assistant 'tool_calls' must be a list of "
+                             "{'type': 'function', 'function': {'name', 'arguments'}}")
+        out["tool_calls"] = calls
+    if m.role == "tool" and extra.get("tool_call_id") is not None:
+        out["tool_call_id"] = extra["tool_call_id"]
+    return out
+
+
+def _tool_setup(body: ChatCompletionRequest) -> ToolSetup | None:
+    try:
+        setup = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="tools") from exc
+    other = [k for k in ("regex", "choices", "json_schema", "ebnf") if getattr(body, k)]
+    if body.response_format is not None and body.response_format.type != "text":
+        other.append("response_format")
+    if setup is not None and setup.active and other:
+        raise ApiError(400, f"'tools' (tool_choice {setup.choice!r}) cannot be combined with "
+                       f"{', '.join(other)}; use tool_choice 'none' for those", param="tools")
+    return setup
+
+
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    """OpenAI chat completions (chat template of the served model's tokenizer)."""
+    """OpenAI chat completions (chat template of the served model's tokenizer), with tool
+    calling (`tool_calls.py`)."""
     state = get_state(request)
-    ids = await state.prep.run(lambda: chat_input_ids(state, body))
+    tools = _tool_setup(body)
+    ids = await state.prep.run(lambda: chat_input_ids(state, body, tools))
     top = (body.top_logprobs or 0) if body.logprobs else None
-    calls = _fan_out(body, [(None, ids)], openai_sampling(body, body.max_new_tokens), top,
-                     request.state.request_id)
+    sampling = openai_sampling(body, body.max_new_tokens)
+    if tools is not None:
+        constraint = tool_constraint(tools)
+        backend = getattr(getattr(state.engine, "config", None), "grammar_backend", None)
+        if "structural_tag" in constraint and backend == "outlines":
+            constraint = {}  # auto on outlines: unconstrained, parsed the same way
+        sampling.update(constraint)
+    calls = _fan_out(body, [(None, ids)], sampling, top, request.state.request_id)
     for call in calls:  # no max_tokens: up to the context, as in OpenAI
         call.sampling.setdefault("max_new_tokens", max(state.context_len - len(ids), 0))
     await admit(state, calls)
@@ -265,32 +334,81 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         streams = await open_streams(state, calls)
         return SSEResponse(_chat_stream(state, body, calls, streams,
-                                        {**head, "object": "chat.completion.chunk"}),
+                                        {**head, "object": "chat.completion.chunk"}, tools),
                            on_close=lambda: abandon(state, calls),
                            stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
-    choices = [{"index": k, "message": {"role": "assistant", "content": r["text"]},
-                "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None,
-                "finish_reason": _finish(r["meta_info"])}
-               for k, r in enumerate(results)]
+    choices = []
+    for k, r in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant", "content": r["text"]}
+        finish = _finish(r["meta_info"])
+        if tools is not None and tools.active:
+            message["content"], tool_calls = parse_tool_output(r["text"], tools)
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+                finish = "tool_calls" if finish == "stop" else finish
+        choices.append({"index": k, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None})
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": _usage(results, body.n)})
 
 
+def _tool_deltas(text: str, sent: int, tools: ToolSetup, k: int, head: dict[str, Any]
+                 ) -> tuple[list[dict[str, Any]], bool]:
+    """Closing chunks of a finished tool-enabled choice: the content not streamed yet, then
+    per call a chunk with id, type and name and one with the arguments (OpenAI's order).
+    Returns (chunks, whether any call was made)."""
+    content, tool_calls = parse_tool_output(text, tools)
+    if not tool_calls:
+        rest = text[sent:]
+        return ([{**head, "choices": [{"index": k, "delta": {"content": rest},
+                                       "logprobs": None, "finish_reason": None}]}]
+                if rest else []), False
+    out = []
+    rest = (content or "")[sent:] if (content or "").startswith(text[:sent]) else ""
+    if rest:
+        out.append({"index": k, "delta": {"content": rest}})
+    for i, c in enumerate(tool_calls):
+        out.append({"index": k, "delta": {"tool_calls": [{
+            "index": i, "id": c["id"], "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": ""}}]}})
+        out.append({"index": k, "delta": {"tool_calls": [{
+            "index": i, "function": {"arguments": c["function"]["arguments"]}}]}})
+    return [{**head, "choices": [{**ch, "logprobs": None, "finish_reason": None}]}
+            for ch in out], True
+
+
 async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: list[GenCall],
-                       streams: list[Any],
-                       head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+                       streams: list[Any], head: dict[str, Any],
+                       tools: ToolSetup | None = None) -> AsyncIterator[dict[str, Any]]:
     for k in range(len(calls)):
         yield {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
     sent_text = [0] * len(calls)
     sent_lp = [0] * len(calls)
     finals: dict[int, dict[str, Any]] = {}
+    parsing = tools is not None and tools.active
     async for k, chunk in merge_streams(state, calls, streams):
         meta = chunk["meta_info"]
-        delta = chunk["text"][sent_text[k]:]
-        sent_text[k] = len(chunk["text"])
         finish = _finish(meta)
+        if parsing:  # hold back what may be a tool call; the calls come at the end
+            if finish is not None:
+                chunks, called = _tool_deltas(chunk["text"], sent_text[k], tools, k, head)
+                for c in chunks:
+                    yield c
+                if called and finish == "stop":
+                    finish = "tool_calls"
+                sent_text[k] = len(chunk["text"])
+                yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None,
+                                            "finish_reason": finish}]}
+                finals[k] = chunk
+                continue
+            upto = max(streamable_prefix(chunk["text"], tools), sent_text[k])
+            delta = chunk["text"][sent_text[k]:upto]
+            sent_text[k] = upto
+        else:
+            delta = chunk["text"][sent_text[k]:]
+            sent_text[k] = len(chunk["text"])
         lp = None
         if body.logprobs:
             lp = chat_logprobs(meta, sent_lp[k])

@@ -44,6 +44,7 @@ NATIVE_UNSUPPORTED: dict[str, Any] = {
     "num_items_assigned": None, "max_dynamic_patch": None, "min_dynamic_patch": None,
     "image_max_dynamic_patch": None, "video_max_dynamic_patch": None,
     "multi_item_delimiter_indices": None,
+    "model": None,  # sglang-router writes "model": null into every /generate it forwards
 }
 # SGLang fields that are bookkeeping only; honoured as such: conversation_id and
 # received_time are not used, no_logs holds (request content is never logged).
@@ -131,11 +132,14 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI `response_format`: text, json_object or json_schema."""
+    """OpenAI `response_format`: text, json_object or json_schema; or SGLang's structural_tag
+    (`structures`: [{begin, schema, end}], `triggers`: [str])."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaSpec | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ResponseFormat:
@@ -143,6 +147,10 @@ class ResponseFormat(BaseModel):
                                            or self.json_schema.json_schema is None):
             raise ValueError("response_format.json_schema.schema is required for type "
                              "'json_schema'")
+        if (self.type == "structural_tag") != (self.structures is not None
+                                               or self.triggers is not None):
+            raise ValueError("response_format.structures and .triggers go with type "
+                             "'structural_tag' (and it needs them)")
         return self
 
 
@@ -168,6 +176,7 @@ class _OpenAIBase(BaseModel):
     regex: str | None = None
     choices: list[str] | None = None
     json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
     top_k: int | None = Field(default=None, ge=-1)
     min_p: Prob | None = None
     repetition_penalty: float | None = bounded(REPETITION_PENALTY_RANGE)
@@ -178,14 +187,19 @@ class _OpenAIBase(BaseModel):
     no_stop_trim: bool | None = None
     rid: str | None = None
     priority: int | None = None  # SGLang: scheduling priority (--schedule-policy priority)
+    # SGLang fields its router writes into every forwarded request (at these defaults)
+    return_hidden_states: bool = False
 
     @model_validator(mode="after")
     def _check_base(self) -> _OpenAIBase:
         if self.logit_bias is not None:
             self.logit_bias = check_logit_bias(self.logit_bias)
+        if self.return_hidden_states:
+            raise ValueError("'return_hidden_states' is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
-        constraints = [k for k in ("regex", "choices", "json_schema") if getattr(self, k)]
+        constraints = [k for k in ("regex", "choices", "json_schema", "ebnf")
+                       if getattr(self, k)]
         if self.response_format is not None and self.response_format.type != "text":
             constraints.append("response_format")
         if len(constraints) > 1:
@@ -264,11 +278,13 @@ class ChatCompletionRequest(_OpenAIBase):
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's (sent by its router): they act only with a reasoning parser, which this
+    # server does not have, so either value means what SGLang does without one
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("'tools' is not supported by this server")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         if self.continue_final_message and self.messages[-1].role != "assistant":

@@ -1,0 +1,581 @@
+"""The llguidance grammar backend (the default): every spec kind becomes an llguidance grammar
+(Lark-like CFG with regex lexemes) matched token by token by a Rust ``LLMatcher``.
+
+Compiling is building one ``LLMatcher`` per grammar on a worker thread (llguidance drops the
+GIL while it builds); each request gets a ``deep_copy`` of that template. Masks are computed
+lazily by the matcher (no per-state tables), for the whole batch at once by an
+``LLExecutor`` off the GIL (``fill_bitmasks``). Jump-forward comes from the matcher's forced
+bytes (``compute_ff_bytes``), spliced in with the same canonical retokenization of the boundary
+as the outlines backend.
+
+Objects that list ``properties`` are closed unless the schema says otherwise
+(``close_objects``), as xgrammar's strict mode does in SGLang. Strict JSON Schema: the
+compiler runs with ``lenient: false``, so a keyword it does not implement (``not``,
+``if``/``then``, ``contains``, ``dependencies``, non-disjoint ``oneOf``, ...) is an error
+naming it; such a schema then goes through the project's regex translator instead.
+llguidance does not know the draft-3 keywords (``disallow``, ``extends``, ``divisibleBy``)
+at all and would ignore them as annotations: those are rejected
+here by name (``unenforced_keywords``). Budgets: ``compile_timeout_s`` per compile,
+``LLParserLimits`` (lexer fuel and Earley items per mask, grammar size) per request; a mask
+that runs out of fuel leaves the matcher in an error state and the request is aborted with
+its message, never continued unconstrained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import jsonschema_rs
+import llguidance as llg
+import llguidance.hf
+import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
+
+from radixlm.constraints import specs
+from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
+from radixlm.constraints.cache import LRUCache, cache_key
+from radixlm.constraints.jump_forward import retokenize, utf8_prefix
+from radixlm.constraints.schema import (
+    ALL_TYPES,
+    KNOWN_FORMATS,
+    SchemaTranslator,
+    check_schema,
+    check_whitespace_pattern,
+)
+from radixlm.constraints.vocab import TokenVocab
+
+# Keywords that assert something but that llguidance neither implements nor reports.
+UNREPORTED_KEYWORDS = ("disallow", "extends", "divisibleBy")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("additionalProperties", "additionalItems", "not", "if", "then", "else",
+               "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+
+
+def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
+    """``keyword at JSON pointer`` for every keyword in schema positions llguidance would
+    silently ignore."""
+    if not isinstance(schema, dict):
+        return []
+    out = [f"'{k}' at JSON pointer '{ptr or '/'}'" for k in UNREPORTED_KEYWORDS if k in schema]
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                out += unenforced_keywords(sub, f"{ptr}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                out += unenforced_keywords(sub, f"{ptr}/{key}/{i}")
+    for key in _SCHEMA_ONE:
+        out += unenforced_keywords(schema.get(key), f"{ptr}/{key}")
+    items = schema.get("items")
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            out += unenforced_keywords(sub, f"{ptr}/items/{i}")
+    else:
+        out += unenforced_keywords(items, f"{ptr}/items")
+    return out
+
+
+def close_objects(schema: Any, in_all_of: bool = False, root: Any = None) -> Any:
+    """A copy with ``uniqueItems`` and simple ``not`` rewritten (see ``_negate``; unique
+    arrays hold at most one item, as in the regex translator), without unknown ``format``
+    names (annotations), and where every object schema that lists ``properties`` and says
+    nothing about other keys gets ``additionalProperties: false`` (xgrammar's strict mode,
+    SGLang's default): the output is still valid, and a small model cannot ramble on in
+    invented keys until the token limit. Left open: ``allOf`` members and schemas with
+    ``allOf``/``$ref`` beside
+    their properties (closing those could empty the language)."""
+    if not isinstance(schema, dict):
+        return schema
+    root = schema if root is None else root
+    out = dict(schema)
+    if isinstance(out.get("oneOf"), list) and "anyOf" not in out \
+            and _types_disjoint(out["oneOf"], root):
+        out["anyOf"] = out.pop("oneOf")  # exactly one branch can match any value
+    if out.get("uniqueItems") is False:
+        del out["uniqueItems"]
+    elif out.get("uniqueItems") is True and out.get("minItems", 0) <= 1:
+        del out["uniqueItems"]  # at most one item is always unique (a sound subset)
+        out["maxItems"] = min(out.get("maxItems", 1), 1)
+    if "not" in out:
+        negated = _negate(out["not"], out.get("type"))
+        if negated is False:
+            return False
+        if negated is not None:
+            del out["not"]
+            out["type"] = negated
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: close_objects(v, root=root) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(v, key == "allOf", root) for v in out[key]]
+    for key in _SCHEMA_ONE:
+        if key in out:
+            out[key] = close_objects(out[key], root=root)
+    if isinstance(out.get("items"), list):
+        out["items"] = [close_objects(v, root=root) for v in out["items"]]
+    elif "items" in out:
+        out["items"] = close_objects(out["items"], root=root)
+    if isinstance(out.get("format"), str) and out["format"] not in KNOWN_FORMATS:
+        del out["format"]  # an unknown format is an annotation: it asserts nothing
+    props = out.get("properties")
+    required = out.get("required") if isinstance(out.get("required"), list) else []
+    if (isinstance(props, dict) and not in_all_of and all(r in props for r in required)
+            and not any(k in out for k in ("additionalProperties", "patternProperties",
+                                           "unevaluatedProperties", "allOf", "$ref"))):
+        out["additionalProperties"] = False
+    return out
+
+
+def _json_types(s: Any, root: Any, depth: int = 0) -> set[str] | None:
+    """The JSON types a subschema can match, from ``type``/``const``/``enum`` (following
+    local ``$ref``s); None when it can't be told. ``number`` includes ``integer``."""
+    if not isinstance(s, dict) or depth > 8:
+        return None
+    ref = s.get("$ref")
+    if isinstance(ref, str):
+        if not ref.startswith("#/") or len(s.keys() - {"$ref", "description", "title"}) > 0:
+            return None
+        target = root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                return None
+            target = target[part]
+        return _json_types(target, root, depth + 1)
+    values = [s["const"]] if "const" in s else s.get("enum")
+    if isinstance(values, list):
+        found = set()
+        for v in values:
+            t = {bool: "boolean", type(None): "null", str: "string", dict: "object",
+                 list: "array"}.get(type(v), "number")
+            found |= {t, "integer"} if t == "number" else {t}
+        return found
+    t = s.get("type")
+    if t is None:
+        return None
+    found = set([t] if isinstance(t, str) else t)
+    return found | {"integer"} if "number" in found else found
+
+
+def _types_disjoint(branches: list, root: Any) -> bool:
+    """No two ``oneOf`` branches can match a value of the same JSON type (so ``oneOf`` is
+    ``anyOf``, which llguidance implements)."""
+    seen: set[str] = set()
+    for b in branches:
+        types = _json_types(b, root)
+        if types is None or types & seen:
+            return False
+        seen |= types
+    return True
+
+
+def _negate(sub: Any, own_type: Any) -> list[str] | bool | None:
+    """``not`` forms rewritten exactly or as a sound subset: ``not {}`` is nothing (False),
+    ``not {"type": T}`` a list of the other types (``integer`` excluded with ``number``;
+    ``number`` dropped with ``integer``, whose complement JSON Schema can't spell). None: left
+    for the compiler to refuse."""
+    if sub in ({}, True):
+        return False
+    if not isinstance(sub, dict) or set(sub) != {"type"}:
+        return None
+    banned = {sub["type"]} if isinstance(sub["type"], str) else set(sub["type"])
+    if "number" in banned:
+        banned.add("integer")
+    if "integer" in banned:
+        banned.add("number")
+    allowed = [t for t in ALL_TYPES if t not in banned]
+    if own_type is not None:
+        own = {own_type} if isinstance(own_type, str) else set(own_type)
+        allowed = [t for t in allowed if t in own or (t == "integer" and "number" in own)]
+    return allowed or False
+
+
+def meta_check(schema: Any) -> None:
+    """The schema is a valid JSON Schema (its ``$schema`` draft, else 2020-12): checked by
+    jsonschema-rs (~1000x faster than ``jsonschema`` on large schemas, whose metaschema walk
+    took up to a second), falling back to ``jsonschema`` for what jsonschema-rs can't load.
+    ValueError names the first problem."""
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        raise ValueError(f"invalid JSON schema: {str(exc).splitlines()[0]}") from None
+    except Exception:  # noqa: BLE001 - e.g. an unknown $schema: let jsonschema decide
+        check_schema(schema)
+
+
+def structural_tag_grammar(value: Any) -> str:
+    """SGLang's ``structural_tag`` (``{"structures": [{"begin", "schema", "end"}],
+    "triggers": [...]}``, optionally with ``"type": "structural_tag"``) -> an llguidance
+    grammar: free text, in which a trigger starts a tagged segment whose body must match its
+    schema. Raises ValueError naming the problem."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("structural_tag must be a JSON object")
+    unknown = sorted(set(value) - {"type", "structures", "triggers"})
+    if unknown:
+        raise ValueError(f"structural_tag: unknown field(s) {', '.join(unknown)}")
+    structures, triggers = value.get("structures"), value.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise ValueError("structural_tag.structures must be a non-empty list")
+    if (not isinstance(triggers, list) or not triggers
+            or not all(isinstance(t, str) and t for t in triggers)):
+        raise ValueError("structural_tag.triggers must be a non-empty list of strings")
+    tags = []
+    for i, st in enumerate(structures):
+        where = f"structural_tag.structures[{i}]"
+        if not isinstance(st, dict) or set(st) - {"begin", "schema", "end"}:
+            raise ValueError(f"{where} must be an object with begin, schema, end")
+        begin, end, schema = st.get("begin"), st.get("end", ""), st.get("schema")
+        if not isinstance(begin, str) or not begin or not isinstance(end, str):
+            raise ValueError(f"{where}: begin must be a non-empty string, end a string")
+        trig = [t for t in triggers if begin.startswith(t)]
+        if not trig:
+            raise ValueError(f"{where}: begin {begin!r} starts with none of the triggers")
+        if not isinstance(schema, dict):
+            raise ValueError(f"{where}.schema must be a JSON schema object")
+        meta_check(schema)
+        bad = unenforced_keywords(schema)
+        if bad:
+            raise ValueError(f"{where}.schema: unsupported keyword {bad[0]}")
+        tags.append(llg.StructTag(trigger=max(trig, key=len), begin=begin,
+                                  grammar=close_objects(schema),
+                                  end=end))
+    return llg.StructTag.to_grammar(tags, assume_special=False)
+
+
+def ebnf_grammar(text: Any) -> str:
+    """An ``ebnf`` value (GBNF as llama.cpp writes it, ``root ::= ...``, or llguidance's
+    Lark, ``start: ...``) -> an llguidance grammar. Raises ValueError on a syntax error."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("ebnf must be a non-empty grammar string")
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:  # noqa: BLE001 - the converter's message is the user's answer
+        raise ValueError(f"invalid ebnf grammar: {exc}") from None
+    return llg.LLMatcher.grammar_from_lark(lark)
+
+
+class LLGuidanceGrammar(Grammar):
+    """Per-request state: one ``LLMatcher`` plus whether EOS was taken."""
+
+    def __init__(self, backend: LLGuidanceBackend, matcher: llg.LLMatcher, eos_done=False):
+        self.b = backend
+        self.m = matcher
+        self.accepted = 0
+        self.eos_done = eos_done
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        if self.eos_done or self.m.is_stopped():
+            bitmask[row] = self.b.eos_row
+            return
+        self.b.fill_rows([(self, row)], bitmask)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.eos_done:
+            return False
+        if token_id in self.b.eos_ids:
+            if not (self.m.is_accepting() or self.m.is_stopped()):
+                return False
+            self.eos_done = True
+            return True
+        if self.m.try_consume_tokens([int(token_id)]) != 1:
+            return False
+        self.accepted += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens < 0 or num_tokens > self.accepted + int(self.eos_done):
+            raise ValueError(f"cannot roll back {num_tokens} of {self.accepted} tokens")
+        if num_tokens and self.eos_done:
+            self.eos_done = False
+            num_tokens -= 1
+        if num_tokens:
+            self.m.rollback(num_tokens)
+            self.accepted -= num_tokens
+
+    def is_accepting(self) -> bool:
+        return self.eos_done or self.m.is_accepting()
+
+    def is_terminated(self) -> bool:
+        return self.eos_done or self.m.is_stopped()
+
+    def error(self) -> str | None:
+        """The matcher's error (e.g. a mask budget ran out), or None."""
+        return self.m.get_error() if self.m.is_error() else None
+
+    def copy(self) -> LLGuidanceGrammar:
+        g = LLGuidanceGrammar(self.b, self.m.deep_copy(), self.eos_done)
+        g.accepted = self.accepted
+        return g
+
+    def forced_text(self) -> str:
+        if not self.b.enable_jump_forward or self.is_terminated():
+            return ""
+        return utf8_prefix(self.m.compute_ff_bytes())
+
+    def jump_forward(self, output_ids: list[int]) -> JumpForward | None:
+        """Splice in the forced text (>= 2 characters), with the last few output tokens
+        retokenized canonically together with it when the matcher accepts that."""
+        forced = self.forced_text()
+        if len(forced) < 2:
+            return None
+        for rollback, new_ids in retokenize(self.b.tokenizer, self.b.vocab.id_to_bytes,
+                                            output_ids, forced):
+            if rollback > self.accepted:
+                continue
+            self.m.rollback(rollback)
+            took = self.m.try_consume_tokens(new_ids)
+            if took == len(new_ids):
+                self.accepted += len(new_ids) - rollback
+                text = b"".join(self.b.vocab.id_to_bytes[t] for t in new_ids)
+                return JumpForward(rollback, list(new_ids), text.decode("utf-8", "replace"))
+            self.m.rollback(took)  # undo the partial plan and restore the old tail
+            if rollback and self.m.try_consume_tokens(output_ids[-rollback:]) != rollback:
+                raise RuntimeError("jump-forward could not restore the grammar state")
+        return None
+
+
+class LLGuidanceBackend(GrammarBackend):
+    """Compiles specs to llguidance matchers for one tokenizer (HF fast tokenizers).
+
+    ``max_workers`` compile threads; ``mask_threads`` threads of the batch mask executor;
+    ``compile_timeout_s`` bounds one compile (the request fails; the build finishes in the
+    background); ``limits`` (``llguidance.LLParserLimits``) bounds every mask and grammar;
+    ``memory_cache_size`` compiled templates are kept; ``max_regex_chars`` bounds the regex of
+    a schema that falls back to the translator."""
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int = 2,
+                 compile_timeout_s: float = 30.0, enable_jump_forward: bool = True,
+                 memory_cache_size: int = 256, mask_threads: int = 2,
+                 limits: llg.LLParserLimits | None = None, max_regex_chars: int = 100_000):
+        self.tokenizer = tokenizer
+        self.vocab = TokenVocab.from_tokenizer(tokenizer)
+        self.vocab_size = int(vocab_size)
+        if self.vocab.id_to_bytes and max(self.vocab.id_to_bytes) >= self.vocab_size:
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's vocabulary")
+        self.eos_ids = tuple(sorted({int(e) for e in eos_token_ids if 0 <= e < self.vocab_size}))
+        if not self.eos_ids:
+            raise ValueError("need at least one EOS token id inside vocab_size")
+        self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
+                                                         eos_token=list(self.eos_ids))
+        self.words = (self.vocab_size + 31) // 32
+        bits = np.zeros(self.words * 32, dtype=np.bool_)
+        bits[list(self.eos_ids)] = True
+        self.eos_row = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+        self.enable_jump_forward = enable_jump_forward
+        self.compile_timeout_s = compile_timeout_s
+        self.limits = limits
+        self._executor = llg.LLExecutor(max(1, mask_threads))
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
+        self._memory = LRUCache(memory_cache_size)
+        self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
+        self.max_regex_chars = max_regex_chars
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._stats = {"compiles": 0, "memory_hits": 0, "failures": 0, "compile_time_s": 0.0}
+
+    # ------------------------------------------------------------------- spec -> grammar
+
+    def to_grammar(self, spec: ConstraintSpec) -> str:
+        """The llguidance grammar (JSON text) of a spec; ValueError names the problem."""
+        kind, value = spec.kind, spec.value
+        if kind == "regex":
+            if not isinstance(value, str) or not value:
+                raise ValueError("regex must be a non-empty string")
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {value!r}: {exc}") from None
+            return llg.LLMatcher.grammar_from_regex(value)
+        if kind == "choices":
+            return llg.grammar_from("choice", list(value))
+        if kind == "dtype":
+            if value not in specs.DTYPE_REGEX:
+                raise ValueError(f"unknown dtype {value!r}")
+            return llg.LLMatcher.grammar_from_regex(specs.DTYPE_REGEX[value])
+        if kind == "json_schema":
+            return self._schema_grammar(spec)
+        if kind == "ebnf":
+            return ebnf_grammar(value)
+        if kind == "structural_tag":
+            return structural_tag_grammar(value)
+        raise ValueError(f"unknown constraint kind {kind!r}")
+
+    def _schema_grammar(self, spec: ConstraintSpec) -> str:
+        """Cheap checks (metaschema, whitespace pattern, keywords llguidance would ignore),
+        then llguidance's own JSON compiler's grammar. The compiler's refusals surface when
+        the matcher is built (``_build``), which then falls back to the regex translator."""
+        schema = json.loads(specs.normalize_json_schema(spec.value))
+        ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+        check_whitespace_pattern(ws)
+        meta_check(schema)
+        bad = unenforced_keywords(schema)
+        if bad:
+            raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
+        return llg.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults={
+            "whitespace_flexible": False, "whitespace_pattern": ws, "lenient": False})
+
+    def _translated(self, spec: ConstraintSpec, why: str) -> str:
+        """Where llguidance refuses a schema (non-disjoint ``oneOf``, ``not``,
+        ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
+        the outlines backend's) as a regex grammar. Runs on a compile worker."""
+        schema = json.loads(specs.normalize_json_schema(spec.value))
+        ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+        try:
+            regex = SchemaTranslator(schema, check_schema(schema), ws,
+                                     max_regex_chars=self.max_regex_chars).translate()
+        except ValueError as exc:
+            raise ValueError(f"unsupported json_schema: {why} (regex translation: {exc})") \
+                from None
+        return llg.LLMatcher.grammar_from_regex(regex)
+
+    def validate(self, spec: ConstraintSpec) -> None:
+        """Cheap synchronous checks (no lexer or matcher is built here): JSON schemas as in
+        ``_schema_grammar``; other kinds' grammar syntax by ``validate_grammar``."""
+        key = repr(spec)
+        if self._checked.get(key) is not None:
+            return
+        grammar = self.to_grammar(spec)
+        if spec.kind != "json_schema":
+            err = llg.LLMatcher.validate_grammar(grammar, None, limits=self.limits)
+            if err:
+                raise ValueError(f"invalid {spec.kind}: {_short(err)}")
+        self._checked.put(key, grammar)
+
+    # -------------------------------------------------------------------------- compiling
+
+    def _build(self, grammar: str, spec: ConstraintSpec) -> llg.LLMatcher:
+        """Runs on a worker thread (the matcher build drops the GIL)."""
+        t0 = time.perf_counter()
+        kwargs = {"limits": self.limits} if self.limits is not None else {}
+        matcher = llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0, **kwargs)
+        if matcher.is_error() and spec.kind == "json_schema":
+            grammar = self._translated(spec, _short(matcher.get_error()))
+            matcher = llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0, **kwargs)
+        if matcher.is_error():
+            raise ValueError(f"invalid {spec.kind}: {_short(matcher.get_error())}")
+        first = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        if matcher.is_error() and not matcher.get_error().startswith("NoExtension"):
+            raise ValueError(_short(matcher.get_error()))
+        if matcher.is_error() or (not first.any() and not matcher.is_accepting()):
+            raise ValueError("grammar matches no string this tokenizer can produce "
+                             "(empty language)")
+        with self._lock:
+            self._stats["compiles"] += 1
+            self._stats["compile_time_s"] += time.perf_counter() - t0
+        return matcher
+
+    def compile(self, spec: ConstraintSpec) -> LLGuidanceGrammar:
+        """Synchronous compile (tests, benchmarks); the scheduler uses ``compile_async``."""
+        return self.compile_async(spec).result()
+
+    def compile_async(self, spec: ConstraintSpec) -> Future[Grammar]:
+        out: Future[Grammar] = Future()
+        try:
+            grammar = self._checked.get(repr(spec)) or self.to_grammar(spec)
+        except ValueError as exc:
+            self._fail(out, exc)
+            return out
+        key = cache_key("llguidance", grammar, self.vocab.tokenizer_hash, self.vocab_size,
+                        self.eos_ids)
+        template = self._memory.get(key)
+        if template is not None:
+            with self._lock:
+                self._stats["memory_hits"] += 1
+            out.set_result(LLGuidanceGrammar(self, template.deep_copy()))
+            return out
+        with self._lock:
+            inner = self._inflight.get(key)
+            created = inner is None
+            if created:
+                inner = self._pool.submit(self._build, grammar, spec)
+                self._inflight[key] = inner
+        if created:
+            inner.add_done_callback(lambda f: self._finish(key, f))
+        timer = threading.Timer(self.compile_timeout_s, self._fail, (out, ValueError(
+            f"constraint compile exceeded the time budget of {self.compile_timeout_s} s")))
+        timer.daemon = True
+        timer.start()
+
+        def relay(f: Future) -> None:
+            timer.cancel()
+            if out.done():
+                return
+            exc = f.exception()
+            if exc is not None:
+                self._fail(out, exc if isinstance(exc, ValueError) else ValueError(str(exc)))
+                return
+            try:
+                out.set_result(LLGuidanceGrammar(self, f.result().deep_copy()))
+            except Exception:  # noqa: BLE001 - lost a race with the timeout
+                pass
+
+        inner.add_done_callback(relay)
+        return out
+
+    def _finish(self, key: str, f: Future) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+        if f.exception() is None:
+            self._memory.put(key, f.result())
+
+    def _fail(self, out: Future, exc: Exception) -> None:
+        if out.done():
+            return
+        with self._lock:
+            self._stats["failures"] += 1
+        try:
+            out.set_exception(exc)
+        except Exception:  # noqa: BLE001 - already resolved
+            pass
+
+    # ------------------------------------------------------------------------------ masks
+
+    def fill_rows(self, rows: list[tuple[LLGuidanceGrammar, int]], bitmask: np.ndarray) -> None:
+        """Masks of many matchers at once, in parallel and off the GIL."""
+        if bitmask.dtype != np.int32 or not bitmask.flags["C_CONTIGUOUS"] \
+                or bitmask.shape[1] != self.words:
+            raise ValueError(f"bitmask must be C-contiguous int32 [B, {self.words}]")
+        self._executor.unsafe_compute_mask_ptr([(g.m, row) for g, row in rows],
+                                               bitmask.ctypes.data, self.words * 4,
+                                               bitmask.shape[0])
+
+    def fill_bitmasks(self, rows: list[tuple[Grammar, int]], bitmask: np.ndarray) -> None:
+        live = []
+        for g, row in rows:
+            if isinstance(g, LLGuidanceGrammar) and not g.is_terminated():
+                live.append((g, row))
+            else:
+                g.fill_bitmask(bitmask, row)
+        if live:
+            self.fill_rows(live, bitmask)
+            for g, row in live:  # out of budget: let sampling run; accept_token then fails
+                if g.m.is_error():
+                    bitmask[row] = -1
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {**self._stats, "memory_cache_size": len(self._memory)}
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _short(msg: str, limit: int = 600) -> str:
+    """llguidance errors can quote the whole grammar: keep the head."""
+    msg = msg.strip()
+    return msg if len(msg) <= limit else msg[:limit] + " ..."
