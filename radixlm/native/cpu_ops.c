@@ -449,6 +449,28 @@ static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, i
 }
 #endif
 
+/* Ask for rows [n, n + count) of w ahead of use: decode streams every weight from DRAM
+ * once per step, and the hardware prefetcher alone left the kernels latency-bound. */
+static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
+#ifdef RLM_AVX2
+    if (n >= n_end) return;
+    if (n + count > n_end) count = n_end - n;
+    const int nb = w->k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
+    for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+    const char *d = (const char *)(w->d + (int64_t)n * nb);
+    for (int64_t off = 0; off < (int64_t)nb * count * 4; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
+    if (w->fmt == FMT_Q4) {
+        const char *m = (const char *)(w->m + (int64_t)n * nb);
+        for (int64_t off = 0; off < (int64_t)nb * count * 4; off += 64)
+            _mm_prefetch(m + off, _MM_HINT_T0);
+    }
+#else
+    (void)w, (void)n, (void)count, (void)n_end;
+#endif
+}
+
 static inline const float *wm_of(const QMat *w, int n, int nb) {
     return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
 }
@@ -463,6 +485,7 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     if (w->fmt == FMT_Q4 && T < 4) {
         for (; n + 4 <= n1; n += 4)
             for (int t = 0; t < T; t++) {
+                if (t == 0) prefetch_rows(w, n + 8, 4, n1);
                 float out[4];
                 qdot_f32_q4x4(w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
                               w->m + (int64_t)n * nb, nb, nb, a->xf + (int64_t)t * k,
@@ -491,6 +514,7 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
         }
     }
     for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
+        prefetch_rows(w, n + 2, 1, n1);
         const float *wd = w->d + (int64_t)n * nb;
         const float *wm = wm_of(w, n, nb);
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
