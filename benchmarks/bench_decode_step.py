@@ -129,7 +129,7 @@ def main() -> None:
         ref_engine = Engine(log_level="warning", max_total_tokens=40000)
     finally:
         build.load = saved
-    lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE", "-fopenmp"],
+    lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"],
                                   tempfile.mkdtemp(prefix="radixlm-prof-"))
     assert lib_prof.rlm_profile(None, 1) == 1
     results = {"host": host, "context": args.context, "reference": {}, "native": {},

@@ -57,8 +57,7 @@ def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
         arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
     base = [cc, "-O3", *arch, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
     try:
-        # OpenMP first (libgomp resolves to the copy torch already loaded); serial otherwise
-        for extra in (["-fopenmp"], []):
+        for extra in (["-pthread"], []):
             proc = subprocess.run(base[:2] + extra + base[2:], capture_output=True, text=True,
                                   timeout=300)
             if proc.returncode == 0:

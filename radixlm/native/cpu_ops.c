@@ -11,15 +11,17 @@
  *
  * Built on the host that runs it with -march=native (radixlm/native/build.py), so the
  * #if branches below pick AVX-512 VNNI, AVX-VNNI, AVX2 or plain C at compile time on the
- * machine's own features. One OpenMP parallel region per layer call.
+ * machine's own features. Threads: a small pool of our own (below), one parallel job per
+ * step, spin barriers between its stages.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RLM_AVX2 1
@@ -58,6 +60,115 @@ typedef struct {
     int64_t r2t_stride;
     float *ws;                  /* workspace of rlm_workspace_floats() floats */
 } Step;
+
+/* ------------------------------------------------------------------ thread pool
+ * A step has ~10 stages per layer with a barrier between each (300+ per decode step).
+ * libgomp throttles its spin-waits to almost nothing as soon as it manages more threads
+ * than there are CPUs (an idle team of the main thread plus the scheduler thread's team
+ * is enough), and every barrier then sleeps in the kernel: a decode step issued from the
+ * engine's scheduler thread measured 2x its time on the main thread. Our own pool spins at
+ * barriers (yielding after a while) and parks its workers on a condition variable only
+ * between jobs, whichever thread submits them. One job at a time (a mutex), so several
+ * engines in one process share it safely. */
+typedef void (*rlm_job)(void *ctx, int tid, int nth);
+#define RLM_MAX_THREADS 256
+#define RLM_IDLE_SPINS 20000  /* ~1 ms of pause before a worker parks */
+
+static struct {
+    pthread_mutex_t job_lock, park_lock;
+    pthread_cond_t park;
+    int nworkers;
+    _Atomic unsigned gen;
+    _Atomic int pending;
+    rlm_job fn;
+    void *ctx;
+    int nth;
+    _Atomic int bar_count;
+    _Atomic unsigned bar_gen;
+} P = {.job_lock = PTHREAD_MUTEX_INITIALIZER, .park_lock = PTHREAD_MUTEX_INITIALIZER,
+       .park = PTHREAD_COND_INITIALIZER};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *pool_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
+            if (++spins < RLM_IDLE_SPINS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&P.park_lock);
+            while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen)
+                pthread_cond_wait(&P.park, &P.park_lock);
+            pthread_mutex_unlock(&P.park_lock);
+        }
+        seen = g;
+        if (tid < P.nth) P.fn(P.ctx, tid, P.nth);
+        atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+/* fn(ctx, tid, nth) on nth threads (the caller is tid 0); returns when all are done. */
+static void run_parallel(rlm_job fn, void *ctx, int nth) {
+    if (nth > RLM_MAX_THREADS) nth = RLM_MAX_THREADS;
+    if (nth <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&P.job_lock);
+    while (P.nworkers < nth - 1) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, pool_worker, (void *)(intptr_t)(P.nworkers + 1)) != 0)
+            break;
+        pthread_detach(th);
+        P.nworkers++;
+    }
+    if (nth > P.nworkers + 1) nth = P.nworkers + 1;
+    P.fn = fn;
+    P.ctx = ctx;
+    P.nth = nth;
+    atomic_store_explicit(&P.bar_count, 0, memory_order_relaxed);
+    atomic_store_explicit(&P.pending, P.nworkers, memory_order_release);
+    pthread_mutex_lock(&P.park_lock);
+    atomic_fetch_add_explicit(&P.gen, 1, memory_order_acq_rel);
+    pthread_cond_broadcast(&P.park);
+    pthread_mutex_unlock(&P.park_lock);
+    fn(ctx, 0, nth);
+    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0) cpu_relax();
+    pthread_mutex_unlock(&P.job_lock);
+}
+
+/* All nth threads of the running job meet here. */
+static void barrier(int nth) {
+    if (nth <= 1) return;
+    unsigned g = atomic_load_explicit(&P.bar_gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&P.bar_count, 1, memory_order_acq_rel) == nth - 1) {
+        atomic_store_explicit(&P.bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&P.bar_gen, 1, memory_order_acq_rel);
+        return;
+    }
+    for (unsigned spins = 0; atomic_load_explicit(&P.bar_gen, memory_order_acquire) == g;) {
+        cpu_relax();
+        if (++spins % 4096 == 0) sched_yield();  /* a descheduled peer: give the CPU back */
+    }
+}
+
+#ifdef RLM_PROFILE
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#endif
 
 /* ------------------------------------------------------------------ helpers */
 static inline float bf16_to_f32(uint16_t h) {
@@ -760,11 +871,11 @@ static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth)
 static double rlm_prof[16], rlm_t0;
 #define PROF(i)                                                    \
     if (tid == 0) {                                                \
-        double now_ = omp_get_wtime();                             \
+        double now_ = now_seconds();                             \
         rlm_prof[i] += now_ - rlm_t0;                              \
         rlm_t0 = now_;                                             \
     }
-#define PROF_START() if (tid == 0) rlm_t0 = omp_get_wtime();
+#define PROF_START() if (tid == 0) rlm_t0 = now_seconds();
 #else
 #define PROF(i)
 #define PROF_START()
@@ -801,10 +912,10 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
                                               w.x + (int64_t)t * H);
     Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(0)
     gemv(&L->qkv, T, &a, w.qkv, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(1)
     for (int t = lo; t < hi; t++) {
         float *r = w.qkv + (int64_t)t * qkvn;
@@ -816,22 +927,22 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
         store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
     }
-#pragma omp barrier
+    barrier(nth);
     PROF(2)
     float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t th = 0; th < (int64_t)T * Hq; th++) {
+    for (int64_t th = tid; th < (int64_t)T * Hq; th += nth) {
         int t = (int)(th / Hq), h = (int)(th % Hq);
         const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
         attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
                     D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
                     w.attn + (int64_t)t * q + h * D);
     }
+    barrier(nth);
     a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(3)
     gemv(&L->o, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(4)
     for (int t = lo; t < hi; t++) {
         float *r = res + (int64_t)t * H;
@@ -840,10 +951,10 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
     }
     a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(5)
     gemv(&L->gate_up, T, &a, w.gu, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(6)
     for (int t = lo; t < hi; t++) {
         const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
@@ -851,10 +962,10 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
     a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     PROF(7)
     gemv(&L->down, T, &a, w.tmp, tid, nth);
-#pragma omp barrier
+    barrier(nth);
     for (int t = lo; t < hi; t++) {
         float *r = res + (int64_t)t * H;
         const float *o = w.tmp + (int64_t)t * H;
@@ -863,42 +974,61 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     PROF(8)
 }
 
-static inline void team(int *tid, int *nth) {
-#ifdef _OPENMP
-    *tid = omp_get_thread_num();
-    *nth = omp_get_num_threads();
-#else
-    *tid = 0;
-    *nth = 1;
-#endif
-}
+typedef struct {
+    const Layer *layers;
+    int32_t n_layers;
+    void *const *k_caches, *const *v_caches;
+    const Step *S;
+    float *res;
+    const Work *w;
+} LayersJob;
 
-void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
-    Work w;
-    work_layout(L, S->T, S->max_ctx, S->nthreads, S->ws, &w);
-#pragma omp parallel num_threads(S->nthreads)
-    {
-        int tid, nth;
-        team(&tid, &nth);
-        layer_body(L, S, k_cache, v_cache, res, &w, tid, nth);
+static void layers_job(void *ctx, int tid, int nth) {
+    const LayersJob *j = (const LayersJob *)ctx;
+    for (int i = 0; i < j->n_layers; i++) {
+        layer_body(&j->layers[i], j->S, j->k_caches[i], j->v_caches[i], j->res, j->w, tid, nth);
+        barrier(nth);
     }
 }
 
-/* Every layer of the step in one parallel region (layers[i] with k_caches[i] /
- * v_caches[i]); same result as rlm_layer called layer by layer. */
+/* Every layer of the step in one parallel job (layers[i] with k_caches[i] / v_caches[i]). */
 void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
                 void *const *v_caches, const Step *S, float *res) {
     Work w;
     work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
-#pragma omp parallel num_threads(S->nthreads)
-    {
-        int tid, nth;
-        team(&tid, &nth);
-        for (int i = 0; i < n_layers; i++) {
-            layer_body(&layers[i], S, k_caches[i], v_caches[i], res, &w, tid, nth);
-#pragma omp barrier
-        }
+    LayersJob j = {layers, n_layers, k_caches, v_caches, S, res, &w};
+    run_parallel(layers_job, &j, S->nthreads);
+}
+
+/* One layer (same result as rlm_layers over that layer alone). */
+void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
+    void *k[1] = {k_cache}, *v[1] = {v_cache};
+    rlm_layers(L, 1, k, v, S, res);
+}
+
+typedef struct {
+    const QMat *head;
+    const float *norm, *x;
+    float eps, *logits;
+    int32_t T, act_f32;
+    Work *w;
+} HeadJob;
+
+static void head_job(void *ctx, int tid, int nth) {
+    const HeadJob *j = (const HeadJob *)ctx;
+    const int k = j->head->k;
+    int lo, hi;
+    row_range(j->T, tid, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        if (j->norm) rmsnorm_row(j->x + (int64_t)t * k, j->norm, j->eps, k, j->w->x + (int64_t)t * k);
+        else memcpy(j->w->x + (int64_t)t * k, j->x + (int64_t)t * k, (size_t)k * 4);
     }
+    PROF_START()
+    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_f32, tid, nth);
+    barrier(nth);
+    gemv(j->head, j->T, &a, j->logits, tid, nth);
+    barrier(nth);
+    PROF(9)
 }
 
 /* logits [T, head->n] = head(norm(x)) for x [T, k] (norm NULL: no norm).
@@ -912,22 +1042,8 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xd = ws + (int64_t)T * k;
     w.xs = w.xd + (int64_t)T * nb;
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
-#pragma omp parallel num_threads(nthreads)
-    {
-        int tid, nth, lo, hi;
-        team(&tid, &nth);
-        row_range(T, tid, nth, &lo, &hi);
-        for (int t = lo; t < hi; t++) {
-            if (norm) rmsnorm_row(x + (int64_t)t * k, norm, eps, k, w.x + (int64_t)t * k);
-            else memcpy(w.x + (int64_t)t * k, x + (int64_t)t * k, (size_t)k * 4);
-        }
-        PROF_START()
-        Act a = prep_rows(w.x, T, k, &w, act_f32, tid, nth);
-#pragma omp barrier
-        gemv(head, T, &a, logits, tid, nth);
-#pragma omp barrier
-        PROF(9)
-    }
+    HeadJob j = {head, norm, x, eps, logits, T, act_f32, &w};
+    run_parallel(head_job, &j, nthreads);
 }
 
 int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
