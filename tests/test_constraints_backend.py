@@ -242,11 +242,18 @@ def test_compiles_off_thread_and_caches(tokenizer, tmp_path, monkeypatch):
     be2.shutdown()
 
 
-def test_llguidance_schema_prep_is_sound(tokenizer, backend):
+@pytest.fixture(scope="module")
+def llguidance_backend(tokenizer):
+    be = create_grammar_backend(tokenizer, len(tokenizer) + PAD, [tokenizer.eos_token_id, 0],
+                                backend="llguidance")
+    yield be
+    be.shutdown()
+
+
+def test_llguidance_schema_prep_is_sound(tokenizer, llguidance_backend):
     """oneOf of type-disjoint branches (through a $ref) runs as anyOf; listed properties
     close the object; uniqueItems keeps arrays to one item; draft-3 keywords are refused."""
-    if backend.name != "llguidance":
-        pytest.skip("llguidance schema preparation")
+    backend = llguidance_backend
     schema = {"$defs": {"when": {"type": "object", "properties": {"at": {"type": "integer"}},
                                  "required": ["at"]}},
               "type": "object", "required": ["t", "tags"],
