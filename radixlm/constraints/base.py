@@ -107,3 +107,27 @@ class GrammarBackend(ABC):
 
     def shutdown(self) -> None:  # noqa: B027
         """Release worker threads."""
+
+
+class CompileBookkeeping:
+    """The compile-future bookkeeping both backends share. The class using it holds
+    ``_lock``, ``_inflight`` (key -> build future), ``_memory`` (an LRU with ``put``) and
+    ``_stats`` (with a ``failures`` count)."""
+
+    def _finish(self, key: str, f: Future) -> None:
+        """A build ended: it is no longer in flight; a success is cached."""
+        with self._lock:
+            self._inflight.pop(key, None)
+        if f.exception() is None:
+            self._memory.put(key, f.result())
+
+    def _fail(self, out: Future, exc: Exception) -> None:
+        """Fail a request's future once (a timeout and a build may race to resolve it)."""
+        if out.done():
+            return
+        with self._lock:
+            self._stats["failures"] += 1
+        try:
+            out.set_exception(exc)
+        except Exception:  # noqa: BLE001 - already resolved
+            pass

@@ -37,7 +37,13 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixlm.constraints import specs
-from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
+from radixlm.constraints.base import (
+    CompileBookkeeping,
+    ConstraintSpec,
+    Grammar,
+    GrammarBackend,
+    JumpForward,
+)
 from radixlm.constraints.cache import LRUCache, cache_key
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
 from radixlm.constraints.schema import (
@@ -347,7 +353,7 @@ class LLGuidanceGrammar(Grammar):
         return None
 
 
-class LLGuidanceBackend(GrammarBackend):
+class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
     """Compiles specs to llguidance matchers for one tokenizer (HF fast tokenizers).
 
     ``max_workers`` compile threads; ``mask_threads`` threads of the batch mask executor;
@@ -526,22 +532,6 @@ class LLGuidanceBackend(GrammarBackend):
 
         inner.add_done_callback(relay)
         return out
-
-    def _finish(self, key: str, f: Future) -> None:
-        with self._lock:
-            self._inflight.pop(key, None)
-        if f.exception() is None:
-            self._memory.put(key, f.result())
-
-    def _fail(self, out: Future, exc: Exception) -> None:
-        if out.done():
-            return
-        with self._lock:
-            self._stats["failures"] += 1
-        try:
-            out.set_exception(exc)
-        except Exception:  # noqa: BLE001 - already resolved
-            pass
 
     # ------------------------------------------------------------------------------ masks
 

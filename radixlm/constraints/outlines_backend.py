@@ -23,7 +23,13 @@ import numpy as np
 import outlines_core
 
 from radixlm.constraints import specs
-from radixlm.constraints.base import ConstraintSpec, Grammar, GrammarBackend, JumpForward
+from radixlm.constraints.base import (
+    CompileBookkeeping,
+    ConstraintSpec,
+    Grammar,
+    GrammarBackend,
+    JumpForward,
+)
 from radixlm.constraints.cache import DiskCache, LRUCache, cache_key
 from radixlm.constraints.jump_forward import (
     ForcedTextFinder,
@@ -173,7 +179,7 @@ def _clear_errors(build, regex: str, *args) -> outlines_core.Index:
         raise ValueError(f"cannot compile regex {regex[:200]!r}: {msg}") from None
 
 
-class OutlinesGrammarBackend(GrammarBackend):
+class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
     name = "outlines"
 
     """Compiles specs for one tokenizer on a thread pool, with memory and disk caches.
@@ -358,22 +364,6 @@ class OutlinesGrammarBackend(GrammarBackend):
 
         inner.add_done_callback(relay)
         return out
-
-    def _finish(self, key: str, f: Future) -> None:
-        with self._lock:
-            self._inflight.pop(key, None)
-        if f.exception() is None:
-            self._memory.put(key, f.result())
-
-    def _fail(self, out: Future, exc: Exception) -> None:
-        if out.done():
-            return
-        with self._lock:
-            self._stats["failures"] += 1
-        try:
-            out.set_exception(exc)
-        except Exception:  # noqa: BLE001 - already resolved
-            pass
 
     def stats(self) -> dict:
         with self._lock:
