@@ -80,10 +80,13 @@ def profile_reference(runner, fb: ForwardBatch, steps: int) -> dict:
             "rest_ms": max(wall_ms - lin - att, 0.0), "rest_ops_ms": other}
 
 
-def profile_native(runner, lib_prof, fb: ForwardBatch, steps: int) -> dict:
+def profile_native(runner, lib_prof, fb: ForwardBatch, steps: int, modes=None) -> dict:
+    """``modes``: the decoder's (small, large) activation modes for this run (None: its
+    own, i.e. the engine's defaults)."""
     native = runner.native
-    lib_main = native.lib
+    lib_main, modes_main = native.lib, native.act_modes
     native.lib = lib_prof
+    native.act_modes = modes or modes_main
     try:
         for _ in range(2):
             native.forward(fb)
@@ -95,7 +98,7 @@ def profile_native(runner, lib_prof, fb: ForwardBatch, steps: int) -> dict:
         stages = (ctypes.c_double * 16)()
         lib_prof.rlm_profile(stages, 1)
     finally:
-        native.lib = lib_main
+        native.lib, native.act_modes = lib_main, modes_main
     ms = [s / steps * 1e3 for s in stages]
     lin = ms[1] + ms[4] + ms[6] + ms[8] + ms[9]
     att = ms[2] + ms[3]
@@ -114,6 +117,8 @@ def main() -> None:
 
     from radixlm.hostinfo import host_info, host_line
     from radixlm.native import build
+    from radixlm.native.build import ACT_F32
+    from radixlm.native.decoder import BF16_MIN_ROWS
     from radixlm.runtime.engine import Engine
 
     host = host_info()
@@ -132,30 +137,40 @@ def main() -> None:
     lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"],
                                   tempfile.mkdtemp(prefix="radixlm-prof-"))
     assert lib_prof.rlm_profile(None, 1) == 1
-    results = {"host": host, "context": args.context, "reference": {}, "native": {},
+    # the default activation modes and, where they differ (bf16 on AMX for large steps),
+    # the all-fp32 native path as well
+    fp32, default_modes = (ACT_F32, ACT_F32), native_engine.runner.native.act_modes
+    paths = ["reference", "native"] + (["native_fp32"] if default_modes != fp32 else [])
+    results = {"host": host, "context": args.context, "native_act_modes": default_modes,
+               **{p: {} for p in paths},
                "reference_path": f"torch {ref_engine.runner.dtype}"
                + (" + int4 linears" if ref_engine.runner.int4 is not None else "")}
     for b in [int(x) for x in args.batches.split(",")]:
         fb = decode_batch(b, args.context)
-        runs = {"reference": [], "native": []}
+        runs = {p: [] for p in paths}
         for _ in range(args.rounds):
             fill_table(ref_engine.runner, b, args.context)
             runs["reference"].append(profile_reference(ref_engine.runner, fb, args.steps))
             fill_table(native_engine.runner, b, args.context)
             runs["native"].append(profile_native(native_engine.runner, lib_prof, fb,
                                                  args.steps))
+            if "native_fp32" in runs:
+                runs["native_fp32"].append(profile_native(native_engine.runner, lib_prof, fb,
+                                                          args.steps, fp32))
         for path, rs in runs.items():
             results[path][b] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
     ref_engine.shutdown()
     native_engine.shutdown()
     print(json.dumps(results, indent=2))
     print(f"\n{host_line(host)}; context {args.context}; reference = "
-          f"{results['reference_path']}")
-    print(f"{'batch':>5} {'path':<10}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}")
+          f"{results['reference_path']}; native = its defaults (activation modes "
+          f"{default_modes} for steps under / from "
+          f"{BF16_MIN_ROWS} tokens; 1 fp32, 2 bf16)")
+    print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}")
     for b in results["native"]:
-        for path in ("reference", "native"):
+        for path in paths:
             r = results[path][b]
-            print(f"{b:>5} {path:<10}{r['step_ms']:>9.2f}{r['linears_ms']:>9.2f}"
+            print(f"{b:>5} {path:<12}{r['step_ms']:>9.2f}{r['linears_ms']:>9.2f}"
                   f"{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}")
     if args.out:
         with open(args.out, "w") as f:

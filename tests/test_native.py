@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixlm.native import build, ops, ref
+from radixlm.native.build import ACT_BF16, ACT_F32
 from radixlm.native.qweights import (
     FMT_Q4,
     FMT_Q8,
@@ -69,15 +70,28 @@ def test_activation_quantization_matches_twin(lib):
     torch.testing.assert_close(s, rs, rtol=1e-5, atol=1e-6)
 
 
+def test_library_reports_its_bf16_and_amx_paths(lib, request):
+    """bf16 dot products only in a build for a CPU that has them; AMX tiles only with
+    AMX-BF16 in the CPU (and a kernel that grants them)."""
+    flags = set(build.cpu_flags())
+    native = request.node.callspec.params["lib"] == "native"
+    assert lib.rlm_bf16() == int(native and "avx512_bf16" in flags)
+    if not (native and "amx_bf16" in flags):
+        assert lib.rlm_amx() == 0
+
+
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
-@pytest.mark.parametrize("act_f32", [True, False])
+@pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
-@pytest.mark.parametrize("t", [1, 9])
-def test_quantized_matmul_matches_twin(lib, fmt, act_f32, n, k, t):
+@pytest.mark.parametrize("t", [1, 9, 37, 70])
+def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
+    """Every activation mode on odd shapes; 37 and 70 tokens take the AMX tiles where the
+    host has them (a partial last token group, and more than 64 tokens). A build without
+    bf16 dot products runs bf16 as fp32."""
     w = _rand_weight(fmt, n, k, seed=n + k + t)
     x = torch.randn(t, k)
-    out = ops.norm_matmul(lib, x, w, act_f32=act_f32)
-    expected = ref.qmatmul(x, w, act_f32=act_f32)
+    out = ops.norm_matmul(lib, x, w, act=act)
+    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -85,8 +99,18 @@ def test_int8_activations_stay_within_stated_error(lib):
     """int8 blocks of activations (llama.cpp's scheme): ~0.5% relative error, documented."""
     w = _rand_weight(FMT_Q4, 256, 576, seed=1)
     x = torch.randn(4, 576)
-    exact = ref.qmatmul(x, w, act_f32=True)
-    approx = ops.norm_matmul(lib, x, w, act_f32=False)
+    exact = ref.qmatmul(x, w)
+    approx = ops.norm_matmul(lib, x, w, act="int8")
+    assert ((approx - exact).norm() / exact.norm()).item() < 0.01
+
+
+def test_bf16_activations_stay_within_stated_error(lib):
+    """bf16 rounding of activations and weights (the AMX batch path): under 1% relative
+    error against the exact product, as a torch bf16 linear."""
+    w = _rand_weight(FMT_Q4, 256, 576, seed=2)
+    x = torch.randn(32, 576)
+    exact = ref.qmatmul(x, w)
+    approx = ops.norm_matmul(lib, x, w, act="bf16")
     assert ((approx - exact).norm() / exact.norm()).item() < 0.01
 
 
@@ -176,7 +200,8 @@ def _greedy(engine, prompts, n=24):
 def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
     """fp32: the native path's greedy text (batched and alone) equals the reference path's,
     and each chosen token's logprob is within 2e-3."""
-    assert engine_fp32.runner.native is not None and engine_fp32.runner.native.act_f32
+    assert engine_fp32.runner.native is not None
+    assert engine_fp32.runner.native.act_modes == (ACT_F32, ACT_F32)
     ids, lps = _greedy(engine_fp32, PROMPTS)
     ref_ids, ref_lps = _greedy(reference_engine, PROMPTS)
     assert ids == ref_ids
@@ -204,6 +229,34 @@ def test_engine_int8_activations_stay_close(reference_engine):
         ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
         np.testing.assert_allclose(ours, theirs, atol=0.3)
+    finally:
+        engine.shutdown()
+
+
+def test_engine_bf16_batch_steps_stay_close(reference_engine):
+    """The default on a bf16 model: steps of 16+ tokens run bf16 on AMX tiles (where the
+    host has them), smaller ones fp32. 16 requests decoded together: every chosen token's
+    logprob within 0.3 of the fp32 reference scoring the same text (bf16 prefill and bf16
+    batch steps, as a torch bf16 model would differ)."""
+    from radixlm.native.build import load
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(dtype="bfloat16", max_total_tokens=8192, log_level="warning")
+    try:
+        amx = load().rlm_amx()
+        assert engine.runner.native.act_modes == (ACT_F32, ACT_BF16 if amx else ACT_F32)
+        prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS[:4]]
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 6},
+                               return_logprob=True)
+        ids = [engine.tokenizer.encode(p, add_special_tokens=False) + o["output_ids"]
+               for p, o in zip(prompts, outs)]
+        refs = reference_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+                                         return_logprob=True, logprob_start_len=0)
+        for out, ref_out in zip(outs, refs):
+            n_in = out["meta_info"]["prompt_tokens"]
+            ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+            theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
+            np.testing.assert_allclose(ours, theirs, atol=0.3)
     finally:
         engine.shutdown()
 

@@ -129,10 +129,13 @@ class Layer(ctypes.Structure):
                 ("qkv", QMat), ("o", QMat), ("gate_up", QMat), ("down", QMat)]
 
 
+ACT_INT8, ACT_F32, ACT_BF16 = 0, 1, 2  # Step.act_mode (see cpu_ops.c)
+
+
 class Step(ctypes.Structure):
     _fields_ = [("T", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
                 ("nthreads", ctypes.c_int32), ("max_ctx", ctypes.c_int32),
-                ("act_f32", ctypes.c_int32), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("act_mode", ctypes.c_int32), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("out_loc", ctypes.c_void_p), ("rows", ctypes.c_void_p),
                 ("pos", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p),
                 ("r2t_stride", ctypes.c_int64), ("ws", ctypes.c_void_p)]
@@ -141,6 +144,8 @@ class Step(ctypes.Structure):
 def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
     lib.rlm_isa.restype = ctypes.c_char_p
+    lib.rlm_bf16.restype = ctypes.c_int32
+    lib.rlm_amx.restype = ctypes.c_int32
     lib.rlm_workspace_floats.argtypes = [ctypes.POINTER(Layer), i32, i32, i32]
     lib.rlm_workspace_floats.restype = i64
     lib.rlm_matmul_workspace_floats.argtypes = [i32, i32, i32]

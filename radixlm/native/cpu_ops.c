@@ -29,6 +29,20 @@
 
 enum { FMT_Q4 = 4, FMT_Q8 = 8 };
 enum { KV_F32 = 0, KV_BF16 = 1 };
+/* How a matmul reads its activations. ACT_BF16 (batch steps on a CPU with native bf16 dot
+ * products) rounds activations and dequantized weights to bf16 and accumulates in fp32, as
+ * a torch bf16 linear does; a build without AVX512-BF16 runs ACT_BF16 as ACT_F32. */
+enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
+#if defined(RLM_AVX2) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define RLM_BF16 1
+#endif
+#if defined(RLM_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define RLM_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+/* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted). */
+#define RLM_AMX_MIN_ROWS 16
 
 typedef struct {
     int32_t fmt;          /* FMT_Q4 | FMT_Q8 */
@@ -51,7 +65,7 @@ typedef struct {
     int32_t kv_dtype;           /* KV_F32 | KV_BF16 */
     int32_t nthreads;
     int32_t max_ctx;            /* longest attention span (pos + 1) in the step */
-    int32_t act_f32;            /* 1: fp32 activations (exact); 0: int8 blocks */
+    int32_t act_mode;           /* ACT_F32 (exact) | ACT_INT8 blocks | ACT_BF16 rows */
     const float *cos, *sin;     /* [T, head_dim / 2] */
     const int64_t *out_loc;     /* [T] pool slot of each token's K/V */
     const int64_t *rows;        /* [T] row of req_to_token */
@@ -526,10 +540,12 @@ static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int
 
 /* A prepared activation matrix [T, k]: fp32 rows (+ per-block sums), or int8 blocks. */
 typedef struct {
-    int f32;
+    int f32;                   /* fp32 rows (ACT_F32, and ACT_BF16 where it runs as fp32) */
     const float *xf, *xd, *xs; /* xf: fp32 rows; xd/xs: int8 scales and scaled sums, or
                                   (f32) xs = per-block sums of xf */
     const int8_t *xa;
+    const uint16_t *xb;        /* bf16 rows (ACT_BF16 on a bf16 build), else NULL */
+    int amx;                   /* xb packed as AMX B tiles (see pack_tiles) */
 } Act;
 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -635,9 +651,236 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     }
 }
 
+#ifdef RLM_BF16
+/* 4 bf16 rows (row stride ldw) x 4 bf16 tokens (row stride ldx), 32 columns per dot
+ * instruction: out[r * 4 + i]. */
+static inline void dot_r4t4_bf16(const uint16_t *wb, int64_t ldw, const uint16_t *x,
+                                 int64_t ldx, int k, float *out) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int j = 0; j < k; j += 32) {
+        __m512bh xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = (__m512bh)_mm512_loadu_si512(x + i * ldx + j);
+        for (int r = 0; r < 4; r++) {
+            __m512bh wv = (__m512bh)_mm512_load_si512(wb + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv, xv[i]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+static inline float dot1_bf16(const uint16_t *wb, const uint16_t *x, int k) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < k; j += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_load_si512(wb + j),
+                               (__m512bh)_mm512_loadu_si512(x + j));
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* fp32 [k] -> bf16 [k] (k % 32 == 0), round to nearest even as torch does. */
+static inline void to_bf16(const float *x, int k, uint16_t *out) {
+    for (int j = 0; j < k; j += 32)
+        _mm512_storeu_si512(out + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16),
+                                                                 _mm512_loadu_ps(x + j)));
+}
+
+/* ACT_BF16: 4 rows at a time dequantized (W = d q + m) and rounded to bf16 once, then every
+ * token against them 4 at a time: twice the multiply-adds per instruction of the fp32 path,
+ * for steps with enough tokens to be compute-bound. */
+static void qgemv_rows_bf16(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                            int64_t ldy) {
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    float wf[k] __attribute__((aligned(64)));
+    uint16_t wb[4 * k] __attribute__((aligned(64)));
+    for (int n = n0; n < n1; n += 4) {
+        const int rows = n1 - n < 4 ? n1 - n : 4;
+        for (int r = 0; r < rows; r++) {
+            dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                        wm_of(w, n + r, nb), nb, wf);
+            to_bf16(wf, k, wb + (int64_t)r * k);
+        }
+        int t = 0;
+        if (rows == 4)
+            for (; t + 4 <= T; t += 4) {
+                float out[16];
+                dot_r4t4_bf16(wb, k, a->xb + (int64_t)t * k, k, k, out);
+                for (int r = 0; r < 4; r++)
+                    for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
+            }
+        for (; t < T; t++)
+            for (int r = 0; r < rows; r++)
+                y[(int64_t)t * ldy + n + r] = dot1_bf16(wb + (int64_t)r * k,
+                                                        a->xb + (int64_t)t * k, k);
+    }
+}
+#endif
+
+#ifdef RLM_AMX
+/* ------------------------------------------------------------------ AMX tiles
+ * C[16 rows of W x 16 tokens] += A[16 rows x 32 columns of W, bf16] . B[32 columns x 16
+ * tokens, bf16 pairs]. Weights stay row-major (A needs no transpose: 4 rows dequantized to
+ * bf16 as in the AVX-512 path, 16 at a time); the activations are packed once per matmul
+ * as B tiles: tile (g, jb) holds tokens 16g.. and columns 32jb.., row i = the pairs
+ * (x[t][32jb + 2i], x[t][32jb + 2i + 1]) of its 16 tokens. Linux grants the tile state on
+ * request (arch_prctl); where it does not, ACT_BF16 runs the AVX-512 BF16 path. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static int amx_state = -1; /* -1 unknown, 0 refused, 1 granted */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_request(void) {
+    amx_state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+static int amx_ok(void) {
+    pthread_once(&amx_once, amx_request);
+    return amx_state == 1;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Tiles 0-3: C for up to 4 token groups; 4: A (weights); 5-7: B (activations). */
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Row t of x (k bf16 values) into its place in the packed B tiles of nkb column blocks. */
+static void pack_token(const uint16_t *row, int t, int nkb, uint32_t *packed) {
+    const uint32_t *pairs = (const uint32_t *)row;
+    uint32_t *g = packed + (int64_t)(t / 16) * nkb * 256 + (t % 16);
+    for (int jb = 0; jb < nkb; jb++)
+        for (int i = 0; i < 16; i++) g[(int64_t)jb * 256 + i * 16] = pairs[jb * 16 + i];
+}
+
+/* c [16 rows of W x 16 tokens] (row-major) into y[token i][row r] (row stride ldy) for
+ * i < nt, r < rows: a 16 x 16 transpose in registers, four stages that each swap one bit of
+ * the row index with the same bit of the column index. */
+static void store_transposed(const float *c, int nt, int rows, float *y, int64_t ldy) {
+    __m512 v[16];
+    for (int i = 0; i < 16; i++) v[i] = _mm512_load_ps(c + i * 16);
+    for (int b = 8; b >= 1; b /= 2) {
+        int32_t lo[16] __attribute__((aligned(64))), hi[16] __attribute__((aligned(64)));
+        for (int col = 0; col < 16; col++) {
+            int chunk = col / (2 * b) * (2 * b), off = col % (2 * b);
+            lo[col] = off < b ? chunk + off : 16 + chunk + off - b;
+            hi[col] = off < b ? chunk + off + b : 16 + chunk + off;
+        }
+        __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+        for (int j = 0; j < 16; j++) {
+            if (j & b) continue;
+            __m512 a = v[j], p = v[j + b];
+            v[j] = _mm512_permutex2var_ps(a, ilo, p);
+            v[j + b] = _mm512_permutex2var_ps(a, ihi, p);
+        }
+    }
+    const __mmask16 m = (__mmask16)((1u << rows) - 1);
+    for (int i = 0; i < nt; i++) _mm512_mask_storeu_ps(y + (int64_t)i * ldy, m, v[i]);
+}
+
+/* Row n dequantized (W = d q + m) straight to bf16, nearest even. */
+static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const float *wd,
+                             const float *wm, int nb, uint16_t *out) {
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    for (int b = 0; b < nb; b++) {
+        __m512 lo, hi, dv = _mm512_set1_ps(wd[b]), mv = _mm512_set1_ps(wm ? wm[b] : 0.f);
+        if (w->fmt == FMT_Q4) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+        } else {
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
+        }
+        _mm512_store_si512(out + b * 32, (__m512i)_mm512_cvtne2ps_pbh(
+            _mm512_fmadd_ps(hi, dv, mv), _mm512_fmadd_ps(lo, dv, mv)));
+    }
+}
+
+#define RLM_TILE_C(g, a, b)                        \
+    switch (g) {                                   \
+    case 0: _tile_dpbf16ps(0, a, b); break;        \
+    case 1: _tile_dpbf16ps(1, a, b); break;        \
+    case 2: _tile_dpbf16ps(2, a, b); break;        \
+    default: _tile_dpbf16ps(3, a, b); break;       \
+    }
+
+static void qgemv_rows_amx(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                           int64_t ldy) {
+    const int k = w->k, nb = k / 32, nkb = k / 32, groups = (T + 15) / 16;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    uint16_t wb[16 * k] __attribute__((aligned(64)));
+    float cbuf[16 * 16] __attribute__((aligned(64)));
+    amx_configure();
+    for (int n = n0; n < n1; n += 16) {
+        const int rows = n1 - n < 16 ? n1 - n : 16;
+        for (int r = 0; r < rows; r++)
+            dequant_row_bf16(w, w->qs + (int64_t)(n + r) * row_bytes,
+                             w->d + (int64_t)(n + r) * nb, wm_of(w, n + r, nb), nb,
+                             wb + (int64_t)r * k);
+        if (rows < 16) memset(wb + (int64_t)rows * k, 0, (size_t)(16 - rows) * k * 2);
+        for (int g0 = 0; g0 < groups; g0 += 4) { /* 4 token groups (64 tokens) at a time */
+            const int ng = groups - g0 < 4 ? groups - g0 : 4;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int jb = 0; jb < nkb; jb++) {
+                _tile_loadd(4, wb + jb * 32, k * 2);
+                for (int g = 0; g < ng; g++) {
+                    const uint16_t *bt = a->xb + ((int64_t)(g0 + g) * nkb + jb) * 512;
+                    if (g == 0) { _tile_loadd(5, bt, 64); RLM_TILE_C(0, 4, 5) }
+                    else if (g == 1) { _tile_loadd(6, bt, 64); RLM_TILE_C(1, 4, 6) }
+                    else if (g == 2) { _tile_loadd(7, bt, 64); RLM_TILE_C(2, 4, 7) }
+                    else { _tile_loadd(5, bt, 64); RLM_TILE_C(3, 4, 5) }
+                }
+            }
+            for (int g = 0; g < ng; g++) {
+                switch (g) {
+                case 0: _tile_stored(0, cbuf, 64); break;
+                case 1: _tile_stored(1, cbuf, 64); break;
+                case 2: _tile_stored(2, cbuf, 64); break;
+                default: _tile_stored(3, cbuf, 64); break;
+                }
+                const int t0 = (g0 + g) * 16, nt = T - t0 < 16 ? T - t0 : 16;
+                store_transposed(cbuf, nt, rows, y + (int64_t)t0 * ldy + n, ldy);
+            }
+        }
+    }
+    _tile_release();
+}
+#undef RLM_TILE_C
+#endif
+
 /* y[t, n] (row stride ldy) for n in [n0, n1), all T tokens. */
 static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
                        int64_t ldy) {
+#ifdef RLM_AMX
+    if (act->amx) {
+        qgemv_rows_amx(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+#endif
+#ifdef RLM_BF16
+    if (act->xb) {
+        qgemv_rows_bf16(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+#endif
     if (act->f32) {
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
@@ -798,6 +1041,7 @@ static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, 
 typedef struct {
     float *x, *qkv, *attn, *tmp, *gu, *act, *xd, *xs, *scores;
     int8_t *xa;
+    uint16_t *xb;
 } Work;
 
 static int64_t max_k(const Layer *L) {
@@ -825,6 +1069,7 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
     RLM_TAKE(xs, T * K / 32)
     RLM_TAKE(scores, (int64_t)nth * (max_ctx + 16))
     RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
+    RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
 #undef RLM_TAKE
     return off;
 }
@@ -839,13 +1084,37 @@ static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
     *hi = (int)((int64_t)T * (tid + 1) / nth);
 }
 
-/* Prepare rows [lo, hi) of x [T, k] for a matmul: int8 blocks, or (f32) block sums. */
-static Act prep_rows(const float *x, int T, int k, const Work *w, int f32, int tid, int nth) {
+/* Prepare rows [lo, hi) of x [T, k] for a matmul: int8 blocks, bf16 rows (ACT_BF16 on a
+ * bf16 build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the
+ * tiles are granted), or fp32 block sums. */
+static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int tid, int nth) {
     int lo, hi, nb = k / 32;
+#ifdef RLM_BF16
+    const int bf16 = mode == ACT_BF16;
+#else
+    const int bf16 = 0;
+#endif
+#ifdef RLM_AMX
+    const int amx = bf16 && T >= RLM_AMX_MIN_ROWS && amx_ok();
+    uint16_t row[amx ? k : 1] __attribute__((aligned(64)));
+#else
+    const int amx = 0;
+#endif
     row_range(T, tid, nth, &lo, &hi);
     for (int t = lo; t < hi; t++) {
         const float *xr = x + (int64_t)t * k;
-        if (f32) {
+        if (bf16) {
+#ifdef RLM_AMX
+            if (amx) {
+                to_bf16(xr, k, row);
+                pack_token(row, t, nb, (uint32_t *)w->xb);
+                continue;
+            }
+#endif
+#ifdef RLM_BF16
+            to_bf16(xr, k, w->xb + (int64_t)t * k);
+#endif
+        } else if (mode != ACT_INT8) {
             for (int b = 0; b < nb; b++) {
                 float s = 0.f;
                 for (int j = 0; j < 32; j++) s += xr[b * 32 + j];
@@ -856,7 +1125,14 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int f32, int t
                          w->xs + (int64_t)t * nb);
         }
     }
-    Act a = {f32, x, w->xd, w->xs, w->xa};
+#ifdef RLM_AMX
+    if (amx && tid == nth - 1 && T % 16) { /* padding tokens of the last group: zeros */
+        uint16_t zero[k];
+        memset(zero, 0, sizeof zero);
+        for (int t = T; t < (T + 15) / 16 * 16; t++) pack_token(zero, t, nb, (uint32_t *)w->xb);
+    }
+#endif
+    Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx};
     return a;
 }
 
@@ -911,7 +1187,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     PROF_START()
     for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
                                               w.x + (int64_t)t * H);
-    Act a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+    Act a = prep_rows(w.x, T, H, &w, S->act_mode, tid, nth);
     barrier(nth);
     PROF(0)
     gemv(&L->qkv, T, &a, w.qkv, tid, nth);
@@ -938,7 +1214,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
                     w.attn + (int64_t)t * q + h * D);
     }
     barrier(nth);
-    a = prep_rows(w.attn, T, q, &w, S->act_f32, tid, nth);
+    a = prep_rows(w.attn, T, q, &w, S->act_mode, tid, nth);
     barrier(nth);
     PROF(3)
     gemv(&L->o, T, &a, w.tmp, tid, nth);
@@ -950,7 +1226,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         for (int i = 0; i < H; i++) r[i] += o[i];
         rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
     }
-    a = prep_rows(w.x, T, H, &w, S->act_f32, tid, nth);
+    a = prep_rows(w.x, T, H, &w, S->act_mode, tid, nth);
     barrier(nth);
     PROF(5)
     gemv(&L->gate_up, T, &a, w.gu, tid, nth);
@@ -961,7 +1237,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         float *ac = w.act + (int64_t)t * I;
         for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
-    a = prep_rows(w.act, T, I, &w, S->act_f32, tid, nth);
+    a = prep_rows(w.act, T, I, &w, S->act_mode, tid, nth);
     barrier(nth);
     PROF(7)
     gemv(&L->down, T, &a, w.tmp, tid, nth);
@@ -1010,7 +1286,7 @@ typedef struct {
     const QMat *head;
     const float *norm, *x;
     float eps, *logits;
-    int32_t T, act_f32;
+    int32_t T, act_mode;
     Work *w;
 } HeadJob;
 
@@ -1024,7 +1300,7 @@ static void head_job(void *ctx, int tid, int nth) {
         else memcpy(j->w->x + (int64_t)t * k, j->x + (int64_t)t * k, (size_t)k * 4);
     }
     PROF_START()
-    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_f32, tid, nth);
+    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, tid, nth);
     barrier(nth);
     gemv(j->head, j->T, &a, j->logits, tid, nth);
     barrier(nth);
@@ -1034,7 +1310,7 @@ static void head_job(void *ctx, int tid, int nth) {
 /* logits [T, head->n] = head(norm(x)) for x [T, k] (norm NULL: no norm).
  * ws: rlm_matmul_workspace_floats() floats. */
 void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, const float *x,
-                   float *logits, float *ws, int32_t act_f32, int32_t nthreads) {
+                   float *logits, float *ws, int32_t act_mode, int32_t nthreads) {
     const int k = head->k, nb = k / 32;
     Work w;
     memset(&w, 0, sizeof w);
@@ -1042,13 +1318,15 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xd = ws + (int64_t)T * k;
     w.xs = w.xd + (int64_t)T * nb;
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
-    HeadJob j = {head, norm, x, eps, logits, T, act_f32, &w};
+    w.xb = (uint16_t *)(w.xs + (int64_t)T * nb + ((int64_t)T * k + 64) / 4);
+    HeadJob j = {head, norm, x, eps, logits, T, act_mode, &w};
     run_parallel(head_job, &j, nthreads);
 }
 
 int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
-    return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + (int64_t)nthreads * k) / 4
-           + 64;
+    (void)nthreads;
+    return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + 64) / 4
+           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 64;
 }
 
 /* Kernel-test entry points: one op each, the same code the layer runs. */
@@ -1081,5 +1359,24 @@ const char *rlm_isa(void) {
     return "avx2";
 #else
     return "generic";
+#endif
+}
+
+/* 1 when ACT_BF16 runs bf16 dot products (an AVX512-BF16 build), 0 when it runs as ACT_F32. */
+int32_t rlm_bf16(void) {
+#ifdef RLM_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 when steps of RLM_AMX_MIN_ROWS tokens or more run ACT_BF16 on AMX tiles (an AMX build
+ * on a kernel that grants the tile state), else 0. */
+int32_t rlm_amx(void) {
+#ifdef RLM_AMX
+    return amx_ok();
+#else
+    return 0;
 #endif
 }

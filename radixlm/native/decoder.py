@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import torch
 
-from radixlm.native.build import Layer, QMat, Step
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, QMat, Step
 from radixlm.native.ops import KV_DTYPES, qmat
 from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
 from radixlm.runtime.forward_batch import ForwardBatch
@@ -42,15 +42,34 @@ def supported(model, pool) -> str | None:
     return extra() if callable(extra) else None
 
 
+# Steps of at least this many tokens are compute-bound: "auto" runs them in bf16 on AMX
+# tiles (RLM_AMX_MIN_ROWS in cpu_ops.c) where the host has them and the model is bf16.
+BF16_MIN_ROWS = 16
+
+
+def activation_modes(act: str, lib: ctypes.CDLL, model_dtype: torch.dtype) -> tuple[int, int]:
+    """``(small, large)``: the C activation mode for steps under / from ``BF16_MIN_ROWS``
+    rows. fp32 is exact (the reference path's numbers); int8 is llama.cpp's per-block
+    rounding; bf16 rounds activations and dequantized weights to bf16 with fp32 sums, the
+    numbers of a torch bf16 linear. auto: fp32, except bf16 for large steps when the model
+    runs in bf16 and the library has AMX tiles (where bf16 is what is fast)."""
+    if act == "auto":
+        large = (ACT_BF16 if model_dtype == torch.bfloat16 and lib.rlm_amx() else ACT_F32)
+        return ACT_F32, large
+    mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
+    return mode, mode
+
+
 class NativeDecoder:
     """Runs steps of at most ``max_rows`` tokens. ``blocks``: HF weight name -> QWeight
     (the source file's own blocks); weights missing there are quantized from the model's
-    dense weights (Q8 blocks, or Q4 with ``quant="int4"``)."""
+    dense weights (Q8 blocks, or Q4 with ``quant="int4"``). ``act``: how matmuls read
+    activations (auto | fp32 | int8 | bf16, see ``activation_modes``)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
-                 max_rows: int, quant: str = "auto", act_f32: bool = True) -> None:
+                 max_rows: int, quant: str = "auto", act: str = "auto") -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
-        self.act_f32 = int(act_f32)
+        self.act_modes = activation_modes(act, lib, model.embed.dtype)
         self.quantize = quantize_q4 if quant == "int4" else quantize_q8
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
@@ -103,6 +122,9 @@ class NativeDecoder:
     def accepts(self, batch: ForwardBatch) -> bool:
         return 0 < batch.num_tokens <= self.max_rows
 
+    def _mode(self, rows: int) -> int:
+        return self.act_modes[rows >= BF16_MIN_ROWS]
+
     def _workspace(self, attr: str, floats: int) -> torch.Tensor:
         ws = getattr(self, attr)
         if ws.numel() < floats:
@@ -130,7 +152,7 @@ class NativeDecoder:
         ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], T, max_ctx,
                                                              nthreads))
         table = pool.req_to_token
-        step = Step(T, self.kv_dtype, nthreads, max_ctx, self.act_f32, cos.data_ptr(),
+        step = Step(T, self.kv_dtype, nthreads, max_ctx, self._mode(T), cos.data_ptr(),
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
                     ws.data_ptr())
@@ -144,5 +166,5 @@ class NativeDecoder:
                 n, self.head.k, nthreads))
             lib.rlm_norm_head(ctypes.byref(self.head), self.final_norm,
                               model.cfg.rms_norm_eps, n, x.data_ptr(), logits.data_ptr(),
-                              hws.data_ptr(), self.act_f32, nthreads)
+                              hws.data_ptr(), self._mode(n), nthreads)
         return logits

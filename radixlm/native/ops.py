@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 import torch
 
-from radixlm.native.build import QMat
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import FMT_Q4, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -24,10 +24,14 @@ def qmat(w: QWeight, keep: list) -> QMat:
                 arrays[2].ctypes.data if w.fmt == FMT_Q4 else None)
 
 
-def norm_matmul(lib, x: torch.Tensor, w: QWeight, act_f32: bool = True,
+ACT_MODES = {"int8": ACT_INT8, "fp32": ACT_F32, "bf16": ACT_BF16}
+
+
+def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
                 norm: torch.Tensor | None = None, eps: float = 1e-5,
                 threads: int | None = None) -> torch.Tensor:
-    """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32."""
+    """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32, with the
+    activations read as ``act`` (fp32 | int8 | bf16; see ``ref.qmatmul``)."""
     keep: list = []
     m = qmat(w, keep)
     x = x.float().contiguous()
@@ -37,7 +41,7 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act_f32: bool = True,
     ws = torch.empty(lib.rlm_matmul_workspace_floats(t, w.k, threads), dtype=torch.float32)
     norm_ptr = None if norm is None else norm.float().contiguous()
     lib.rlm_norm_head(ctypes.byref(m), None if norm_ptr is None else norm_ptr.data_ptr(), eps,
-                      t, x.data_ptr(), out.data_ptr(), ws.data_ptr(), int(act_f32), threads)
+                      t, x.data_ptr(), out.data_ptr(), ws.data_ptr(), ACT_MODES[act], threads)
     return out
 
 

@@ -38,13 +38,14 @@ class QWeight:
     def k(self) -> int:
         return int(self.qs.shape[1]) * BLOCK
 
-    def dequantize(self) -> np.ndarray:
-        """The float32 matrix ``[n, k]`` these blocks represent."""
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:
+        the file's own numbers; float64: ``d q + m`` before any rounding)."""
         if self.fmt == FMT_Q4:
-            q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=-1).astype(np.float32)
-            w = q * self.d[..., None] + self.m[..., None]
+            q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=-1).astype(dtype)
+            w = q * self.d[..., None].astype(dtype) + self.m[..., None].astype(dtype)
         else:
-            w = self.qs.astype(np.float32) * self.d[..., None]
+            w = self.qs.astype(dtype) * self.d[..., None].astype(dtype)
         return w.reshape(self.n, self.k)
 
     def rows(self, perm: np.ndarray) -> QWeight:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from radixlm.native.qweights import QWeight
@@ -18,11 +19,16 @@ def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return a.to(torch.int8).view(t, k), d, d * a.sum(-1)
 
 
-def qmatmul(x: torch.Tensor, w: QWeight, act_f32: bool = True) -> torch.Tensor:
-    """``x [T, k] @ W.T`` with ``W`` the dequantized blocks; with int8 activations the
-    input is first rounded as the kernel rounds it."""
+def qmatmul(x: torch.Tensor, w: QWeight, act: str = "fp32") -> torch.Tensor:
+    """``x [T, k] @ W.T`` with ``W`` the dequantized blocks. ``act="int8"``: the input is
+    first rounded as the kernel rounds it; ``"bf16"``: input and dequantized weights are
+    rounded to bf16 (nearest even), products summed in high precision."""
     weight = torch.from_numpy(w.dequantize()).double()
-    if not act_f32:
+    if act == "bf16":  # the kernel rounds d q + m once (an FMA) to fp32, then to bf16
+        exact = w.dequantize(np.float64) if w.m is not None else w.dequantize()
+        weight = torch.from_numpy(exact).float().bfloat16().double()
+        x = x.float().bfloat16()
+    elif act == "int8":
         a, d, _ = quantize_act(x)
         x = (a.view(x.shape[0], -1, 32).double() * d[..., None].double()).view(x.shape)
     return (x.double() @ weight.T).float()

@@ -22,9 +22,12 @@ class EngineConfig:
     # for bf16 models from a Q4_1 GGUF. int4: 4-bit blocks for every source. none: the
     # reference path (dense weights, no native library).
     weight_quant: str = "auto"
-    # Native CPU steps (radixlm/native): activations against the block weights in fp32
-    # (exact, the reference path's numbers) or int8 blocks (llama.cpp's way, ~0.5% error).
-    native_activations: str = "fp32"
+    # Native CPU steps (radixlm/native): how matmuls read activations against the block
+    # weights. fp32: exact, the reference path's numbers. int8: per-block rounding
+    # (llama.cpp's way, ~0.5% error). bf16: activations and dequantized weights rounded to
+    # bf16, fp32 sums (a torch bf16 linear's numbers). auto: fp32, and bf16 on AMX tiles for
+    # steps of 16+ tokens when the model runs in bf16 (the default on bf16 hosts).
+    native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
     kv_mirror_mb: int | None = None
@@ -61,8 +64,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
         if self.weight_quant not in ("auto", "int4", "none"):
             raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
-        if self.native_activations not in ("fp32", "int8"):
-            raise ValueError("native_activations must be fp32|int8, got "
+        if self.native_activations not in ("auto", "fp32", "int8", "bf16"):
+            raise ValueError("native_activations must be auto|fp32|int8|bf16, got "
                              f"{self.native_activations!r}")
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "

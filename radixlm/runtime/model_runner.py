@@ -132,7 +132,7 @@ def create_native_decoder(lib, config: EngineConfig, model: LlamaModel, pool: KV
     blocks = load_gguf_blocks(model_dir, hf_config)
     return NativeDecoder(lib, model, blocks, pool, max_rows=NATIVE_MAX_ROWS,
                          quant=config.weight_quant,
-                         act_f32=config.native_activations == "fp32")
+                         act=config.native_activations)
 
 
 class ModelRunner:
