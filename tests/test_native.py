@@ -114,6 +114,16 @@ def test_bf16_activations_stay_within_stated_error(lib):
     assert ((approx - exact).norm() / exact.norm()).item() < 0.01
 
 
+def test_silu_mul_matches_twin(lib):
+    """The vectorized exp of SiLU (and of the attention softmax) within a few ulp of torch,
+    over the whole range: tiny, huge, both signs, and an odd tail."""
+    g = torch.cat([torch.randn(1000) * 4, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0,
+                                                         -100.0, 100.0, -1e4, 1e4, 20.5])])
+    u = torch.randn(g.numel())
+    expected = (torch.nn.functional.silu(g.double()) * u.double()).float()
+    torch.testing.assert_close(ops.silu_mul(lib, g, u), expected, rtol=2e-6, atol=1e-30)
+
+
 def test_norm_then_matmul_matches_twin(lib):
     w = _rand_weight(FMT_Q8, 67, 64, seed=3)
     x, norm = torch.randn(6, 64) * 3, torch.rand(64) + 0.5
@@ -123,7 +133,9 @@ def test_norm_then_matmul_matches_twin(lib):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (3, 3, 64), (8, 1, 24), (2, 1, 6)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (3, 3, 64), (8, 1, 24), (2, 1, 6),
+                                             (9, 3, 64), (9, 1, 64), (6, 2, 128),
+                                             (10, 1, 128)])
 def test_attention_through_req_to_token_matches_twin(lib, kv_dtype, heads, kv_heads, dim):
     gen = torch.Generator().manual_seed(heads * dim)
     slots = 300

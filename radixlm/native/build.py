@@ -158,6 +158,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_profile.restype = i32
     lib.rlm_norm_head.argtypes = [ctypes.POINTER(QMat), p, f32, i32, p, p, p, i32, i32]
     lib.rlm_norm_head.restype = None
+    lib.rlm_silu_mul.argtypes = [p, p, i32, p]
+    lib.rlm_silu_mul.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]
     lib.rlm_quantize_rows.restype = None
     lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p]

@@ -1037,7 +1037,145 @@ static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, 
         axpy_kv(out, scores[j] * inv, vc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype);
 }
 
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
+    if (dtype == KV_F32) return _mm512_loadu_ps((const float *)base + off);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* exp(x) for 16 lanes (x <= 0 here: scores minus their max): 2^n * p(r) with
+ * r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6 polynomial, ~2 ulp; -inf and very
+ * negative x give 0. The scalar expf per position was half the attention time. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 pl = _mm512_set1_ps(1.3981999507e-3f);
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(8.3334519073e-3f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(4.1665795894e-2f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.6666665459e-1f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(5.0000001201e-1f));
+    pl = _mm512_fmadd_ps(pl, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(pl, n);
+}
+
+/* sc[0 .. count) = exp(sc - mx); returns their sum. */
+static inline float exp_sum(float *sc, int64_t count, float mx) {
+    __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= count; j += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + j), m));
+        _mm512_storeu_ps(sc + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (j < count) {
+        __mmask16 k = (__mmask16)((1u << (count - j)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + j), m));
+        _mm512_mask_storeu_ps(sc + j, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* out = silu(g) * u = g / (1 + exp(-g)) * u over n values. */
+static void silu_mul(const float *g, const float *u, int n, float *out) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        /* exp512 wants x <= 0 for range: exp(-|g|), then silu from the sign */
+        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+        __m512 one = _mm512_set1_ps(1.f);
+        __mmask16 pos = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ);
+        /* sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0 */
+        __m512 num = _mm512_mask_blend_ps(pos, e, one);
+        __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+/* nh (<= HB) query heads that share KV head g, D = 16 NV: each K and V row is loaded once
+ * for the group, and the outputs stay in registers across positions. Same numbers as
+ * attend_head up to the order of the sums. scores: nh rows of stride ss. */
+static inline __attribute__((always_inline)) void attend_group_512(
+    const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
+    int Hkv, float scale, const void *kc, const void *vc, int32_t dtype, float *scores,
+    int64_t ss, float *out) {
+    const int D = 16 * NV;
+    float mx[HB], inv[HB];
+    for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
+    for (int64_t j = 0; j <= p; j++) {
+        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
+        __m512 kv[NV];
+        for (int i = 0; i < NV; i++) kv[i] = load16_kv(kc, off + 16 * i, dtype);
+        for (int h = 0; h < HB; h++) {
+            if (h >= nh) break;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q + h * D), kv[0]);
+            for (int i = 1; i < NV; i++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + 16 * i), kv[i], acc);
+            float sc = _mm512_reduce_add_ps(acc) * scale;
+            scores[h * ss + j] = sc;
+            mx[h] = sc > mx[h] ? sc : mx[h];
+        }
+    }
+    for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
+    __m512 o[HB][NV];
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++) o[h][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j <= p; j++) {
+        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
+        for (int i = 0; i < NV; i++) {
+            __m512 vv = load16_kv(vc, off + 16 * i, dtype);
+            for (int h = 0; h < HB; h++)
+                if (h < nh) o[h][i] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * ss + j]), vv,
+                                                      o[h][i]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < NV; i++)
+            _mm512_storeu_ps(out + h * D + 16 * i, _mm512_mul_ps(o[h][i], _mm512_set1_ps(inv[h])));
+}
+#endif
+
+#if !(defined(RLM_AVX2) && defined(__AVX512F__))
+static void silu_mul(const float *g, const float *u, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+#endif
+
+/* Query heads h0 .. h0 + nh - 1 of one token (q and out: those heads, D apart), all in KV
+ * group g. scores: nh * (p + 16) floats. */
+static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p, int g,
+                         int Hkv, int D, float scale, const void *kc, const void *vc,
+                         int32_t dtype, float *scores, float *out) {
+    const int64_t ss = p + 16;
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+    if (D == 64) {
+        for (int h = 0; h < nh; h += 4)
+            attend_group_512(4, 4, q + h * D, nh - h < 4 ? nh - h : 4, slots, p, g, Hkv, scale,
+                             kc, vc, dtype, scores, ss, out + h * D);
+        return;
+    }
+    if (D == 128) {
+        for (int h = 0; h < nh; h += 2)
+            attend_group_512(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
+                             kc, vc, dtype, scores, ss, out + h * D);
+        return;
+    }
+#endif
+    (void)ss;
+    for (int h = 0; h < nh; h++)
+        attend_head(q + h * D, slots, p, g, Hkv, D, scale, kc, vc, dtype, scores, out + h * D);
+}
+
 /* ------------------------------------------------------------------ workspace */
+/* Attention work is split in units of one token and up to this many query heads of one
+ * KV group (K/V rows loaded once per unit). */
+#define RLM_HEADS_PER_UNIT 8
+
 typedef struct {
     float *x, *qkv, *attn, *tmp, *gu, *act, *xd, *xs, *scores;
     int8_t *xa;
@@ -1067,7 +1205,7 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
     RLM_TAKE(act, T * (int64_t)L->inter)
     RLM_TAKE(xd, T * K / 32)
     RLM_TAKE(xs, T * K / 32)
-    RLM_TAKE(scores, (int64_t)nth * (max_ctx + 16))
+    RLM_TAKE(scores, (int64_t)nth * RLM_HEADS_PER_UNIT * (max_ctx + 16))
     RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
     RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
 #undef RLM_TAKE
@@ -1205,13 +1343,17 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     }
     barrier(nth);
     PROF(2)
-    float *scores = w.scores + (int64_t)tid * (S->max_ctx + 16);
-    for (int64_t th = tid; th < (int64_t)T * Hq; th += nth) {
-        int t = (int)(th / Hq), h = (int)(th % Hq);
+    float *scores = w.scores + (int64_t)tid * RLM_HEADS_PER_UNIT * (S->max_ctx + 16);
+    const int rep = Hq / Hkv, per = rep < RLM_HEADS_PER_UNIT ? rep : RLM_HEADS_PER_UNIT;
+    const int chunks = (rep + per - 1) / per;
+    for (int64_t u = tid; u < (int64_t)T * Hkv * chunks; u += nth) {
+        int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
+        int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
+                                                           ? g * rep + rep - h0 : per;
         const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-        attend_head(w.qkv + (int64_t)t * qkvn + h * D, slots, S->pos[t], h / (Hq / Hkv), Hkv,
-                    D, L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
-                    w.attn + (int64_t)t * q + h * D);
+        attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
+                     L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
+                     w.attn + (int64_t)t * q + h0 * D);
     }
     barrier(nth);
     a = prep_rows(w.attn, T, q, &w, S->act_mode, tid, nth);
@@ -1235,7 +1377,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     for (int t = lo; t < hi; t++) {
         const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
         float *ac = w.act + (int64_t)t * I;
-        for (int i = 0; i < I; i++) ac[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        silu_mul(g, u, I, ac);
     }
     a = prep_rows(w.act, T, I, &w, S->act_mode, tid, nth);
     barrier(nth);
@@ -1340,12 +1482,13 @@ void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
                    int32_t kv_dtype, int32_t max_ctx, float *out) {
-    float *scores = (float *)malloc(sizeof(float) * (size_t)(max_ctx + 16));
+    const int rep = Hq / Hkv;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)rep * (max_ctx + 16));
     for (int t = 0; t < T; t++)
-        for (int h = 0; h < Hq; h++)
-            attend_head(q + ((int64_t)t * Hq + h) * D, req_to_token + rows[t] * r2t_stride,
-                        pos[t], h / (Hq / Hkv), Hkv, D, scale, k_cache, v_cache, kv_dtype,
-                        scores, out + ((int64_t)t * Hq + h) * D);
+        for (int g = 0; g < Hkv; g++)
+            attend_heads(q + ((int64_t)t * Hq + g * rep) * D, rep,
+                         req_to_token + rows[t] * r2t_stride, pos[t], g, Hkv, D, scale, k_cache,
+                         v_cache, kv_dtype, scores, out + ((int64_t)t * Hq + g * rep) * D);
     free(scores);
 }
 
@@ -1380,3 +1523,6 @@ int32_t rlm_amx(void) {
     return 0;
 #endif
 }
+
+/* Kernel-test entry: out[i] = silu(g[i]) * u[i], the layer's MLP activation. */
+void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }

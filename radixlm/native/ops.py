@@ -45,6 +45,14 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
     return out
 
 
+def silu_mul(lib, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``silu(g) * u`` elementwise (1-D fp32), the layer's own code."""
+    g, u = g.float().contiguous(), u.float().contiguous()
+    out = torch.empty_like(g)
+    lib.rlm_silu_mul(g.data_ptr(), u.data_ptr(), g.numel(), out.data_ptr())
+    return out
+
+
 def quantize_act(lib, x: torch.Tensor):
     """The kernel's int8 activation blocks of ``x [T, k]``: (a, d, s)."""
     x = x.float().contiguous()
