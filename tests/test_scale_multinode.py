@@ -231,7 +231,16 @@ def test_a_rank_killed_on_node1_fails_the_request_on_node0(two_nodes) -> None:
     assert time.monotonic() - start < 60  # an error, never a hang
     assert r.status_code == 500 and "step failed on rank 0" in r.text, r.text
     health = httpx.get(two_nodes.url + "/health", timeout=10)
-    assert health.status_code == 503 and "tensor-parallel" in health.text
+    assert health.status_code == 503 and "step failed on rank 0" in health.text
     node0.send_signal(signal.SIGTERM)
     node0.wait(timeout=60)
     assert not any(_alive(p) for p in two_nodes.pids())
+
+
+def test_node0_killed_ends_node1(two_nodes) -> None:
+    pids = two_nodes.pids()
+    node0, node1 = two_nodes.procs
+    node0.kill()  # no goodbye: node 1's rank sees the connection close
+    node0.wait(timeout=30)
+    assert node1.wait(timeout=60) == 1
+    wait_until(lambda: not any(_alive(p) for p in pids), "node 1's rank to end", limit_s=10)
