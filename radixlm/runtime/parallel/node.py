@@ -6,13 +6,15 @@ broadcasts. It serves no HTTP (node 0 does, as in SGLang).
 Lifetime: the node ends when its ranks end. Node 0 stopping the group makes them exit 0
 (the node returns 0); node 0 dying, or one of this node's ranks failing, makes them exit
 with an error (the node kills the rest and returns 1). SIGTERM/SIGINT kill the ranks, which
-node 0 then sees as a failed group.
+node 0 then sees as a failed group; so does the node process dying (its ranks die with it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import time
 
 import torch.multiprocessing as mp
@@ -28,12 +30,25 @@ def node_ranks(config: EngineConfig) -> range:
     return range(config.node_rank * per, (config.node_rank + 1) * per)
 
 
+def _rank_main(parent_pid: int, *worker_args) -> None:
+    """A rank of this node: dies with the node process (Linux), then `run_worker`."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the node died before prctl took effect
+            os._exit(1)
+    from radixlm.runtime.parallel.worker import run_worker
+
+    run_worker(*worker_args)
+
+
 def run_node(config: EngineConfig) -> int:
     """Run this node's ranks until they end or a signal arrives; return the exit code.
     Bad settings raise ValueError before any process starts."""
     from radixlm.runtime.model_runner import pick_device_dtype
     from radixlm.runtime.parallel.sharding import check_tp_size
-    from radixlm.runtime.parallel.worker import run_worker
     from radixlm.runtime.weights import load_hf_config, resolve_model
 
     if config.node_rank < 1:
@@ -43,8 +58,8 @@ def run_node(config: EngineConfig) -> int:
     check_tp_size(load_hf_config(model_dir), config.tp_size, device.type, nnodes=config.nnodes)
     addr, port = config.rendezvous  # set: EngineConfig refuses nnodes > 1 without one
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=run_worker, args=(r, config.tp_size, addr, port, config,
-                                                  model_dir), name=f"radixlm-tp{r}")
+    procs = [ctx.Process(target=_rank_main, args=(os.getpid(), r, config.tp_size, addr, port,
+                                                  config, model_dir), name=f"radixlm-tp{r}")
              for r in node_ranks(config)]
     stopping: list[int] = []
     old = {s: signal.signal(s, lambda sig, _f: stopping.append(sig))
