@@ -3,10 +3,10 @@
 Rank 0 (the engine's process) calls `TPGroup.start`, which spawns its node's other ranks
 with torch.multiprocessing (spawn; a free local port unless a rendezvous address is
 configured), joins the group with them (and with the ranks other nodes start, see
-`node.py`) and sends every rank the engine settings. Every
-step rank 0 broadcasts the step's plan (plain Python, see `ModelRunner.run_plan`); all
-ranks then run the same forward, whose collectives are `all_reduce` (after the
-row-parallel o/down projections and the vocab-parallel embedding) and `gather_logits`.
+`node.py`) and sends every rank the engine settings. Every step rank 0 broadcasts the
+step's plan (plain Python, see `ModelRunner.run_plan`); all ranks then run the same
+forward, whose collectives are `all_reduce` (after the row-parallel o/down projections and
+the vocab-parallel embedding) and `gather_logits`.
 
 Failure contract: once any collective on rank 0 raises, or a worker process is found dead,
 the group is *failed*: the workers are killed, `error` says why, and every later step
@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from radixlm import envs
+
+if TYPE_CHECKING:
+    from radixlm.runtime.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,8 @@ class TPGroup:
 
     # ------------------------------------------------------------------ rank 0 lifecycle
     @classmethod
-    def start(cls, config, device: torch.device, model_dir, context_len: int) -> TPGroup:
+    def start(cls, config: EngineConfig, device: torch.device, model_dir,
+              context_len: int) -> TPGroup:
         """Rank 0: spawn this node's other ranks (1..tp_per_node-1; each runs
         `worker.run_worker`), join the group (waiting for the other nodes' ranks when
         ``config.nnodes > 1``) and send every rank the engine settings (`config` with the
