@@ -52,6 +52,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel ranks (torch.distributed)")
     e.add_argument("--dp-size", "--dp", dest="dp_size", type=int,
                    help="data-parallel replicas behind sglang-router (the router takes --port)")
+    e.add_argument("--nnodes", type=int,
+                   help="hosts the --tp-size ranks are spread over (tp-size/nnodes each)")
+    e.add_argument("--node-rank", type=int,
+                   help="this host's index 0..nnodes-1; node 0 serves HTTP, the others only "
+                        "run their ranks")
+    e.add_argument("--dist-init-addr",
+                   help="HOST:PORT of node 0's rendezvous (default: MASTER_ADDR/MASTER_PORT)")
     e.add_argument("--router-policy", default="cache_aware",
                    help="sglang-router policy with --dp-size > 1: cache_aware | round_robin | "
                         "random | power_of_two")
@@ -105,6 +112,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "enable_jump_forward": False if args.disable_jump_forward else None,
         "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
+        "nnodes": args.nnodes, "node_rank": args.node_rank,
+        "dist_init_addr": args.dist_init_addr,
     }
 
 
@@ -122,6 +131,16 @@ def _serve(args: argparse.Namespace) -> int:
     if dp_size < 1:
         print("radixlm serve: --dp-size must be >= 1", file=sys.stderr)
         return 2
+    nnodes = 1 if args.nnodes is None else args.nnodes
+    if dp_size > 1 and nnodes > 1:
+        print("radixlm serve: --dp-size > 1 with --nnodes > 1 is not supported; start the "
+              "replicas by hand and point sglang-router at them (docs/SCALE_OUT.md)",
+              file=sys.stderr)
+        return 2
+    if args.nnodes is not None or args.node_rank is not None:
+        code = _check_nodes(args)
+        if code is not None:
+            return code
     if dp_size > 1:
         from radixlm.runtime.server import data_parallel as dp
 
@@ -144,6 +163,28 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
         shutdown_timeout=args.shutdown_timeout)
     return serve(engine_kwargs_from_args(args), settings, log_level)
+
+
+def _check_nodes(args: argparse.Namespace) -> int | None:
+    """Multi-host settings: an exit code when they are bad (said on stderr) or when this is
+    a node other than 0 (which runs its ranks here until they end); None for node 0."""
+    from radixlm.runtime.config import EngineConfig
+
+    kwargs = {k: v for k, v in engine_kwargs_from_args(args).items() if v is not None}
+    try:
+        config = EngineConfig.from_kwargs(**kwargs)
+    except ValueError as exc:
+        print(f"radixlm serve: {exc}", file=sys.stderr)
+        return 2
+    if config.node_rank == 0:
+        return None
+    from radixlm.runtime.parallel.node import run_node
+
+    try:
+        return run_node(config)
+    except ValueError as exc:
+        print(f"radixlm serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,13 @@ def log_level() -> str:
     return (_get("RADIXLM_LOG_LEVEL", "info") or "info").lower()
 
 
+def torch_master_addr() -> tuple[str | None, str | None]:
+    """torch.distributed's own rendezvous variables ``MASTER_ADDR`` and ``MASTER_PORT``
+    (not ours, so unprefixed): the multi-host tensor-parallel rendezvous when
+    ``--dist-init-addr`` is not given."""
+    return _get("MASTER_ADDR"), _get("MASTER_PORT")
+
+
 def kernels_override() -> str | None:
     """Force the kernel family: ``ref`` or ``triton`` (``RADIXLM_KERNELS``)."""
     return _get("RADIXLM_KERNELS")

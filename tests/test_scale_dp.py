@@ -118,6 +118,27 @@ def test_both_replicas_serve(dp: DPServer) -> None:
     assert "radixlm_tp_size 1.0" in httpx.get(dp.replicas()[0][0] + "/metrics").text
 
 
+def test_what_the_router_reports_of_tp_and_dp(dp: DPServer) -> None:
+    """sglang-router 0.3.x answers /get_server_info itself (its RouterManager never forwards
+    it): the replica count is its `workers_count`, and each worker's `tp_size`/`dp_size`
+    (read from the replica's /server_info when it registered) are listed under /workers.
+    /metrics is not on the router's port; /engine_metrics gathers every replica's /metrics
+    with a `worker_addr` label."""
+    info = httpx.get(dp.url + "/get_server_info", timeout=30).json()
+    assert info["router_manager"] is True and info["workers_count"] == 2
+    workers = httpx.get(dp.url + "/workers", timeout=30).json()["workers"]
+    urls = sorted(u for u, _ in dp.replicas())
+    assert sorted(w["url"] for w in workers) == urls
+    for w in workers:
+        own = httpx.get(w["url"] + "/get_server_info", timeout=30).json()
+        assert (w["metadata"]["tp_size"], w["metadata"]["dp_size"]) == (
+            str(own["tp_size"]), str(own["dp_size"])) == ("1", "1")
+    assert httpx.get(dp.url + "/metrics", timeout=30).status_code == 404
+    metrics = httpx.get(dp.url + "/engine_metrics", timeout=30).text
+    for name in ("radixlm_tp_size", "radixlm_dp_size"):
+        assert sorted(re.findall(name + r'\{worker_addr="([^"]+)"\} 1(?:\.0)?\n', metrics)) == urls
+
+
 PREFIX = ("You are a meticulous museum guide. The museum has four wings: ancient Egypt, "
           "Renaissance painting, natural history with dinosaur skeletons, and modern design. "
           "Visitors ask short questions; answer each in one short sentence. ") * 3

@@ -5,6 +5,26 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from radixlm import envs
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    """("host", port) from "host:port" ("[v6addr]:port" for IPv6); ValueError naming `what`
+    otherwise."""
+    host, sep, port = str(text).rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, int(port)
+
+
+def master_address() -> tuple[str, int] | None:
+    """torch.distributed's MASTER_ADDR/MASTER_PORT as (host, port); None unless both set."""
+    addr, port = envs.torch_master_addr()
+    if not addr or not port:
+        return None
+    return parse_host_port(f"{addr}:{port}", "MASTER_ADDR:MASTER_PORT")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -56,6 +76,13 @@ class EngineConfig:
     # Engine is one replica, so here it is always 1).
     tp_size: int = 1
     dp_size: int = 1
+    # Multi-host tensor parallel: the tp_size ranks spread evenly over `nnodes` hosts.
+    # Node 0 runs the engine (scheduler, HTTP) and ranks 0..tp_size/nnodes-1; node r > 0
+    # runs only its ranks. `dist_init_addr` is "host:port" of the rendezvous on node 0
+    # (SGLang's flag); None: torch.distributed's MASTER_ADDR/MASTER_PORT.
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
@@ -93,6 +120,36 @@ class EngineConfig:
         if self.dp_size > 1:
             raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
                              "replicas behind sglang-router); one Engine is one replica")
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} is out of range for "
+                             f"nnodes={self.nnodes} (valid: 0..{self.nnodes - 1})")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size={self.tp_size} is not divisible by nnodes={self.nnodes}: "
+                             "every node runs tp_size/nnodes tensor-parallel ranks")
+        if self.dist_init_addr is not None:
+            parse_host_port(self.dist_init_addr, "dist_init_addr")
+        elif self.nnodes > 1 and master_address() is None:
+            raise ValueError(f"nnodes={self.nnodes} needs the rendezvous address of node 0: "
+                             "dist_init_addr HOST:PORT (--dist-init-addr), or MASTER_ADDR and "
+                             "MASTER_PORT in the environment")
+
+    @property
+    def tp_per_node(self) -> int:
+        """Tensor-parallel ranks each node runs."""
+        return self.tp_size // self.nnodes
+
+    @property
+    def rendezvous(self) -> tuple[str, int] | None:
+        """(host, port) where the tensor-parallel ranks meet: dist_init_addr, else
+        MASTER_ADDR/MASTER_PORT, else None (one host: rank 0 picks a free local port)."""
+        if self.dist_init_addr is not None:
+            return parse_host_port(self.dist_init_addr, "dist_init_addr")
+        return master_address()
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

@@ -75,6 +75,10 @@ class Engine:
         Keyword arguments are EngineConfig fields, or SGLang's server-argument names
         (`model_path=`, `mem_fraction_static=`, ...; see runtime/server_args.py)."""
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        if self.config.node_rank > 0:
+            raise ValueError(f"node_rank={self.config.node_rank} runs tensor-parallel ranks "
+                             "only, no engine: start it with `radixlm serve --node-rank N` "
+                             "(node 0 runs the Engine)")
         envs.configure_malloc()  # process-wide, so only where a model will run
         logging.basicConfig(level=self.config.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -144,19 +144,18 @@ class ModelRunner:
         self.device, self.dtype = pick_device_dtype(config)
         rank = tp.rank if tp is not None else 0
         if tp is not None and self.device.type == "cuda":
-            self.device = torch.device("cuda", rank)
+            self.device = torch.device("cuda", rank % config.tp_per_node)
         hf_config = load_hf_config(model_dir)
         model_hf = hf_config
         if config.tp_size > 1:
-            check_tp_size(hf_config, config.tp_size, self.device.type)
+            check_tp_size(hf_config, config.tp_size, self.device.type, nnodes=config.nnodes)
             model_hf = local_hf_config(hf_config, rank, config.tp_size)
         local = ModelConfig.from_hf(model_hf)
         capacity = self._pool_capacity(config, local)
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
-            self.tp = TPGroup.start(config.tp_size, self.device,
-                                    (worker_config, model_dir, context_len))
+            self.tp = TPGroup.start(worker_config, self.device, model_dir, context_len)
         lib = native_library(config, self.device)  # None under TP
         try:
             self._load(config, model_dir, hf_config, model_hf, lib)

@@ -1,10 +1,12 @@
 """The tensor-parallel process group as one rank sees it.
 
-Rank 0 (the engine's process) calls `TPGroup.start`, which spawns ranks 1..N-1 with
-torch.multiprocessing (spawn, a free local port) and joins the group with them. Every
-step rank 0 broadcasts the step's plan (plain Python, see `ModelRunner.run_plan`); all
-ranks then run the same forward, whose collectives are `all_reduce` (after the
-row-parallel o/down projections and the vocab-parallel embedding) and `gather_logits`.
+Rank 0 (the engine's process) calls `TPGroup.start`, which spawns its node's other ranks
+with torch.multiprocessing (spawn; a free local port unless a rendezvous address is
+configured), joins the group with them (and with the ranks other nodes start, see
+`node.py`) and sends every rank the engine settings. Every step rank 0 broadcasts the
+step's plan (plain Python, see `ModelRunner.run_plan`); all ranks then run the same
+forward, whose collectives are `all_reduce` (after the row-parallel o/down projections and
+the vocab-parallel embedding) and `gather_logits`.
 
 Failure contract: once any collective on rank 0 raises, or a worker process is found dead,
 the group is *failed*: the workers are killed, `error` says why, and every later step
@@ -19,7 +21,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +29,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from radixlm import envs
+
+if TYPE_CHECKING:
+    from radixlm.runtime.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +51,8 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_process_group(device: torch.device, rank: int, size: int, port: int) -> None:
-    """Join the group of `size` ranks rendezvousing on 127.0.0.1:`port`.
-
-    Multi-host runs set MASTER_ADDR/MASTER_PORT instead (torch.distributed's own
-    environment); see docs/SCALE_OUT.md."""
-    import os
-
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", port))
+def init_process_group(device: torch.device, rank: int, size: int, addr: str, port: int) -> None:
+    """Join the group of `size` ranks rendezvousing on `addr`:`port` (rank 0 listens there)."""
     dist.init_process_group(backend_for(device), init_method=f"tcp://{addr}:{port}",
                             rank=rank, world_size=size,
                             timeout=timedelta(seconds=envs.tp_timeout_s()))
@@ -71,24 +69,33 @@ class TPGroup:
 
     # ------------------------------------------------------------------ rank 0 lifecycle
     @classmethod
-    def start(cls, size: int, device: torch.device, worker_args: tuple) -> TPGroup:
-        """Spawn ranks 1..size-1 (each runs `worker.run_worker(rank, size, port,
-        *worker_args)`) and join the group as rank 0."""
+    def start(cls, config: EngineConfig, device: torch.device, model_dir,
+              context_len: int) -> TPGroup:
+        """Rank 0: spawn this node's other ranks (1..tp_per_node-1; each runs
+        `worker.run_worker`), join the group (waiting for the other nodes' ranks when
+        ``config.nnodes > 1``) and send every rank the engine settings (`config` with the
+        KV pool size fixed, `context_len`) so that all ranks build the same pool."""
         from radixlm.runtime.parallel.worker import run_worker
 
-        port = free_port()
+        size = config.tp_size
+        addr, port = config.rendezvous or ("127.0.0.1", free_port())
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=run_worker, args=(r, size, port, *worker_args),
-                             name=f"radixlm-tp{r}", daemon=True) for r in range(1, size)]
+        procs = [ctx.Process(target=run_worker, args=(r, size, addr, port, config, model_dir),
+                             name=f"radixlm-tp{r}", daemon=True)
+                 for r in range(1, config.tp_per_node)]
         for p in procs:
             p.start()
         group = cls(0, size, procs)
+        if config.nnodes > 1:
+            logger.info("tensor parallel over %d nodes: waiting on %s:%d for ranks %d..%d of "
+                        "nodes 1..%d", config.nnodes, addr, port, config.tp_per_node, size - 1,
+                        config.nnodes - 1)
         # rendezvous in a thread so that a worker dying before it joins ends the wait
         failure: list[BaseException] = []
 
         def join() -> None:
             try:
-                init_process_group(device, 0, size, port)
+                init_process_group(device, 0, size, addr, port)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failure.append(exc)
 
@@ -96,11 +103,16 @@ class TPGroup:
         joiner.start()
         while joiner.is_alive() and group.poll() is None:
             joiner.join(0.1)
+        if not failure and group.error is None:
+            try:
+                group.broadcast_plan((config, context_len))
+            except Exception as exc:  # noqa: BLE001 - a rank died right after joining
+                failure.append(exc)
         if failure or group.error is not None:
             group.fail(f"cannot form the tensor-parallel group: {failure[0] if failure else ''}")
             raise TPGroupError(group.error)
-        logger.info("tensor parallel: %d ranks (%s), workers %s", size, backend_for(device),
-                    [p.pid for p in procs])
+        logger.info("tensor parallel: %d ranks (%s), local workers %s", size,
+                    backend_for(device), [p.pid for p in procs])
         return group
 
     def poll(self) -> str | None:
@@ -143,7 +155,7 @@ class TPGroup:
 
     def shutdown(self) -> None:
         """Rank 0: tell the workers to exit, wait for them, leave the group. Idempotent."""
-        if self.error is None and self.procs:
+        if self.error is None and self.size > 1 and dist.is_initialized():
             # the stop message in a thread: a worker stuck elsewhere must not hold us for
             # the collective timeout (it is killed below instead)
             stop = threading.Thread(target=self._send_stop, daemon=True)

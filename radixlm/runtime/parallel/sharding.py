@@ -30,10 +30,11 @@ def _span(n: int, rank: int, tp_size: int) -> range:
     return range(n * rank // tp_size, n * (rank + 1) // tp_size)
 
 
-def check_tp_size(hf_config, tp_size: int, device_type: str | None = "cpu") -> None:
+def check_tp_size(hf_config, tp_size: int, device_type: str | None = "cpu",
+                  nnodes: int = 1) -> None:
     """Raise ValueError (naming the numbers that do not fit) unless the model can be split
-    `tp_size` ways and this host can run that many ranks on `device_type` (None: check
-    the shapes only). Call it before starting any process."""
+    `tp_size` ways and this host can run its tp_size/nnodes ranks on `device_type` (None:
+    check the shapes only). Call it before starting any process."""
     cfg = ModelConfig.from_hf(hf_config)
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
@@ -52,12 +53,16 @@ def check_tp_size(hf_config, tp_size: int, device_type: str | None = "cpu") -> N
                 + ")")
     if tp_size > cfg.intermediate_size:
         raise ValueError(f"tp_size={tp_size} exceeds intermediate_size={cfg.intermediate_size}")
+    local = tp_size // nnodes  # ranks this host runs
+    per_host = f" ({local} per node over {nnodes} nodes)" if nnodes > 1 else ""
     if device_type == "cuda":
         have = torch.cuda.device_count()
-        if tp_size > have:
-            raise ValueError(f"tp_size={tp_size} needs {tp_size} CUDA devices; {have} visible")
-    elif device_type == "cpu" and tp_size > (os.cpu_count() or 1):
-        raise ValueError(f"tp_size={tp_size} exceeds this host's {os.cpu_count()} CPU cores")
+        if local > have:
+            raise ValueError(f"tp_size={tp_size}{per_host} needs {local} CUDA devices on this "
+                             f"host; {have} visible")
+    elif device_type == "cpu" and local > (os.cpu_count() or 1):
+        raise ValueError(f"tp_size={tp_size}{per_host} exceeds this host's {os.cpu_count()} "
+                         "CPU cores")
 
 
 def kv_heads_of_rank(num_kv_heads: int, rank: int, tp_size: int) -> range:

@@ -12,9 +12,11 @@ import traceback
 logger = logging.getLogger(__name__)
 
 
-def run_worker(rank: int, size: int, port: int, config, model_dir, context_len: int) -> None:
-    """Entry point of a spawned rank. Exits 0 on rank 0's stop, 1 on any error (rank 0
-    then sees its collectives fail and marks the group failed)."""
+def run_worker(rank: int, size: int, addr: str, port: int, config, model_dir) -> None:
+    """Entry point of a spawned rank. `config` is this node's own (it picks the device);
+    the engine settings every rank uses come from rank 0 once the group is formed. Exits 0
+    on rank 0's stop, 1 on any error (rank 0 then sees its collectives fail and marks the
+    group failed)."""
     from radixlm import envs
 
     envs.configure_openmp()
@@ -30,10 +32,14 @@ def run_worker(rank: int, size: int, port: int, config, model_dir, context_len: 
 
         device, _ = pick_device_dtype(config)
         if device.type == "cuda":
-            torch.cuda.set_device(rank)
-        init_process_group(device, rank, size, port)
+            torch.cuda.set_device(rank % config.tp_per_node)  # this node's device of the rank
+        init_process_group(device, rank, size, addr, port)
         group = TPGroup(rank, size)
-        runner = ModelRunner(config, model_dir, context_len, tp=group)
+        engine_config, context_len = group.recv_plan()  # rank 0's settings (same KV pool)
+        if engine_config.tp_size != size:
+            raise ValueError(f"node 0 runs tp_size={engine_config.tp_size}, this node "
+                             f"tp_size={size}")
+        runner = ModelRunner(engine_config, model_dir, context_len, tp=group)
         while (plan := group.recv_plan()) is not None:
             runner.run_plan(plan)
     except BaseException:  # noqa: BLE001 - report, then die: rank 0 must see it

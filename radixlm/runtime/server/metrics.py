@@ -43,7 +43,9 @@ _ENGINE_METRICS = (
      "gauge"),
     ("tree_size", "radixlm_radix_tree_tokens", "Tokens held by the radix tree", "gauge"),
     ("tp_size", "radixlm_tp_size", "Tensor-parallel ranks of this engine", "gauge"),
-    ("dp_size", "radixlm_dp_size", "Data-parallel replicas this engine is one of", "gauge"),
+    ("dp_size", "radixlm_dp_size",
+     "Data-parallel size of this engine (1: a replica behind sglang-router is one rank)",
+     "gauge"),
 )
 
 
