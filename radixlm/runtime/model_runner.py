@@ -189,7 +189,8 @@ class ModelRunner:
             except BaseException:
                 self.shutdown()
                 raise
-        extra = (f" (+native steps up to {self.native.max_rows} tokens)"
+        extra = (f" (+native steps up to {self.native.max_rows} tokens, "
+                 f"activations {self.native.describe_modes()})"
                  if self.native is not None
                  else " (+int4 decode linears)" if self.int4 is not None else "")
         logger.info("model on %s/%s%s, KV pool %d tokens, attention %s%s", self.device,
