@@ -9,6 +9,7 @@ from typing import Any
 from radixlm import envs as _envs
 
 _envs.configure_openmp()  # before anything imports torch
+_envs.cap_cpu_isa()
 
 from radixlm.lang import (  # noqa: E402
     Backend,

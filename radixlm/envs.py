@@ -43,6 +43,37 @@ def native_enabled() -> bool:
     return (_get("RADIXLM_NATIVE", "1") or "1").lower() not in ("0", "off", "false", "no")
 
 
+# RADIXLM_CPU_ISA values: the flags of /proc/cpuinfo a host of that kind has at most
+CPU_ISA_LEVELS = {
+    "avx2": {"avx", "avx2", "fma", "f16c", "sse4_1", "sse4_2", "ssse3"},
+    "generic": set(),
+}
+
+
+def cpu_isa() -> str:
+    """Treat the CPU as one with at most this ISA (``RADIXLM_CPU_ISA``: ``native``, the
+    default, or ``avx2`` / ``generic``): the native library is built for it, bf16 is not
+    native (dtype auto is fp32), and torch's own kernels are capped the same way (see
+    ``cap_cpu_isa``). How a benchmark shows an AVX2-only host's paths on an AVX-512 one."""
+    value = (_get("RADIXLM_CPU_ISA", "native") or "native").lower()
+    if value not in ("native", *CPU_ISA_LEVELS):
+        raise ValueError(f"RADIXLM_CPU_ISA must be native|{'|'.join(CPU_ISA_LEVELS)}, "
+                         f"got {value!r}")
+    return value
+
+
+def cap_cpu_isa() -> None:
+    """With ``RADIXLM_CPU_ISA`` set, cap torch's ATen dispatch, oneDNN and MKL at that ISA
+    (their own variables, only where unset; they must be set before torch runs a kernel)."""
+    isa = cpu_isa()
+    if isa == "native":
+        return
+    caps = {"avx2": ("avx2", "AVX2", "AVX2"), "generic": ("default", "SSE41", "SSE4_2")}[isa]
+    for name, value in zip(("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                            "MKL_ENABLE_INSTRUCTIONS"), caps):
+        os.environ.setdefault(name, value)
+
+
 def configure_openmp() -> None:
     """Bound OpenMP's spin-wait before torch loads its runtime (``RADIXLM_OMP_SPINCOUNT``,
     default 20000; set it empty to keep the library default).

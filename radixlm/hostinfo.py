@@ -11,18 +11,23 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 
 
 def host_info() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
+    from radixlm import envs
+    from radixlm.native.build import cpu_flags, host_cpu_flags
+
+    model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name") and model in ("", platform.machine()):
                     model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    flags, host_flags = set(cpu_flags()), set(host_cpu_flags())
     info = {"cpu": model, "cores": os.cpu_count(), "machine": platform.machine(),
             "isa": [f for f in ISA_FLAGS if f in flags]}
+    if envs.cpu_isa() != "native":  # an emulated host: say so, and what the real one has
+        info["emulated_isa"] = envs.cpu_isa()
+        info["host_isa"] = [f for f in ISA_FLAGS if f in host_flags]
     try:
         import torch
 
@@ -42,5 +47,10 @@ def host_info() -> dict:
 
 def host_line(info: dict | None = None) -> str:
     info = info or host_info()
-    return (f"host: {info['cpu']}, {info['cores']} cores, ISA {'/'.join(info['isa']) or 'none'}"
+    line = (f"host: {info['cpu']}, {info['cores']} cores, ISA {'/'.join(info['isa']) or 'none'}"
             f", native ops {info.get('native')}")
+    if "emulated_isa" in info:
+        line += (f" [RADIXLM_CPU_ISA={info['emulated_isa']}: capped from "
+                 f"{'/'.join(info['host_isa'])}; torch capped via ATEN_CPU_CAPABILITY="
+                 f"{os.environ.get('ATEN_CPU_CAPABILITY')}]")
+    return line

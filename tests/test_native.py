@@ -347,3 +347,35 @@ def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib,
         finally:
             engine.shutdown()
     assert outs["native"] == outs["ref"]
+
+
+def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
+    """RADIXLM_CPU_ISA=avx2 on any x86-64 host: the flags the paths are chosen from lose
+    AVX-512/AMX, bf16 is not native (dtype auto -> fp32), the library is the AVX2 build,
+    and torch's dispatch is capped by cap_cpu_isa; a bad value is named."""
+    from radixlm import envs
+    from radixlm.runtime.model_runner import cpu_has_native_bf16
+
+    if not {"avx2", "fma"} <= set(build.host_cpu_flags()):
+        pytest.skip("this host cannot execute AVX2")
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "avx2")
+    flags = build.cpu_flags()
+    assert "avx2" in flags and not any(f.startswith(("avx512", "amx")) for f in flags)
+    assert not cpu_has_native_bf16()
+    build.load.cache_clear()
+    try:
+        lib = build.load()
+        assert lib.rlm_isa().decode() == "avx2" and lib.rlm_bf16() == 0
+    finally:
+        build.load.cache_clear()
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.setenv(name, "x")  # recorded, so teardown restores the original
+        monkeypatch.delenv(name)
+    envs.cap_cpu_isa()
+    import os
+
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "avx9000")
+    with pytest.raises(ValueError, match="RADIXLM_CPU_ISA"):
+        build.cpu_flags()

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_ops.c")
 
 
-def cpu_flags() -> list[str]:
+def host_cpu_flags() -> list[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -38,6 +38,22 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+# flags a CPU capped at RADIXLM_CPU_ISA does not have (prefixes)
+_ABOVE = {"avx2": ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert"),
+          "generic": ("avx", "amx", "fma", "f16c")}
+_ARCH = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "generic": ["-mno-avx"]}
+
+
+def cpu_flags() -> list[str]:
+    """The flags the paths are chosen from: the host's, less what ``RADIXLM_CPU_ISA``
+    caps away."""
+    isa = envs.cpu_isa()
+    flags = host_cpu_flags()
+    if isa == "native":
+        return flags
+    return [f for f in flags if not f.startswith(_ABOVE[isa])]
 
 
 def _compiler() -> str | None:
@@ -54,7 +70,11 @@ def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     if arch is None:
-        arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
+        isa = envs.cpu_isa()
+        if isa != "native":
+            arch = _ARCH[isa]
+        else:
+            arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
     base = [cc, "-O3", *arch, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
     try:
         for extra in (["-pthread"], []):

@@ -92,11 +92,9 @@ def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 
 def cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
+    from radixlm.native.build import cpu_flags  # (RADIXLM_CPU_ISA may cap the host's)
+
+    flags = set(cpu_flags())
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
