@@ -28,7 +28,7 @@ pytestmark = needs_compiler
 
 # Every SIMD path this x86-64 host can execute: its own (-march=native), AVX2 with FMA
 # (the u8*s8 maddubs path of hosts without VNNI), and the plain C one.
-VARIANTS = {"native": None, "avx2": ["-mavx2", "-mfma"], "generic": ["-mno-avx"]}
+VARIANTS = {"native": None, "avx2": ["-mavx2", "-mfma", "-mf16c"], "generic": ["-mno-avx"]}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

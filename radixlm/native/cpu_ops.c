@@ -48,8 +48,8 @@ typedef struct {
     int32_t fmt;          /* FMT_Q4 | FMT_Q8 */
     int32_t n, k;         /* output rows, input columns (k % 32 == 0) */
     const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32] */
-    const float *d;       /* [n, k/32] */
-    const float *m;       /* [n, k/32] (Q4 only) */
+    const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own) */
+    const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
 } QMat;
 
 typedef struct {
@@ -185,6 +185,27 @@ static double now_seconds(void) {
 #endif
 
 /* ------------------------------------------------------------------ helpers */
+typedef uint16_t f16; /* IEEE half: block scales are stored as the GGUF file has them */
+
+static inline float H(f16 h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    float f;
+    if (e == 0) { /* zero or subnormal: man * 2^-24 */
+        f = (float)man * (1.0f / 16777216.0f);
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (man << 13);
+    }
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -256,7 +277,7 @@ static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx)
 
 /* ------------------------------------------------------------------ quantized matmul */
 /* One row of a Q4/Q8 matrix against one quantized activation row (T == 1). */
-static inline float qdot_row1(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+static inline float qdot_row1(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                               const int8_t *xa, const float *xd, const float *xs, int nb) {
 #ifdef RLM_AVX2
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -268,16 +289,16 @@ static inline float qdot_row1(const QMat *w, const uint8_t *wq, const float *wd,
                                   _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
             __m256i p1 = dot_u8s8(unpack_q4(wq + b * 16 + 16),
                                   _mm256_loadu_si256((const __m256i *)(xa + b * 32 + 32)));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]), acc0);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
-                                   _mm256_set1_ps(wd[b + 1] * xd[b + 1]), acc1);
-            msum += wm[b] * xs[b] + wm[b + 1] * xs[b + 1];
+                                   _mm256_set1_ps(H(wd[b + 1]) * xd[b + 1]), acc1);
+            msum += H(wm[b]) * xs[b] + H(wm[b + 1]) * xs[b + 1];
         }
         for (; b < nb; b++) {
             __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
                                   _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]), acc0);
-            msum += wm[b] * xs[b];
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
+            msum += H(wm[b]) * xs[b];
         }
     } else {
         for (; b < nb; b++) {
@@ -285,10 +306,10 @@ static inline float qdot_row1(const QMat *w, const uint8_t *wq, const float *wd,
             __m256i s = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xa + b * 32)), wv);
             __m256i p0 = dot_u8s8(_mm256_abs_epi8(wv), s);
             if (b & 1)
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]),
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
                                        acc1);
             else
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(wd[b] * xd[b]),
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
                                        acc0);
         }
     }
@@ -302,10 +323,10 @@ static inline float qdot_row1(const QMat *w, const uint8_t *wq, const float *wd,
                 isum += (wq[b * 16 + j] & 0x0f) * xa[b * 32 + j];
                 isum += (wq[b * 16 + j] >> 4) * xa[b * 32 + j + 16];
             }
-            acc += wd[b] * xd[b] * (float)isum + wm[b] * xs[b];
+            acc += H(wd[b]) * xd[b] * (float)isum + H(wm[b]) * xs[b];
         } else {
             for (int j = 0; j < 32; j++) isum += (int8_t)wq[b * 32 + j] * xa[b * 32 + j];
-            acc += wd[b] * xd[b] * (float)isum;
+            acc += H(wd[b]) * xd[b] * (float)isum;
         }
     }
     return acc;
@@ -326,7 +347,7 @@ static inline __m256 q4_f8(__m128i nib, int part) {
 #endif
 
 /* sum_j W[n, j] x[j] for one row, fp32 x; xs: per-block sums of x (for Q4's m term) */
-static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+static inline float qdot_f32(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                              const float *x, const float *xs, int nb) {
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -347,10 +368,10 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
             __m512 t1 = _mm512_mul_ps(l1, _mm512_loadu_ps(x + b * 32 + 32));
             t0 = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x + b * 32 + 16), t0);
             t1 = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + b * 32 + 48), t1);
-            acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(wd[b]), acc0);
-            acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(wd[b + 1]), acc1);
+            acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(H(wd[b])), acc0);
+            acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(H(wd[b + 1])), acc1);
         }
-        for (int i = 0; i < nb; i++) msum += wm[i] * xs[i];
+        for (int i = 0; i < nb; i++) msum += H(wm[i]) * xs[i];
     }
     for (; b < nb; b++) { /* Q8 rows, and an odd last Q4 block (its m term is in msum) */
         __m512 lo, hi;
@@ -368,8 +389,8 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
         }
         __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * 32));
         t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * 32 + 16), t);
-        if (b & 1) acc1 = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[b]), acc1);
-        else acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[b]), acc0);
+        if (b & 1) acc1 = _mm512_fmadd_ps(t, _mm512_set1_ps(H(wd[b])), acc1);
+        else acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps(H(wd[b])), acc0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + msum;
 #elif defined(RLM_AVX2)
@@ -380,7 +401,7 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
         if (w->fmt == FMT_Q4) {
             __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
             for (int p = 0; p < 4; p++) f[p] = q4_f8(v, p);
-            msum += wm[b] * xs[b];
+            msum += H(wm[b]) * xs[b];
         } else {
             for (int p = 0; p < 4; p++)
                 f[p] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
@@ -390,8 +411,8 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
         t = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + b * 32 + 8), t);
         t = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + b * 32 + 16), t);
         t = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + b * 32 + 24), t);
-        if (b & 1) acc1 = _mm256_fmadd_ps(t, _mm256_set1_ps(wd[b]), acc1);
-        else acc0 = _mm256_fmadd_ps(t, _mm256_set1_ps(wd[b]), acc0);
+        if (b & 1) acc1 = _mm256_fmadd_ps(t, _mm256_set1_ps(H(wd[b])), acc1);
+        else acc0 = _mm256_fmadd_ps(t, _mm256_set1_ps(H(wd[b])), acc0);
     }
     return hsum256(_mm256_add_ps(acc0, acc1)) + msum;
 #else
@@ -402,10 +423,10 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
             for (int j = 0; j < 16; j++)
                 s += (float)(wq[b * 16 + j] & 0x0f) * x[b * 32 + j]
                    + (float)(wq[b * 16 + j] >> 4) * x[b * 32 + j + 16];
-            acc += wd[b] * s + wm[b] * xs[b];
+            acc += H(wd[b]) * s + H(wm[b]) * xs[b];
         } else {
             for (int j = 0; j < 32; j++) s += (float)(int8_t)wq[b * 32 + j] * x[b * 32 + j];
-            acc += wd[b] * s;
+            acc += H(wd[b]) * s;
         }
     }
     return acc;
@@ -413,10 +434,10 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const float *wd, 
 }
 
 /* Row n dequantized to fp32 (W = d q + m) into out[k]. */
-static void dequant_row(const QMat *w, const uint8_t *wq, const float *wd, const float *wm,
+static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                         int nb, float *out) {
     for (int b = 0; b < nb; b++) {
-        float d = wd[b], m = wm ? wm[b] : 0.f;
+        float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
         __m512 lo, hi;
         if (w->fmt == FMT_Q4) {
@@ -552,7 +573,7 @@ typedef struct {
 /* Four Q4 rows at once against one fp32 activation row: x loads shared by the rows and
  * one horizontal reduction for the four (rows of ~576 columns are short: per-row
  * reductions were a third of the time). out[r] = row n0 + r. */
-static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, int64_t rb,
+static void qdot_f32_q4x4(const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb,
                           int nb, const float *x, const float *xs, float *out) {
     const __m128i mask = _mm_set1_epi8(0x0f);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -565,12 +586,12 @@ static void qdot_f32_q4x4(const uint8_t *wq, const float *wd, const float *wm, i
             __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
             __m512 t = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
-            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(wd[r * rb + b]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(H(wd[r * rb + b])), acc[r]);
         }
     }
     for (int r = 0; r < 4; r++) {
         float m = 0.f;
-        for (int b = 0; b < nb; b++) m += wm[r * rb + b] * xs[b];
+        for (int b = 0; b < nb; b++) m += H(wm[r * rb + b]) * xs[b];
         out[r] = _mm512_reduce_add_ps(acc[r]) + m;
     }
 }
@@ -587,10 +608,10 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
     const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
     for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
     const char *d = (const char *)(w->d + (int64_t)n * nb);
-    for (int64_t off = 0; off < (int64_t)nb * count * 4; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
+    for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
     if (w->fmt == FMT_Q4) {
         const char *m = (const char *)(w->m + (int64_t)n * nb);
-        for (int64_t off = 0; off < (int64_t)nb * count * 4; off += 64)
+        for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64)
             _mm_prefetch(m + off, _MM_HINT_T0);
     }
 #else
@@ -598,7 +619,7 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
 #endif
 }
 
-static inline const float *wm_of(const QMat *w, int n, int nb) {
+static inline const f16 *wm_of(const QMat *w, int n, int nb) {
     return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
 }
 
@@ -642,8 +663,8 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     }
     for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
         prefetch_rows(w, n + 2, 1, n1);
-        const float *wd = w->d + (int64_t)n * nb;
-        const float *wm = wm_of(w, n, nb);
+        const f16 *wd = w->d + (int64_t)n * nb;
+        const f16 *wm = wm_of(w, n, nb);
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
         for (int t = 0; t < T; t++)
             y[(int64_t)t * ldy + n] = qdot_f32(w, wq, wd, wm, a->xf + (int64_t)t * k,
@@ -790,11 +811,11 @@ static void store_transposed(const float *c, int nt, int rows, float *y, int64_t
 }
 
 /* Row n dequantized (W = d q + m) straight to bf16, nearest even. */
-static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const float *wd,
-                             const float *wm, int nb, uint16_t *out) {
+static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
+                             const f16 *wm, int nb, uint16_t *out) {
     const __m128i mask = _mm_set1_epi8(0x0f);
     for (int b = 0; b < nb; b++) {
-        __m512 lo, hi, dv = _mm512_set1_ps(wd[b]), mv = _mm512_set1_ps(wm ? wm[b] : 0.f);
+        __m512 lo, hi, dv = _mm512_set1_ps(H(wd[b])), mv = _mm512_set1_ps(wm ? H(wm[b]) : 0.f);
         if (w->fmt == FMT_Q4) {
             __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
             lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
@@ -893,8 +914,8 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
     uint8_t ubuf[k] __attribute__((aligned(64)));
 #endif
     for (int n = n0; n < n1; n++) {
-        const float *wd = w->d + (int64_t)n * nb;
-        const float *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const f16 *wd = w->d + (int64_t)n * nb;
+        const f16 *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
         const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
 #ifdef RLM_AVX2
         if (T < 4) {
@@ -929,8 +950,8 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         __m256i s = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)(i) * k + b * 32)); \
         if (w->fmt == FMT_Q8) s = _mm256_sign_epi8(s, sg);                                \
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, s)),                         \
-                              _mm256_set1_ps(wd[b] * d0[(i) * nb + b]), acc);             \
-        if (wm) ms += wm[b] * s0[(i) * nb + b];                                           \
+                              _mm256_set1_ps(H(wd[b]) * d0[(i) * nb + b]), acc);             \
+        if (wm) ms += H(wm[b]) * s0[(i) * nb + b];                                           \
     }
                 RLM_TOK(0, acc0, m0) RLM_TOK(1, acc1, m1) RLM_TOK(2, acc2, m2)
                 RLM_TOK(3, acc3, m3)

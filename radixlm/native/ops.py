@@ -16,9 +16,9 @@ KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 def qmat(w: QWeight, keep: list) -> QMat:
     """The C view of ``w``; ``keep`` holds the arrays it points into."""
-    arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float32)]
+    arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
     if w.fmt == FMT_Q4:
-        arrays.append(np.ascontiguousarray(w.m, dtype=np.float32))
+        arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
     keep.extend(arrays)
     return QMat(w.fmt, w.n, w.k, arrays[0].ctypes.data, arrays[1].ctypes.data,
                 arrays[2].ctypes.data if w.fmt == FMT_Q4 else None)

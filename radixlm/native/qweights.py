@@ -7,7 +7,9 @@ A ``QWeight`` is a matrix ``[n, k]`` stored in blocks of 32 along ``k``:
   high nibble = element j + 16 (GGUF's own order);
 - ``Q8``: ``q`` int8, ``W = d * q`` (GGUF Q8_0).
 
-``d`` and ``m`` are kept as fp32 arrays ``[n, k/32]`` (the file's fp16 values, exactly).
+``d`` and ``m`` are fp16 arrays ``[n, k/32]``, as GGUF stores them (the kernels read 2
+bytes per scale: at one token per step the weights stream from DRAM, and fp32 scales
+were 24 bytes per Q4 block instead of 20).
 Weights from GGUF Q4_0 / Q4_1 / Q8_0 tensors are the file's own numbers; any other source
 (fp32/bf16 checkpoints, other GGUF types) is quantized here.
 """
@@ -27,8 +29,8 @@ FMT_Q4, FMT_Q8 = 4, 8
 class QWeight:
     fmt: int  # FMT_Q4 | FMT_Q8
     qs: np.ndarray  # uint8 [n, k/32, 16] (Q4) or int8 [n, k/32, 32] (Q8)
-    d: np.ndarray  # float32 [n, k/32]
-    m: np.ndarray | None  # float32 [n, k/32] (Q4 only)
+    d: np.ndarray  # float16 [n, k/32]
+    m: np.ndarray | None  # float16 [n, k/32] (Q4 only)
 
     @property
     def n(self) -> int:
@@ -69,10 +71,11 @@ def quantize_q8(w: np.ndarray) -> QWeight:
     """Symmetric int8 blocks of 32 (GGUF Q8_0's rule: ``d = amax / 127``)."""
     n, k = w.shape
     g = np.asarray(w, dtype=np.float32).reshape(n, k // BLOCK, BLOCK)
-    d = np.abs(g).max(-1) / 127.0
+    d16 = (np.abs(g).max(-1) / 127.0).astype(np.float16)
+    d = d16.astype(np.float32)  # the stored scale is the one the values are rounded to
     inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
     q = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
-    return QWeight(FMT_Q8, q, d.astype(np.float32), None)
+    return QWeight(FMT_Q8, q, d16, None)
 
 
 def quantize_q4(w: np.ndarray) -> QWeight:
@@ -80,15 +83,16 @@ def quantize_q4(w: np.ndarray) -> QWeight:
     n, k = w.shape
     g = np.asarray(w, dtype=np.float32).reshape(n, k // BLOCK, BLOCK)
     lo, hi = g.min(-1), g.max(-1)
-    d = (hi - lo) / 15.0
+    d16, m16 = ((hi - lo) / 15.0).astype(np.float16), lo.astype(np.float16)
+    d, m = d16.astype(np.float32), m16.astype(np.float32)
     inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-    q = np.clip(np.rint((g - lo[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint((g - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
     packed = q[..., :16] | (q[..., 16:] << 4)
-    return QWeight(FMT_Q4, packed, d.astype(np.float32), lo.astype(np.float32))
+    return QWeight(FMT_Q4, packed, d16, m16)
 
 
 def _fp16(raw: np.ndarray) -> np.ndarray:
-    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0]
 
 
 def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
@@ -101,7 +105,7 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
     if type_name == "Q4_0":
         b = raw.reshape(n, -1, 18)
         d = _fp16(b[..., 0:2])
-        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 2:]), d, -8.0 * d)
+        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 2:]), d, (-8.0 * d).astype(np.float16))
     if type_name == "Q8_0":
         b = raw.reshape(n, -1, 34)
         return QWeight(FMT_Q8, np.ascontiguousarray(b[..., 2:]).view(np.int8),
