@@ -567,6 +567,7 @@ typedef struct {
     const int8_t *xa;
     const uint16_t *xb;        /* bf16 rows (ACT_BF16 on a bf16 build), else NULL */
     int amx;                   /* xb packed as AMX B tiles (see pack_tiles) */
+    const float *xt;           /* fp32 rows transposed for the panel GEMM, else NULL */
 } Act;
 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -623,10 +624,85 @@ static inline const f16 *wm_of(const QMat *w, int n, int nb) {
     return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
 }
 
+#if defined(RLM_AVX2) && !defined(__AVX512F__)
+#define RLM_PANEL 1
+/* ------------------------------------------------------------------ fp32 panel GEMM
+ * AVX2 builds, steps of PANEL_MIN_T+ tokens with fp32 activations: the activations are
+ * transposed once per matmul (xt[j][t], tokens padded to a multiple of 2 PV), PMR rows of
+ * W are dequantized row-major as usual, and the microkernel broadcasts one weight per row
+ * and multiplies it into 2 PV tokens at a time: PMR x 2 accumulators in registers, no
+ * horizontal sums, no weight transpose. On 256-bit vectors this reaches the FMA peak where
+ * the rows x tokens dot-product tiles (dot_rt4_f32, 2 rows there) reached ~70% of it;
+ * with AVX-512 those tiles (4 rows) are already at ~80-90% and this layout gained
+ * nothing, so AVX-512 builds keep them. */
+#define PV 8                       /* floats per vector */
+#define PMR 6                      /* rows of W per microkernel */
+#define PANEL_MIN_T 16
+typedef __m256 pvec;
+#define PV_LOAD _mm256_loadu_ps
+#define PV_SET1 _mm256_set1_ps
+#define PV_FMA _mm256_fmadd_ps
+#define PV_ZERO _mm256_setzero_ps
+#define PV_STOREU _mm256_storeu_ps
+#define PT (2 * PV)                /* tokens per microkernel */
+
+static inline int64_t panel_tokens(int T) { return ((int64_t)T + PT - 1) / PT * PT; }
+
+/* Token t of x (k values) into column t of xt [k][tp]. */
+static void transpose_token(const float *xr, int t, int k, int64_t tp, float *xt) {
+    for (int j = 0; j < k; j++) xt[(int64_t)j * tp + t] = xr[j];
+}
+
+/* PMR dequantized rows (wf, row stride k) x tokens t0 .. t0 + PT of xt [k][tp]:
+ * y[t][n + r] for t < T, r < rows. */
+static inline void panel_kernel(const float *wf, const float *xt, int64_t tp, int k, int t0,
+                                int T, int rows, float *y, int64_t ldy) {
+    pvec acc[PMR][2];
+    for (int r = 0; r < PMR; r++) acc[r][0] = acc[r][1] = PV_ZERO();
+    const float *xc = xt + t0;
+    for (int j = 0; j < k; j++) {
+        pvec x0 = PV_LOAD(xc + (int64_t)j * tp), x1 = PV_LOAD(xc + (int64_t)j * tp + PV);
+        for (int r = 0; r < PMR; r++) {
+            pvec wb = PV_SET1(wf[(int64_t)r * k + j]);
+            acc[r][0] = PV_FMA(wb, x0, acc[r][0]);
+            acc[r][1] = PV_FMA(wb, x1, acc[r][1]);
+        }
+    }
+    const int nt = T - t0 < PT ? T - t0 : PT;
+    for (int r = 0; r < rows; r++) {
+        float out[PT];
+        PV_STOREU(out, acc[r][0]);
+        PV_STOREU(out + PV, acc[r][1]);
+        for (int i = 0; i < nt; i++) y[(int64_t)(t0 + i) * ldy + r] = out[i];
+    }
+}
+
+static void qgemm_panel_f32(const QMat *w, int n0, int n1, int T, const float *xt, float *y,
+                            int64_t ldy) {
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32), tp = panel_tokens(T);
+    float wf[(int64_t)PMR * k] __attribute__((aligned(64)));
+    for (int n = n0; n < n1; n += PMR) {
+        const int rows = n1 - n < PMR ? n1 - n : PMR;
+        for (int r = 0; r < rows; r++)
+            dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                        wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
+        if (rows < PMR) memset(wf + (int64_t)rows * k, 0, sizeof(float) * (PMR - rows) * k);
+        for (int t0 = 0; t0 < T; t0 += PT) panel_kernel(wf, xt, tp, k, t0, T, rows, y + n, ldy);
+    }
+}
+#endif
+
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+#ifdef RLM_PANEL
+    if (a->xt) {
+        qgemm_panel_f32(w, n0, n1, T, a->xt, y, ldy);
+        return;
+    }
+#endif
     float wf[RT * k] __attribute__((aligned(64)));
     int n = n0;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -1201,6 +1277,7 @@ typedef struct {
     float *x, *qkv, *attn, *tmp, *gu, *act, *xd, *xs, *scores;
     int8_t *xa;
     uint16_t *xb;
+    float *xt;
 } Work;
 
 static int64_t max_k(const Layer *L) {
@@ -1229,6 +1306,7 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
     RLM_TAKE(scores, (int64_t)nth * RLM_HEADS_PER_UNIT * (max_ctx + 16))
     RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
     RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
+    RLM_TAKE(xt, (T + 31) / 32 * 32 * K)          /* fp32 transposed, padded tokens */
 #undef RLM_TAKE
     return off;
 }
@@ -1253,6 +1331,11 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
 #else
     const int bf16 = 0;
 #endif
+#ifdef RLM_PANEL
+    const int panel = !bf16 && mode != ACT_INT8 && T >= PANEL_MIN_T;
+#else
+    const int panel = 0;
+#endif
 #ifdef RLM_AMX
     const int amx = bf16 && T >= RLM_AMX_MIN_ROWS && amx_ok();
     uint16_t row[amx ? k : 1] __attribute__((aligned(64)));
@@ -1274,6 +1357,12 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
             to_bf16(xr, k, w->xb + (int64_t)t * k);
 #endif
         } else if (mode != ACT_INT8) {
+#ifdef RLM_PANEL
+            if (panel) {
+                transpose_token(xr, t, k, panel_tokens(T), w->xt);
+                continue;
+            }
+#endif
             for (int b = 0; b < nb; b++) {
                 float s = 0.f;
                 for (int j = 0; j < 32; j++) s += xr[b * 32 + j];
@@ -1291,7 +1380,8 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         for (int t = T; t < (T + 15) / 16 * 16; t++) pack_token(zero, t, nb, (uint32_t *)w->xb);
     }
 #endif
-    Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx};
+    Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
+             panel ? w->xt : NULL};
     return a;
 }
 
@@ -1482,6 +1572,7 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xs = w.xd + (int64_t)T * nb;
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
     w.xb = (uint16_t *)(w.xs + (int64_t)T * nb + ((int64_t)T * k + 64) / 4);
+    w.xt = (float *)(w.xb + (int64_t)(T + 15) / 16 * 16 * k + 64);
     HeadJob j = {head, norm, x, eps, logits, T, act_mode, &w};
     run_parallel(head_job, &j, nthreads);
 }
@@ -1489,7 +1580,7 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
 int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
     (void)nthreads;
     return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + 64) / 4
-           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 64;
+           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 32 + (int64_t)(T + 31) / 32 * 32 * k + 64;
 }
 
 /* Kernel-test entry points: one op each, the same code the layer runs. */
