@@ -95,6 +95,19 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+@pytest.mark.parametrize("n,k", [(37, 96), (150, 576)])
+def test_prefill_sized_matmul_matches_twin(lib, act, n, k):
+    """300 tokens (a prefill chunk): on AMX the operands swap roles (weights as B tiles,
+    output tiles stored straight into place) from 256 tokens on; a partial last group of
+    tokens and of rows."""
+    w = _rand_weight(FMT_Q4, n, k, seed=n + k)
+    x = torch.randn(300, k)
+    out = ops.norm_matmul(lib, x, w, act=act)
+    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_int8_activations_stay_within_stated_error(lib):
     """int8 blocks of activations (llama.cpp's scheme): ~0.5% relative error, documented."""
     w = _rand_weight(FMT_Q4, 256, 576, seed=1)

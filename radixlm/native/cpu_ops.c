@@ -41,8 +41,11 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-/* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted). */
+/* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
+ * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
+ * qgemm_amx_large). */
 #define RLM_AMX_MIN_ROWS 16
+#define RLM_AMX_LARGE_T 256
 
 typedef struct {
     int32_t fmt;          /* FMT_Q4 | FMT_Q8 */
@@ -908,65 +911,209 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
     }
 }
 
-#define RLM_TILE_C(g, a, b)                        \
-    switch (g) {                                   \
-    case 0: _tile_dpbf16ps(0, a, b); break;        \
-    case 1: _tile_dpbf16ps(1, a, b); break;        \
-    case 2: _tile_dpbf16ps(2, a, b); break;        \
-    default: _tile_dpbf16ps(3, a, b); break;       \
-    }
-
+/* Rows are dequantized a block at a time (up to 128 rows, ~256 KB of bf16: L2), and every
+ * 64-token group of B tiles then serves all the block's 16-row groups: for prefill-sized
+ * steps the B tiles would otherwise stream from memory once per 16 rows. */
 static void qgemv_rows_amx(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32, nkb = k / 32, groups = (T + 15) / 16;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
-    uint16_t wb[16 * k] __attribute__((aligned(64)));
+    int block = (int)((256 * 1024) / ((int64_t)k * 2)) / 16 * 16;
+    block = block < 16 ? 16 : (block > 128 ? 128 : block);
+    uint16_t *wb = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2);
     float cbuf[16 * 16] __attribute__((aligned(64)));
+    if (!wb) abort(); /* no memory for 256 KB: nothing sensible left to do */
     amx_configure();
-    for (int n = n0; n < n1; n += 16) {
-        const int rows = n1 - n < 16 ? n1 - n : 16;
-        for (int r = 0; r < rows; r++)
-            dequant_row_bf16(w, w->qs + (int64_t)(n + r) * row_bytes,
-                             w->d + (int64_t)(n + r) * nb, wm_of(w, n + r, nb), nb,
+    for (int nblk = n0; nblk < n1; nblk += block) {
+        const int brows = n1 - nblk < block ? n1 - nblk : block;
+        const int bpad = (brows + 15) / 16 * 16;
+        for (int r = 0; r < brows; r++)
+            dequant_row_bf16(w, w->qs + (int64_t)(nblk + r) * row_bytes,
+                             w->d + (int64_t)(nblk + r) * nb, wm_of(w, nblk + r, nb), nb,
                              wb + (int64_t)r * k);
-        if (rows < 16) memset(wb + (int64_t)rows * k, 0, (size_t)(16 - rows) * k * 2);
-        for (int g0 = 0; g0 < groups; g0 += 4) { /* 4 token groups (64 tokens) at a time */
-            const int ng = groups - g0 < 4 ? groups - g0 : 4;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int jb = 0; jb < nkb; jb++) {
-                _tile_loadd(4, wb + jb * 32, k * 2);
-                for (int g = 0; g < ng; g++) {
-                    const uint16_t *bt = a->xb + ((int64_t)(g0 + g) * nkb + jb) * 512;
-                    if (g == 0) { _tile_loadd(5, bt, 64); RLM_TILE_C(0, 4, 5) }
-                    else if (g == 1) { _tile_loadd(6, bt, 64); RLM_TILE_C(1, 4, 6) }
-                    else if (g == 2) { _tile_loadd(7, bt, 64); RLM_TILE_C(2, 4, 7) }
-                    else { _tile_loadd(5, bt, 64); RLM_TILE_C(3, 4, 5) }
+        if (bpad > brows) memset(wb + (int64_t)brows * k, 0, (size_t)(bpad - brows) * k * 2);
+        /* 2 x 2 register blocking: C tiles 0-3 = (row group i, token group j) at 2 i + j,
+         * A tiles 4-5 (two 16-row groups), B tiles 6-7 (two 16-token groups): each tile
+         * load feeds two dot products. */
+        for (int g = 0; g < groups; g += 2) {
+            const int two_g = groups - g >= 2;
+            const uint16_t *b0 = a->xb + (int64_t)g * nkb * 512;
+            const uint16_t *b1 = b0 + (int64_t)nkb * 512;
+            for (int rg = 0; rg < bpad; rg += 32) {
+                const int two_r = bpad - rg >= 32;
+                const uint16_t *w0 = wb + (int64_t)rg * k, *w1 = w0 + (int64_t)16 * k;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                if (two_r && two_g) {
+                    for (int jb = 0; jb < nkb; jb++) {
+                        _tile_loadd(4, w0 + jb * 32, k * 2);
+                        _tile_loadd(6, b0 + jb * 512, 64);
+                        _tile_loadd(7, b1 + jb * 512, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_loadd(5, w1 + jb * 32, k * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                } else {
+                    for (int jb = 0; jb < nkb; jb++) {
+                        _tile_loadd(4, w0 + jb * 32, k * 2);
+                        _tile_loadd(6, b0 + jb * 512, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        if (two_g) {
+                            _tile_loadd(7, b1 + jb * 512, 64);
+                            _tile_dpbf16ps(1, 4, 7);
+                        }
+                        if (two_r) {
+                            _tile_loadd(5, w1 + jb * 32, k * 2);
+                            _tile_dpbf16ps(2, 5, 6);
+                        }
+                    }
                 }
-            }
-            for (int g = 0; g < ng; g++) {
-                switch (g) {
-                case 0: _tile_stored(0, cbuf, 64); break;
-                case 1: _tile_stored(1, cbuf, 64); break;
-                case 2: _tile_stored(2, cbuf, 64); break;
-                default: _tile_stored(3, cbuf, 64); break;
+                for (int c = 0; c < 4; c++) {
+                    const int ri = c / 2, gj = c % 2;
+                    if ((ri && !two_r) || (gj && !two_g)) continue;
+                    switch (c) {
+                    case 0: _tile_stored(0, cbuf, 64); break;
+                    case 1: _tile_stored(1, cbuf, 64); break;
+                    case 2: _tile_stored(2, cbuf, 64); break;
+                    default: _tile_stored(3, cbuf, 64); break;
+                    }
+                    const int r0 = rg + 16 * ri, rows = brows - r0 < 16 ? brows - r0 : 16;
+                    if (rows <= 0) continue;
+                    const int t0 = (g + gj) * 16, nt = T - t0 < 16 ? T - t0 : 16;
+                    store_transposed(cbuf, nt, rows, y + (int64_t)t0 * ldy + nblk + r0, ldy);
                 }
-                const int t0 = (g0 + g) * 16, nt = T - t0 < 16 ? T - t0 : 16;
-                store_transposed(cbuf, nt, rows, y + (int64_t)t0 * ldy + n, ldy);
             }
         }
     }
     _tile_release();
+    free(wb);
 }
-#undef RLM_TILE_C
+
+/* T >= RLM_AMX_LARGE_T (prefill chunks): C[16 tokens x 16 rows of W] += A[16 tokens x 32
+ * columns, the bf16 activation rows as they are] . B[32 columns x 16 rows of W, bf16
+ * pairs]. The B tiles are made once per block of rows (a 16 x 16 transpose of 32-bit
+ * pairs per tile) and serve every token, and C is stored straight into y: the per-tile
+ * transposes of the output, which dominated at hundreds of tokens, are gone. */
+static void transpose_pairs16(const uint16_t *src, int64_t src_stride, uint16_t *dst) {
+    __m512 v[16];
+    for (int i = 0; i < 16; i++) v[i] = _mm512_castsi512_ps(_mm512_loadu_si512(src + i * src_stride));
+    for (int b = 8; b >= 1; b /= 2) {
+        int32_t lo[16] __attribute__((aligned(64))), hi[16] __attribute__((aligned(64)));
+        for (int col = 0; col < 16; col++) {
+            int chunk = col / (2 * b) * (2 * b), off = col % (2 * b);
+            lo[col] = off < b ? chunk + off : 16 + chunk + off - b;
+            hi[col] = off < b ? chunk + off + b : 16 + chunk + off;
+        }
+        __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+        for (int j = 0; j < 16; j++) {
+            if (j & b) continue;
+            __m512 a = v[j], p = v[j + b];
+            v[j] = _mm512_permutex2var_ps(a, ilo, p);
+            v[j + b] = _mm512_permutex2var_ps(a, ihi, p);
+        }
+    }
+    for (int i = 0; i < 16; i++) _mm512_store_si512(dst + i * 32, _mm512_castps_si512(v[i]));
+}
+
+static void qgemm_amx_large(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                            int64_t ldy) {
+    const int k = w->k, nb = k / 32, nkb = k / 32, groups = (T + 15) / 16;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    int block = (int)((256 * 1024) / ((int64_t)k * 2)) / 32 * 32;
+    block = block < 32 ? 32 : (block > 128 ? 128 : block);
+    uint16_t *wb = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2);
+    uint16_t *bt = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2); /* B tiles */
+    float cbuf[16 * 16] __attribute__((aligned(64)));
+    if (!wb || !bt) abort();
+    amx_configure();
+    for (int nblk = n0; nblk < n1; nblk += block) {
+        const int brows = n1 - nblk < block ? n1 - nblk : block;
+        const int bpad = (brows + 15) / 16 * 16, rgroups = bpad / 16;
+        for (int r = 0; r < brows; r++)
+            dequant_row_bf16(w, w->qs + (int64_t)(nblk + r) * row_bytes,
+                             w->d + (int64_t)(nblk + r) * nb, wm_of(w, nblk + r, nb), nb,
+                             wb + (int64_t)r * k);
+        if (bpad > brows) memset(wb + (int64_t)brows * k, 0, (size_t)(bpad - brows) * k * 2);
+        for (int rg = 0; rg < rgroups; rg++) /* B tile (rg, jb) at bt + (rg nkb + jb) 512 */
+            for (int jb = 0; jb < nkb; jb++)
+                transpose_pairs16(wb + (int64_t)rg * 16 * k + jb * 32, k,
+                                  bt + ((int64_t)rg * nkb + jb) * 512);
+        for (int g = 0; g < groups; g += 2) {
+            const int two_g = groups - g >= 2;
+            const uint16_t *a0 = a->xb + (int64_t)g * 16 * k, *a1 = a0 + (int64_t)16 * k;
+            for (int rg = 0; rg < rgroups; rg += 2) {
+                const int two_r = rgroups - rg >= 2;
+                const uint16_t *b0 = bt + (int64_t)rg * nkb * 512, *b1 = b0 + (int64_t)nkb * 512;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                if (two_r && two_g) {
+                    for (int jb = 0; jb < nkb; jb++) {
+                        _tile_loadd(4, a0 + jb * 32, k * 2);
+                        _tile_loadd(6, b0 + jb * 512, 64);
+                        _tile_loadd(7, b1 + jb * 512, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_loadd(5, a1 + jb * 32, k * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                } else {
+                    for (int jb = 0; jb < nkb; jb++) {
+                        _tile_loadd(4, a0 + jb * 32, k * 2);
+                        _tile_loadd(6, b0 + jb * 512, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        if (two_r) {
+                            _tile_loadd(7, b1 + jb * 512, 64);
+                            _tile_dpbf16ps(1, 4, 7);
+                        }
+                        if (two_g) {
+                            _tile_loadd(5, a1 + jb * 32, k * 2);
+                            _tile_dpbf16ps(2, 5, 6);
+                        }
+                    }
+                }
+                for (int c = 0; c < 4; c++) { /* C tile c = (token group c / 2, rows c % 2) */
+                    const int ti = c / 2, rj = c % 2;
+                    if ((ti && !two_g) || (rj && !two_r)) continue;
+                    const int t0 = (g + ti) * 16, r0 = (rg + rj) * 16;
+                    const int nt = T - t0 < 16 ? T - t0 : 16, rows = brows - r0 < 16 ? brows - r0 : 16;
+                    float *dst = y + (int64_t)t0 * ldy + nblk + r0;
+                    const int direct = nt == 16 && rows == 16;
+                    float *out = direct ? dst : cbuf;
+                    const int64_t stride = direct ? ldy * 4 : 64;
+                    switch (c) {
+                    case 0: _tile_stored(0, out, stride); break;
+                    case 1: _tile_stored(1, out, stride); break;
+                    case 2: _tile_stored(2, out, stride); break;
+                    default: _tile_stored(3, out, stride); break;
+                    }
+                    if (!direct)
+                        for (int i = 0; i < nt; i++)
+                            memcpy(dst + (int64_t)i * ldy, cbuf + i * 16, (size_t)rows * 4);
+                }
+            }
+        }
+    }
+    _tile_release();
+    free(bt);
+    free(wb);
+}
 #endif
 
 /* y[t, n] (row stride ldy) for n in [n0, n1), all T tokens. */
 static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
                        int64_t ldy) {
 #ifdef RLM_AMX
+    if (act->amx == 2) {
+        qgemm_amx_large(w, n0, n1, T, act, y, ldy);
+        return;
+    }
     if (act->amx) {
         qgemv_rows_amx(w, n0, n1, T, act, y, ldy);
         return;
@@ -1337,7 +1484,8 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
     const int panel = 0;
 #endif
 #ifdef RLM_AMX
-    const int amx = bf16 && T >= RLM_AMX_MIN_ROWS && amx_ok();
+    const int amx = bf16 && T >= RLM_AMX_MIN_ROWS && amx_ok()
+                        ? (T >= RLM_AMX_LARGE_T ? 2 : 1) : 0;
     uint16_t row[amx ? k : 1] __attribute__((aligned(64)));
 #else
     const int amx = 0;
@@ -1347,7 +1495,7 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         const float *xr = x + (int64_t)t * k;
         if (bf16) {
 #ifdef RLM_AMX
-            if (amx) {
+            if (amx == 1) {
                 to_bf16(xr, k, row);
                 pack_token(row, t, nb, (uint32_t *)w->xb);
                 continue;
@@ -1377,7 +1525,10 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
     if (amx && tid == nth - 1 && T % 16) { /* padding tokens of the last group: zeros */
         uint16_t zero[k];
         memset(zero, 0, sizeof zero);
-        for (int t = T; t < (T + 15) / 16 * 16; t++) pack_token(zero, t, nb, (uint32_t *)w->xb);
+        for (int t = T; t < (T + 15) / 16 * 16; t++) {
+            if (amx == 1) pack_token(zero, t, nb, (uint32_t *)w->xb);
+            else memcpy(w->xb + (int64_t)t * k, zero, sizeof zero);
+        }
     }
 #endif
     Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
