@@ -116,6 +116,9 @@ class FakeEngine:
         bound = self.config.max_queued_requests
         if limit is not None:
             bound = limit if bound is None else min(bound, limit)
+        if bound is not None and count > bound:  # as Engine._check_room
+            raise ValueError(f"this call needs {count} places in the waiting queue but it "
+                             f"holds at most {bound}; split the call")
         if bound is not None and self.forced_waiting + self.reserved + count > bound:
             raise QueueFullError(f"waiting queue is full ({self.forced_waiting}/{bound})")
         self.reserved += count

@@ -76,6 +76,18 @@ def test_admission_under_racing_fan_out_never_exceeds_the_bound(engine: Engine) 
     engine.check_integrity()
 
 
+def test_a_fan_out_larger_than_the_queue_is_a_bad_request(engine: Engine) -> None:
+    """n=9 against a queue of 8 can never be admitted: ValueError (HTTP 400) naming the
+    bound, not a QueueFullError (429) a client would retry forever; nothing is held."""
+    with pytest.raises(ValueError, match="holds at most 8"):
+        engine.generate(input_ids=PROMPT, sampling_params={**PARAMS, "n": 9})
+    with pytest.raises(ValueError, match="holds at most 8"):
+        engine.reserve(9)
+    assert engine.scheduler.num_queued == 0
+    out = engine.generate(input_ids=PROMPT, sampling_params={**PARAMS, "n": 8})
+    assert len(out) == 8
+
+
 def test_reservation_is_all_or_none_and_released(engine: Engine) -> None:
     a = engine.reserve(5)
     with pytest.raises(QueueFullError):

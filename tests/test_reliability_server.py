@@ -83,11 +83,13 @@ def test_prompt_too_long_in_bytes_is_refused_before_tokenizing() -> None:
 def test_fan_out_takes_n_places_or_is_refused_whole() -> None:
     fake = FakeEngine(max_queued_requests=4)
     client = TestClient(create_app(fake))
-    r = client.post("/generate", json={"text": "hi", "sampling_params": {"n": 5}})
+    fake.forced_waiting = 2  # two places left
+    r = client.post("/generate", json={"text": "hi", "sampling_params": {"n": 3}})
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    assert not fake.calls  # not one of the 5 samples was queued
-    r = client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b", "c"], "n": 2})
+    assert not fake.calls  # not one of the 3 samples was queued
+    r = client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b", "c"], "n": 1})
     assert r.status_code == 429 and not fake.calls
+    fake.forced_waiting = 0
     r = client.post("/generate", json={"text": "hi", "sampling_params": {"n": 4, **ONE}})
     assert r.status_code == 200 and len(r.json()) == 4
     assert fake.reserved == 0  # every place was given back
@@ -102,7 +104,8 @@ def test_fan_out_takes_n_places_or_is_refused_whole() -> None:
                               "messages": [{"role": "user", "content": "hi"}]}),
 ])
 def test_a_stream_that_cannot_be_admitted_is_a_429_before_any_byte(path: str, body: dict) -> None:
-    fake = FakeEngine(max_queued_requests=0)
+    fake = FakeEngine(max_queued_requests=1)
+    fake.forced_waiting = 1
     client = TestClient(create_app(fake))
     with client.stream("POST", path, json=body) as r:
         assert r.status_code == 429 and r.headers["retry-after"] == "1"

@@ -81,6 +81,20 @@ def test_body_cap_413_with_and_without_content_length() -> None:
         "max_new_tokens": 1}}).status_code == 200
 
 
+def test_a_fan_out_the_queue_can_never_hold_is_400_not_429() -> None:
+    """n=3 (or a batch of 3) against a queue bound of 2: a retry could never succeed, so it
+    is a 400 naming the bound, not a 429; nothing is queued."""
+    fake = FakeEngine()
+    client = TestClient(create_app(fake, ServerSettings(max_queued_requests=2)))
+    r = client.post("/generate", json={"text": "hi", "sampling_params": {"n": 3}})
+    assert r.status_code == 400 and "holds at most 2" in r.json()["error"]["message"]
+    r = client.post("/generate", json={"text": ["a", "b", "c"]})
+    assert r.status_code == 400 and "retry-after" not in r.headers
+    r = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "n": 3})
+    assert r.status_code == 400
+    assert not fake.calls
+
+
 def test_queue_full_is_429_with_retry_after() -> None:
     fake = FakeEngine()
     client = TestClient(create_app(fake, ServerSettings(max_queued_requests=2)))
@@ -100,7 +114,8 @@ def test_queue_full_is_429_with_retry_after() -> None:
 
 
 def test_engine_queue_full_error_is_429() -> None:
-    fake = FakeEngine(max_queued_requests=0)  # the engine raises QueueFullError itself
+    fake = FakeEngine(max_queued_requests=2)  # the engine raises QueueFullError itself
+    fake.forced_waiting = 1
     client = TestClient(create_app(fake))
     r = client.post("/generate", json={"text": ["a", "b"]})
     assert r.status_code == 429 and r.headers["retry-after"] == "1"

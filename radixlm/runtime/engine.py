@@ -262,6 +262,9 @@ class Engine:
         bound = self.config.max_queued_requests
         if limit is not None:
             bound = limit if bound is None else min(bound, limit)
+        if bound is not None and count > bound:  # no retry can ever fit it: a bad request
+            raise ValueError(f"this call needs {count} places in the waiting queue (a batch "
+                             f"or n fan-out) but it holds at most {bound}; split the call")
         if bound is not None and s.num_queued + count > bound:
             raise QueueFullError(f"waiting queue is full ({s.num_queued} queued, limit {bound}; "
                                  f"{count} more asked)")
