@@ -193,6 +193,8 @@ def test_generate_refuses_what_the_openai_routes_refuse(body: str) -> None:
 
 
 def test_openapi_states_the_bounds() -> None:
+    import warnings
+
     from radixlm.runtime.sampling_params import (
         MAX_N,
         MAX_STOP,
@@ -201,7 +203,12 @@ def test_openapi_states_the_bounds() -> None:
         TEMPERATURE_RANGE,
     )
 
-    schema = TestClient(create_app(FakeEngine())).get("/openapi.json").json()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI warns on a duplicate operation id
+        schema = TestClient(create_app(FakeEngine())).get("/openapi.json").json()
+    op_ids = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
+    assert len(op_ids) == len(set(op_ids))
+    assert {"flush_cache", "flush_cache_get"} <= set(op_ids)
     comps = schema["components"]["schemas"]
     sp = comps["SamplingParamsBody"]["properties"]
 

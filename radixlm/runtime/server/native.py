@@ -221,7 +221,8 @@ def _version() -> str:
         return "unknown"
 
 
-@router.api_route("/flush_cache", methods=["POST", "GET"])
+@router.post("/flush_cache", operation_id="flush_cache")
+@router.get("/flush_cache", operation_id="flush_cache_get")  # SGLang answers GET too
 async def flush_cache(request: Request) -> Response:
     """Empty the radix cache; 400 (nothing done) while requests are running."""
     if await asyncio.to_thread(get_state(request).engine.flush_cache):
