@@ -170,8 +170,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_workspace_floats.restype = i64
     lib.rlm_matmul_workspace_floats.argtypes = [i32, i32, i32]
     lib.rlm_matmul_workspace_floats.restype = i64
-    lib.rlm_layer.argtypes = [ctypes.POINTER(Layer), ctypes.POINTER(Step), p, p, p]
-    lib.rlm_layer.restype = None
     lib.rlm_layers.argtypes = [ctypes.POINTER(Layer), i32, p, p, ctypes.POINTER(Step), p]
     lib.rlm_layers.restype = None
     lib.rlm_profile.argtypes = [p, i32]

@@ -1680,12 +1680,6 @@ void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
     run_parallel(layers_job, &j, S->nthreads);
 }
 
-/* One layer (same result as rlm_layers over that layer alone). */
-void rlm_layer(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res) {
-    void *k[1] = {k_cache}, *v[1] = {v_cache};
-    rlm_layers(L, 1, k, v, S, res);
-}
-
 typedef struct {
     const QMat *head;
     const float *norm, *x;

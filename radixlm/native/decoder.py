@@ -81,9 +81,8 @@ class NativeDecoder:
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
-        self.layers = [self._layer(i, blocks) for i in range(cfg.num_layers)]
         n = cfg.num_layers
-        self._layer_array = (Layer * n)(*self.layers)
+        self.layers = (Layer * n)(*[self._layer(i, blocks) for i in range(n)])  # C array
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         head = blocks.get("lm_head.weight")
@@ -180,7 +179,7 @@ class NativeDecoder:
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
                     ws.data_ptr())
-        lib.rlm_layers(self._layer_array, len(self.layers), self._k_ptrs, self._v_ptrs,
+        lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
                        ctypes.byref(step), res.data_ptr())
         x = res[batch.logits_indices].contiguous()
         n = x.shape[0]
