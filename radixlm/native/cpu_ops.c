@@ -1260,34 +1260,10 @@ static inline void axpy_kv(float *out, float w, const void *vc, int64_t off, int
                                        : bf16_to_f32(((const uint16_t *)vc)[off + i]));
 }
 
-/* One query head over positions 0 .. p of its request (through req_to_token). */
-static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, int Hkv, int D,
-                        float scale, const void *kc, const void *vc, int32_t dtype,
-                        float *scores, float *out) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= p; j++) {
-        float s = dot_kv(q, kc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype) * scale;
-        scores[j] = s;
-        mx = s > mx ? s : mx;
-    }
-    float sum = 0.f;
-    for (int64_t j = 0; j <= p; j++) {
-        scores[j] = expf(scores[j] - mx);
-        sum += scores[j];
-    }
-    float inv = 1.f / sum;
-    for (int i = 0; i < D; i++) out[i] = 0.f;
-    for (int64_t j = 0; j <= p; j++)
-        axpy_kv(out, scores[j] * inv, vc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype);
-}
-
+/* ------------------------------------------------------------------ exp, softmax, SiLU
+ * Vectorized exp (the scalar expf per position and per MLP value dominated attention and
+ * the activation). */
 #if defined(RLM_AVX2) && defined(__AVX512F__)
-static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
-    if (dtype == KV_F32) return _mm512_loadu_ps((const float *)base + off);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* exp(x) for 16 lanes (x <= 0 here: scores minus their max): 2^n * p(r) with
  * r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6 polynomial, ~2 ulp; -inf and very
  * negative x give 0. The scalar expf per position was half the attention time. */
@@ -1341,6 +1317,95 @@ static void silu_mul(const float *g, const float *u, int n, float *out) {
     for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
+#elif defined(RLM_AVX2)
+/* exp(x) for 8 lanes: the same reduction and polynomial as exp512 (AVX2 has no scalef:
+ * 2^n is built in the exponent bits). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 pl = _mm256_set1_ps(1.3981999507e-3f);
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(8.3334519073e-3f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(4.1665795894e-2f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.6666665459e-1f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(5.0000001201e-1f));
+    pl = _mm256_fmadd_ps(pl, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    /* 2^n for n in [-126, 127] as exponent bits; x >= -87.3 keeps n >= -126 */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(pl, _mm256_castsi256_ps(e));
+}
+
+static inline float exp_sum(float *sc, int64_t count, float mx) {
+    __m256 m = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
+        _mm256_storeu_ps(sc + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum256(acc);
+    for (; j < count; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    return sum;
+}
+
+static void silu_mul(const float *g, const float *u, int n, float *out) {
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp256(_mm256_or_ps(_mm256_andnot_ps(sign, gv), sign)); /* exp(-|g|) */
+        __m256 pos = _mm256_cmp_ps(gv, zero, _CMP_GE_OQ);
+        __m256 num = _mm256_blendv_ps(e, one, pos);
+        __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+#else
+static inline float exp_sum(float *sc, int64_t count, float mx) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < count; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    return sum;
+}
+
+static void silu_mul(const float *g, const float *u, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+#endif
+
+/* One query head over positions 0 .. p of its request (through req_to_token). */
+static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, int Hkv, int D,
+                        float scale, const void *kc, const void *vc, int32_t dtype,
+                        float *scores, float *out) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= p; j++) {
+        float s = dot_kv(q, kc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype) * scale;
+        scores[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    float inv = 1.f / exp_sum(scores, p + 1, mx);
+    for (int i = 0; i < D; i++) out[i] = 0.f;
+    for (int64_t j = 0; j <= p; j++)
+        axpy_kv(out, scores[j] * inv, vc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype);
+}
+
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
+    if (dtype == KV_F32) return _mm512_loadu_ps((const float *)base + off);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* nh (<= HB) query heads that share KV head g, D = 16 NV: each K and V row is loaded once
  * for the group, and the outputs stay in registers across positions. Same numbers as
  * attend_head up to the order of the sums. scores: nh rows of stride ss. */
@@ -1382,13 +1447,48 @@ static inline __attribute__((always_inline)) void attend_group_512(
         for (int i = 0; i < NV; i++)
             _mm512_storeu_ps(out + h * D + 16 * i, _mm512_mul_ps(o[h][i], _mm512_set1_ps(inv[h])));
 }
-#endif
-
-#if !(defined(RLM_AVX2) && defined(__AVX512F__))
-static void silu_mul(const float *g, const float *u, int n, float *out) {
-    for (int i = 0; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+#elif defined(RLM_AVX2)
+/* The AVX2 twin of attend_group_512 (8 floats per vector; D = 8 NV). */
+static inline __attribute__((always_inline)) void attend_group_256(
+    const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
+    int Hkv, float scale, const void *kc, const void *vc, int32_t dtype, float *scores,
+    int64_t ss, float *out) {
+    const int D = 8 * NV;
+    float mx[HB], inv[HB];
+    for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
+    for (int64_t j = 0; j <= p; j++) {
+        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
+        __m256 kv[NV];
+        for (int i = 0; i < NV; i++) kv[i] = load8_kv(kc, off + 8 * i, dtype);
+        for (int h = 0; h < HB; h++) {
+            if (h >= nh) break;
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q + h * D), kv[0]);
+            for (int i = 1; i < NV; i++)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + 8 * i), kv[i], acc);
+            float sc = hsum256(acc) * scale;
+            scores[h * ss + j] = sc;
+            mx[h] = sc > mx[h] ? sc : mx[h];
+        }
+    }
+    for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
+    __m256 o[HB][NV];
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++) o[h][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j <= p; j++) {
+        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
+        for (int i = 0; i < NV; i++) {
+            __m256 vv = load8_kv(vc, off + 8 * i, dtype);
+            for (int h = 0; h < HB; h++)
+                if (h < nh) o[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[h * ss + j]), vv,
+                                                      o[h][i]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < NV; i++)
+            _mm256_storeu_ps(out + h * D + 8 * i, _mm256_mul_ps(o[h][i], _mm256_set1_ps(inv[h])));
 }
 #endif
+
 
 /* Query heads h0 .. h0 + nh - 1 of one token (q and out: those heads, D apart), all in KV
  * group g. scores: nh * (p + 16) floats. */
@@ -1407,6 +1507,13 @@ static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p
         for (int h = 0; h < nh; h += 2)
             attend_group_512(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
                              kc, vc, dtype, scores, ss, out + h * D);
+        return;
+    }
+#elif defined(RLM_AVX2)
+    if (D == 64) { /* 8 vectors of K or V per row, one head at a time: 16 registers */
+        for (int h = 0; h < nh; h++)
+            attend_group_256(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kc, vc, dtype,
+                             scores, ss, out + h * D);
         return;
     }
 #endif
