@@ -651,20 +651,21 @@ typedef __m256 pvec;
 
 static inline int64_t panel_tokens(int T) { return ((int64_t)T + PT - 1) / PT * PT; }
 
-/* Token t of x (k values) into column t of xt [k][tp]. */
-static void transpose_token(const float *xr, int t, int k, int64_t tp, float *xt) {
-    for (int j = 0; j < k; j++) xt[(int64_t)j * tp + t] = xr[j];
+/* Token t of x (k values) into the transposed activations, stored in blocks of PT tokens:
+ * xt[t / PT][j][t % PT] (a block is contiguous, so the kernel reads it in order). */
+static void transpose_token(const float *xr, int t, int k, float *xt) {
+    float *blk = xt + (int64_t)(t / PT) * k * PT + t % PT;
+    for (int j = 0; j < k; j++) blk[(int64_t)j * PT] = xr[j];
 }
 
-/* PMR dequantized rows (wf, row stride k) x tokens t0 .. t0 + PT of xt [k][tp]:
- * y[t][n + r] for t < T, r < rows. */
-static inline void panel_kernel(const float *wf, const float *xt, int64_t tp, int k, int t0,
-                                int T, int rows, float *y, int64_t ldy) {
+/* PMR dequantized rows (wf, row stride k) x the PT tokens of block xb ([k][PT]), the
+ * first of which is token t0: y[t][r] for t < T, r < rows. */
+static inline void panel_kernel(const float *wf, const float *xb, int k, int t0, int T,
+                                int rows, float *y, int64_t ldy) {
     pvec acc[PMR][2];
     for (int r = 0; r < PMR; r++) acc[r][0] = acc[r][1] = PV_ZERO();
-    const float *xc = xt + t0;
     for (int j = 0; j < k; j++) {
-        pvec x0 = PV_LOAD(xc + (int64_t)j * tp), x1 = PV_LOAD(xc + (int64_t)j * tp + PV);
+        pvec x0 = PV_LOAD(xb + (int64_t)j * PT), x1 = PV_LOAD(xb + (int64_t)j * PT + PV);
         for (int r = 0; r < PMR; r++) {
             pvec wb = PV_SET1(wf[(int64_t)r * k + j]);
             acc[r][0] = PV_FMA(wb, x0, acc[r][0]);
@@ -680,19 +681,33 @@ static inline void panel_kernel(const float *wf, const float *xt, int64_t tp, in
     }
 }
 
+/* Rows are dequantized a block at a time (~128 KB of fp32, a multiple of PMR rows), then
+ * each block of PT tokens serves all the block's row groups from L1/L2: without it a
+ * prefill chunk streamed all its transposed activations from memory once per PMR rows. */
 static void qgemm_panel_f32(const QMat *w, int n0, int n1, int T, const float *xt, float *y,
                             int64_t ldy) {
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32), tp = panel_tokens(T);
-    float wf[(int64_t)PMR * k] __attribute__((aligned(64)));
-    for (int n = n0; n < n1; n += PMR) {
-        const int rows = n1 - n < PMR ? n1 - n : PMR;
-        for (int r = 0; r < rows; r++)
-            dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
-                        wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
-        if (rows < PMR) memset(wf + (int64_t)rows * k, 0, sizeof(float) * (PMR - rows) * k);
-        for (int t0 = 0; t0 < T; t0 += PT) panel_kernel(wf, xt, tp, k, t0, T, rows, y + n, ldy);
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    int block = (int)((128 * 1024) / ((int64_t)k * 4)) / PMR * PMR;
+    block = block < PMR ? PMR : (block > 16 * PMR ? 16 * PMR : block);
+    float *wf = (float *)aligned_alloc(64, sizeof(float) * (size_t)block * k);
+    if (!wf) abort(); /* no memory for ~128 KB: nothing sensible left to do */
+    for (int nblk = n0; nblk < n1; nblk += block) {
+        const int brows = n1 - nblk < block ? n1 - nblk : block;
+        const int bpad = (brows + PMR - 1) / PMR * PMR;
+        for (int r = 0; r < brows; r++)
+            dequant_row(w, w->qs + (int64_t)(nblk + r) * row_bytes,
+                        w->d + (int64_t)(nblk + r) * nb, wm_of(w, nblk + r, nb), nb,
+                        wf + (int64_t)r * k);
+        if (bpad > brows) memset(wf + (int64_t)brows * k, 0, sizeof(float) * (bpad - brows) * k);
+        for (int t0 = 0; t0 < T; t0 += PT)
+            for (int rg = 0; rg < bpad; rg += PMR) {
+                const int rows = brows - rg < PMR ? brows - rg : PMR;
+                panel_kernel(wf + (int64_t)rg * k, xt + (int64_t)t0 * k, k, t0, T, rows,
+                             y + nblk + rg, ldy);
+            }
     }
+    free(wf);
 }
 #endif
 
@@ -1614,7 +1629,7 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         } else if (mode != ACT_INT8) {
 #ifdef RLM_PANEL
             if (panel) {
-                transpose_token(xr, t, k, panel_tokens(T), w->xt);
+                transpose_token(xr, t, k, w->xt);
                 continue;
             }
 #endif
