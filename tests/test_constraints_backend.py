@@ -270,3 +270,96 @@ def test_llguidance_schema_prep_is_sound(tokenizer, llguidance_backend):
     overlapping = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
     with pytest.raises(ValueError, match="oneOf"):
         compile_(backend, json_schema=overlapping)
+
+
+STR, INT = {"type": "string"}, {"type": "integer"}
+D7 = "http://json-schema.org/draft-07/schema#"  # "dependencies" is a keyword up to draft 7
+PREP_DEFS = {"prim": {"type": "string", "enum": ["int", "long"]},
+             "jq": {"required": ["type"], "properties": {"type": {"enum": ["jq"]}},
+                    "additionalProperties": False},
+             "git": {"required": ["type", "path"], "additionalProperties": False,
+                     "properties": {"type": {"enum": ["git"]}, "path": STR}}}
+# name, schema, valid instances (accepted), invalid instances (rejected)
+ENFORCED = [
+    ("dependencies list", {"$schema": D7, "type": "object",
+                           "properties": {"a": STR, "b": STR, "c": STR},
+                           "dependencies": {"a": ["b"]}},
+     [{}, {"b": "y"}, {"a": "x", "b": "y"}], [{"a": "x"}, {"a": "x", "c": "z"}]),
+    ("dependentRequired", {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                           "type": "object", "properties": {"a": STR, "b": STR},
+                           "dependentRequired": {"a": ["b"], "b": ["a"]}},
+     [{}, {"a": "x", "b": "y"}], [{"a": "x"}, {"b": "y"}]),
+    ("dependencies schema", {"$schema": D7, "type": "object",
+                             "properties": {"kind": STR, "url": STR},
+                             "dependencies": {"url": {"properties": {"kind": {"enum": ["link"]}},
+                                                      "required": ["kind"]}}},
+     [{"kind": "x"}, {"kind": "link", "url": "u"}], [{"url": "u"}, {"kind": "x", "url": "u"}]),
+    ("not required", {"type": "object", "properties": {"a": INT, "b": INT},
+                      "not": {"required": ["b"]}}, [{}, {"a": 1}], [{"a": 1, "b": 2}]),
+    ("not enum", {"type": "string", "not": {"enum": ["null", "int", "in"]}},
+     ["", "i", "nul", "int2", "ab"], ["null", "int", "in", 3]),
+    ("not $ref enum", {"$defs": PREP_DEFS, "type": "string", "pattern": "^[a-z]+$",
+                       "not": {"$ref": "#/$defs/prim"}}, ["lon", "longer", "x"],
+     ["int", "long", "A"]),
+    ("not class pattern", {"type": "string", "minLength": 1,
+                           "not": {"pattern": "^[.,\\-]+$"}},
+     ["a", "-a", ". x", " "], [".", "-,-", "..\n", ""]),
+    ("oneOf required", {"type": "object", "properties": {"a": INT, "b": INT},
+                        "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{"a": 1}, {"b": 2}], [{"a": 1, "b": 2}, {}]),
+    ("oneOf discriminator", {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "x"}, "v": INT}, "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"const": "y"}, "w": STR},
+         "required": ["kind"]}]},
+     [{"kind": "x", "v": 1}, {"kind": "y", "w": "s"}], [{"kind": "z"}, {"kind": "y", "w": 1}]),
+    ("oneOf untyped refs", {"$defs": PREP_DEFS, "type": "array",
+                            "items": {"oneOf": [{"$ref": "#/$defs/jq"}, {"$ref": "#/$defs/git"}]}},
+     [[{"type": "jq"}, {"type": "git", "path": "p"}]], [[{"type": "x"}], ["s"], [{}]]),
+    ("oneOf pattern prefixes", {"oneOf": [{"type": "string", "pattern": "^https?://.+$"},
+                                          {"type": "string", "pattern": "^\\./.+$"}]},
+     ["./a", "http://x"], ["x", "./", 1]),
+    ("oneOf not", {"$defs": PREP_DEFS, "oneOf": [
+        {"$ref": "#/$defs/prim"}, {"type": "string", "not": {"$ref": "#/$defs/prim"}}]},
+     ["int", "x", ""], [3, None]),
+    ("format aliases", {"type": "array", "prefixItems": [
+        {"type": "string", "format": "uri-reference"}, {"type": "string", "format": "color"},
+        {"type": "string", "format": "json-pointer"}]}, [["http://a.b/c", "#a0b1c2", "/a/0"]],
+     []),
+]
+
+
+@pytest.mark.parametrize("name,schema,valid,invalid", ENFORCED, ids=[c[0] for c in ENFORCED])
+def test_llguidance_enforces_rewritten_keywords(tokenizer, llguidance_backend, name, schema,
+                                               valid, invalid):
+    """Keywords llguidance lacks but prep rewrites (dependencies, not forms, oneOf made
+    disjoint, formats): valid instances accepted, invalid ones rejected, random walks
+    validate under jsonschema (format checker on)."""
+    be = llguidance_backend
+    cls = jsonschema.validators.validator_for(schema)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    g = compile_(be, json_schema=schema)
+    for value in valid + invalid:
+        text = json.dumps(value, separators=(",", ":"))
+        ok = validator.is_valid(value)
+        assert ok == (value in valid), (value, "the case itself is wrong")
+        assert accepts_text(g.copy(), tokenizer, text) == ok, text
+    done = 0
+    for seed in range(4):
+        out, finished, _ = random_walk(g.copy(), tokenizer, be.words, be.eos_ids, seed,
+                                       explore_steps=20, max_steps=200)
+        if finished:
+            done += 1
+            assert validator.is_valid(json.loads(tokenizer.decode(out))), tokenizer.decode(out)
+    assert done >= 2
+
+
+@pytest.mark.parametrize("schema,word", [
+    ({"type": "integer", "not": {"minimum": 3}}, "not"),
+    ({"$schema": D7, "type": "object", "properties": {"a": STR}, "required": ["a"],
+      "dependencies": {"a": {"minProperties": 2}}}, "dependencies"),
+    ({"oneOf": [{"required": ["a"]}, {"required": ["a"]}]}, "oneOf"),
+    ({"type": "object", "properties": {"a": STR}, "not": {"required": ["a", "b"]}}, "not"),
+])
+def test_llguidance_unrewritable_forms_still_rejected_by_name(llguidance_backend, schema, word):
+    with pytest.raises(ValueError, match=word):
+        compile_(llguidance_backend, json_schema=schema)

@@ -64,9 +64,13 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
     root = schema if root is None else root
     out = dict(schema)
     listed = isinstance(schema.get("properties"), dict)  # before "not" may add some
-    if isinstance(out.get("oneOf"), list) and "anyOf" not in out \
-            and all_disjoint(out["oneOf"], root):
-        out["anyOf"] = out.pop("oneOf")  # exactly one branch can match any value
+    if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
+        branches = one_of_as_any_of(out["oneOf"], root)
+        if branches is not None:
+            del out["oneOf"]
+            out["anyOf"] = branches
+    if _implied_type(out, root):
+        del out["type"]  # a sibling of recursive $refs that llguidance would refuse
     if out.get("uniqueItems") is False:
         del out["uniqueItems"]
     elif out.get("uniqueItems") is True and out.get("minItems", 0) <= 1:
@@ -104,6 +108,17 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
                                            "unevaluatedProperties", "allOf", "$ref"))):
         out["additionalProperties"] = False
     return _with_dependencies(out, root)
+
+
+def _implied_type(out: dict, root: Any) -> bool:
+    """``out`` is ``{"type": T, "anyOf": [...]}`` (plus annotations) and every branch can
+    only match types in T, so ``type`` says nothing more."""
+    if set(out) - ANNOTATIONS - set(_DOCUMENT_KEYS) != {"type", "anyOf"} \
+            or not isinstance(out["anyOf"], list):
+        return False
+    own = json_types({"type": out["type"]}, root)
+    return own is not None and all((json_types(b, root) or {"?"}) <= own
+                                   for b in out["anyOf"])
 
 
 def _merge(out: dict, extra: dict) -> None:
@@ -266,6 +281,10 @@ def disjoint(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
     ta, tb = json_types(a, root), json_types(b, root)
     if ta is not None and tb is not None and not ta & tb:
         return True
+    pa, pb = _literal_prefix(a.get("pattern")), _literal_prefix(b.get("pattern"))
+    if pa is not None and pb is not None and not (pa.startswith(pb) or pb.startswith(pa)) \
+            and ta is not None and tb is not None and ta | tb <= {"string"}:
+        return True
     va, vb = value_set(a), value_set(b)
     if va is not None and vb is not None:
         return not {_canon(v) for v in va} & {_canon(v) for v in vb}
@@ -283,6 +302,27 @@ def disjoint(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
     return False
 
 
+def _literal_prefix(pattern: Any) -> str | None:
+    """The literal text every match of an anchored ``^...`` pattern starts with (no
+    alternation anywhere); None when there is none to tell."""
+    if not isinstance(pattern, str) or not pattern.startswith("^") or "|" in pattern:
+        return None
+    out, i = [], 1
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            lit, step = pattern[i + 1], 2
+        elif ch.isalnum() or ch in "/:-_ ,;=@#%&'\"<>!~`":
+            lit, step = ch, 1
+        else:
+            break
+        if pattern[i + step:i + step + 1] in ("?", "*", "{"):
+            break
+        out.append(lit)
+        i += step
+    return "".join(out) or None
+
+
 def _within_not(a: dict, b: dict, root: Any) -> bool:
     """``b`` says ``not X`` and ``a`` is X or an ``allOf`` with X as a member."""
     if "not" not in b or "$ref" in b:
@@ -292,6 +332,56 @@ def _within_not(a: dict, b: dict, root: Any) -> bool:
         return False
     return a == x or any(resolve(m, root) == x for m in a.get("allOf", [])
                          if isinstance(a.get("allOf"), list))
+
+
+_OBJECT_KEYWORDS = frozenset(("properties", "required", "additionalProperties",
+                              "patternProperties", "minProperties", "maxProperties"))
+
+
+def one_of_as_any_of(branches: list, root: Any) -> list | None:
+    """``oneOf`` branches rewritten so that no two can match one value, for use as ``anyOf``;
+    None when that can't be shown. A branch of object keywords only (no ``type``) also
+    matches every non-object, so with two such branches no non-object is valid: those
+    branches get ``type: object`` (exact then; with one such branch, a sound subset).
+    Branches that only list ``required`` keys are made exclusive (see ``_exclusive``)."""
+    typed = [_typed_object(b, root) for b in branches]
+    if all_disjoint(typed, root):
+        return typed
+    return _exclusive(branches)
+
+
+def _typed_object(b: Any, root: Any) -> Any:
+    r = resolve(b, root)
+    if not isinstance(r, dict) or "type" in r or "$ref" in r or "$id" in r or "id" in r:
+        return b
+    keys = set(r) - ANNOTATIONS - set(_DOCUMENT_KEYS)
+    if not keys or not keys <= _OBJECT_KEYWORDS:
+        return b
+    return {**{k: v for k, v in r.items() if k not in _DOCUMENT_KEYS}, "type": "object"}
+
+
+def _exclusive(branches: list) -> list | None:
+    """``oneOf: [{"required": R1}, {"required": R2}, ...]``: branch i keeps R_i and forbids
+    one key of each other R_j it lacks (exact when every R_j has one key; a sound subset
+    otherwise); a branch whose keys include all of another's can never be the only match
+    and is dropped. Non-objects match every branch, so none is valid: ``type: object``."""
+    reqs = []
+    for b in branches:
+        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"} \
+                or not isinstance(b["required"], list) or not b["required"]:
+            return None
+        reqs.append(b["required"])
+    if len(reqs) < 2:
+        return None
+    out = []
+    for i, ri in enumerate(reqs):
+        forbid = [next((k for k in rj if k not in ri), None) for j, rj in enumerate(reqs)
+                  if j != i]
+        if None in forbid:
+            continue
+        out.append({"type": "object", "required": list(ri),
+                    "properties": dict.fromkeys(forbid, False)})
+    return out or None
 
 
 def all_disjoint(branches: list, root: Any) -> bool:
