@@ -22,9 +22,10 @@ generated is valid, some valid values are never generated):
   (*subsets*); ``color``, ``json-pointer``, ``regex`` -> the translator's pattern for them
   (*subset*); a name no draft defines is an annotation and is dropped.
 - objects that list ``properties`` are closed (``additionalProperties: false``, *subset*),
-  xgrammar's strict mode in SGLang; left open: ``allOf`` members, ``anyOf``/``oneOf``
-  branches of those or beside an ``allOf``, and objects with ``allOf`` / ``$ref`` beside
-  their properties (closing those could empty the language).
+  xgrammar's strict mode in SGLang; left open: ``allOf`` members (and definitions some
+  ``allOf`` refers to), ``anyOf``/``oneOf`` branches of those or beside an ``allOf``, and
+  objects with ``allOf`` / ``$ref`` beside their properties (closing those could empty the
+  language).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ FORMAT_ALIASES = {"uri-reference": "uri", "iri": "uri", "iri-reference": "uri", 
 FORMAT_PATTERNS = {f: "^" + rp.FORMATS[f][1:-1] + "$" for f in ("color", "json-pointer", "regex")}
 MAX_NEGATED_ENUM_CHARS = 4096
 MAX_DEPENDENCY_VARIANTS = 8
+_DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 # Keys that place a schema in its document: stay on the node, never copied into branches.
 _DOCUMENT_KEYS = ("$schema", "$id", "id", "$anchor", "$defs", "definitions")
 # What Python's re (the validators' engine) matches with \s in a str pattern.
@@ -84,9 +86,11 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
             del out["not"]
             _merge(out, negated)
     _rewrite_format(out)
+    in_all_ofs = _all_of_targets(root) if schema is root else set()
     for key in SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: prepare_schema(v, root=root) for k, v in out[key].items()}
+            out[key] = {k: prepare_schema(v, f"#/{key}/{k}" in in_all_ofs, root)
+                        for k, v in out[key].items()}
     # branches that get intersected with something (an allOf member's, or beside allOf)
     # stay open like allOf members
     intersected = in_all_of or "allOf" in out
@@ -107,7 +111,27 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
             and not any(k in out for k in ("additionalProperties", "patternProperties",
                                            "unevaluatedProperties", "allOf", "$ref"))):
         out["additionalProperties"] = False
-    return _with_dependencies(out, root)
+    if any(k in out for k in _DEPENDENCY_KEYS):
+        return _with_dependencies(out, root)
+    return out
+
+
+def _all_of_targets(root: Any) -> set[str]:
+    """``$ref``s that are ``allOf`` members anywhere in the document: their targets are
+    intersected with something, so they are left open like ``allOf`` members."""
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            members = x.get("allOf")
+            if isinstance(members, list):
+                found.update(m["$ref"] for m in members
+                             if isinstance(m, dict) and isinstance(m.get("$ref"), str))
+            stack.extend(v for v in x.values() if isinstance(v, (dict, list)))
+        elif isinstance(x, list):
+            stack.extend(v for v in x if isinstance(v, (dict, list)))
+    return found
 
 
 def _implied_type(out: dict, root: Any) -> bool:
@@ -154,11 +178,10 @@ def _with_dependencies(out: dict, root: Any) -> dict:
     (a list extends ``required``; a schema's ``required``/``properties`` are merged into the
     copy). No ``allOf`` is used: llguidance refuses intersections near recursive ``$ref``s.
     Forms that do not merge are put back for the compiler to refuse."""
-    deps = [(name, dep) for k in ("dependencies", "dependentRequired", "dependentSchemas")
+    deps = [(name, dep) for k in _DEPENDENCY_KEYS
             if isinstance(out.get(k), dict) for name, dep in out[k].items()
             if not (dep is True or dep == [] or dep == {})]
-    base = {k: v for k, v in out.items()
-            if k not in ("dependencies", "dependentRequired", "dependentSchemas")}
+    base = {k: v for k, v in out.items() if k not in _DEPENDENCY_KEYS}
     variants = [base]
     for name, dep in deps:
         dep = dep if isinstance(dep, (list, bool)) else prepare_schema(dep, True, root)

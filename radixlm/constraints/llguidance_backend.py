@@ -303,11 +303,15 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         """Cheap checks (metaschema, whitespace pattern, keywords llguidance would ignore),
         then llguidance's own JSON compiler's grammar. The compiler's refusals surface when
         the matcher is built (``_build``), which then falls back to the regex translator."""
-        schema = json.loads(specs.normalize_json_schema(spec.value))
+        schema = specs.load_json_schema(spec.value)  # (spec.value is normalized text)
         ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
         check_whitespace_pattern(ws)
         meta_check(schema)
-        bad = unenforced_keywords(schema)
+        # a keyword is a quoted key in the text (unless spelled with \u escapes): skip the
+        # walk when none can be there
+        text = spec.value if isinstance(spec.value, str) else json.dumps(schema)
+        bad = unenforced_keywords(schema) if "\\u" in text or any(
+            f'"{k}"' in text for k in UNREPORTED_KEYWORDS) else []
         if bad:
             raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
         return llg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), defaults={
@@ -317,7 +321,7 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         """Where llguidance refuses a schema (non-disjoint ``oneOf``, ``not``,
         ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
         the outlines backend's) as a regex grammar. Runs on a compile worker."""
-        schema = json.loads(specs.normalize_json_schema(spec.value))
+        schema = specs.load_json_schema(spec.value)
         ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
         try:
             # validate() already checked the metaschema (jsonschema's own walk costs ~50 ms
