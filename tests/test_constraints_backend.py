@@ -8,6 +8,7 @@ import json
 import threading
 
 import jsonschema
+import llguidance as llg
 import numpy as np
 import pytest
 
@@ -294,6 +295,10 @@ ENFORCED = [
                              "dependencies": {"url": {"properties": {"kind": {"enum": ["link"]}},
                                                       "required": ["kind"]}}},
      [{"kind": "x"}, {"kind": "link", "url": "u"}], [{"url": "u"}, {"kind": "x", "url": "u"}]),
+    ("dependentSchemas", {"type": "object", "properties": {"kind": STR, "url": STR},
+                          "dependentSchemas": {"url": {"properties": {"kind": {"enum": ["link"]}},
+                                                       "required": ["kind"]}}},
+     [{"kind": "x"}, {"kind": "link", "url": "u"}], [{"url": "u"}, {"kind": "x", "url": "u"}]),
     ("not required", {"type": "object", "properties": {"a": INT, "b": INT},
                       "not": {"required": ["b"]}}, [{}, {"a": 1}], [{"a": 1, "b": 2}]),
     ("not enum", {"type": "string", "not": {"enum": ["null", "int", "in"]}},
@@ -338,6 +343,9 @@ def test_llguidance_enforces_rewritten_keywords(tokenizer, llguidance_backend, n
     cls = jsonschema.validators.validator_for(schema)
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     g = compile_(be, json_schema=schema)
+    # compiled by llguidance itself from the rewritten schema, not by the translator fallback
+    grammar = be.to_grammar(spec_from_sampling_params({"json_schema": schema}))
+    assert not llg.LLMatcher.validate_grammar(grammar, None)
     for value in valid + invalid:
         text = json.dumps(value, separators=(",", ":"))
         ok = validator.is_valid(value)

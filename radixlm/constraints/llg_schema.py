@@ -88,7 +88,7 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
     _rewrite_format(out)
     in_all_ofs = _all_of_targets(root) if schema is root else set()
     for key in SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
+        if isinstance(out.get(key), dict) and key != "dependentSchemas":  # (see below)
             out[key] = {k: prepare_schema(v, f"#/{key}/{k}" in in_all_ofs, root)
                         for k, v in out[key].items()}
     # branches that get intersected with something (an allOf member's, or beside allOf)
@@ -99,7 +99,7 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
             open_ = key == "allOf" or (intersected and key in ("anyOf", "oneOf"))
             out[key] = [prepare_schema(v, open_, root) for v in out[key]]
     for key in SCHEMA_ONE:
-        if key in out:
+        if key in out and key != "not":  # closing inside a "not" would widen its complement
             out[key] = prepare_schema(out[key], root=root)
     if isinstance(out.get("items"), list):
         out["items"] = [prepare_schema(v, root=root) for v in out["items"]]
