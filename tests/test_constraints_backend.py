@@ -320,6 +320,12 @@ ENFORCED = [
     ("oneOf untyped refs", {"$defs": PREP_DEFS, "type": "array",
                             "items": {"oneOf": [{"$ref": "#/$defs/jq"}, {"$ref": "#/$defs/git"}]}},
      [[{"type": "jq"}, {"type": "git", "path": "p"}]], [[{"type": "x"}], ["s"], [{}]]),
+    ("oneOf branchwise", {"$defs": PREP_DEFS, "type": "array", "items": {"oneOf": [
+        {"type": "object", "oneOf": [{"$ref": "#/$defs/jq"}, {"$ref": "#/$defs/git"}]},
+        {"type": "object", "additionalProperties": {"enum": [False]}, "minProperties": 1,
+         "maxProperties": 1}]}},
+     [[{"type": "jq"}], [{"x": False}], [{"type": False}]],
+     [[{"type": "hg"}], [{"x": True}], [{}]]),
     ("oneOf pattern prefixes", {"oneOf": [{"type": "string", "pattern": "^https?://.+$"},
                                           {"type": "string", "pattern": "^\\./.+$"}]},
      ["./a", "http://x"], ["x", "./", 1]),

@@ -8,7 +8,9 @@ nothing. The rewrites, each exact unless marked *subset* (a sound restriction: e
 generated is valid, some valid values are never generated):
 
 - ``oneOf`` whose branches are provably disjoint (JSON types, finite value sets, a required
-  discriminating property) -> ``anyOf``.
+  discriminating property, a ``not`` of the other branch, anchored pattern prefixes, every
+  nested ``anyOf``/``oneOf`` branch disjoint) -> ``anyOf``; branches of object keywords only
+  get ``type: object``; branches that only list ``required`` keys are made exclusive.
 - ``not``: ``{}`` (nothing), ``{"type": ...}`` (the other types), ``{"required": [k]}``
   (``properties: {k: false}``), ``{"enum"/"const": strings}`` on a string schema (a pattern
   for "none of these strings"), ``{"pattern": "^[S]+$"}`` / ``"^[S]*$"`` on a string schema
@@ -293,7 +295,8 @@ def _canon(v: Any) -> str:
 
 def disjoint(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
     """True only if no value is valid under both ``a`` and ``b`` (a proof by JSON types,
-    by finite value sets, or by a property one requires whose values the other excludes)."""
+    by finite value sets, by a property one requires whose values the other excludes, by
+    every ``anyOf``/``oneOf`` branch of one being disjoint from the other)."""
     a, b = resolve(a, root), resolve(b, root)
     if a is False or b is False:
         return True
@@ -311,16 +314,22 @@ def disjoint(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
     va, vb = value_set(a), value_set(b)
     if va is not None and vb is not None:
         return not {_canon(v) for v in va} & {_canon(v) for v in vb}
+    for x, y in ((a, b), (b, a)):  # every branch of x is disjoint from y
+        branches = x.get("anyOf", x.get("oneOf"))
+        if isinstance(branches, list) and branches and depth < 3 \
+                and all(disjoint(br, y, root, depth + 1) for br in branches):
+            return True
     for x, y, tx in ((a, b, ta), (b, a, tb)):
         if tx is None or not tx <= {"object"}:
             continue  # x may match non-objects, where "required" says nothing
         px, py = x.get("properties", {}), y.get("properties", {})
-        y_closed = y.get("additionalProperties") is False and "patternProperties" not in y
+        if not isinstance(px, dict) or not isinstance(py, dict):
+            continue
+        # a key y does not list must satisfy y's additionalProperties (when no patterns)
+        y_extra = y.get("additionalProperties", True) if "patternProperties" not in y else None
         for name in x.get("required", []):
-            if name in py and isinstance(px, dict) and disjoint(px.get(name, True), py[name],
-                                                                root, depth + 1):
-                return True
-            if y_closed and isinstance(py, dict) and name not in py:
+            other = py.get(name, y_extra)
+            if other is not None and disjoint(px.get(name, True), other, root, depth + 1):
                 return True
     return False
 
