@@ -12,8 +12,9 @@ generated is valid, some valid values are never generated):
   nested ``anyOf``/``oneOf`` branch disjoint) -> ``anyOf``; branches of object keywords only
   get ``type: object``; branches that only list ``required`` keys are made exclusive.
 - ``not``: ``{}`` (nothing), ``{"type": ...}`` (the other types), ``{"required": [k]}``
-  (``properties: {k: false}``), ``{"enum"/"const": strings}`` on a string schema (a pattern
-  for "none of these strings"), ``{"pattern": "^[S]+$"}`` / ``"^[S]*$"`` on a string schema
+  (``properties: {k: false}``), ``{"properties": {k: S}}`` (an object with k, whose value is
+  ``not S``), ``{"enum"/"const": strings}`` (a pattern for "none of these strings", for
+  strings; other types pass), ``{"pattern": "^[S]+$"}`` / ``"^[S]*$"`` on a string schema
   (*subset*: the string holds a character outside S and not a newline); local ``$ref``
   targets of those shapes likewise.
 - ``dependencies`` / ``dependentRequired`` / ``dependentSchemas`` -> an ``anyOf`` of copies
@@ -153,7 +154,14 @@ def _merge(out: dict, extra: dict) -> None:
         if key == "type":
             out["type"] = value
         elif key == "properties":
-            out["properties"] = {**out.get("properties", {}), **value}
+            props = dict(out.get("properties", {}))
+            for name, sub in value.items():
+                old = props.get(name, True)
+                props[name] = sub if sub is False or old in ({}, True) \
+                    else {"allOf": [old, sub]}
+            out["properties"] = props
+        elif key == "required":
+            out["required"] = list(dict.fromkeys(list(out.get("required", [])) + value))
         elif key == "pattern" and "pattern" not in out:
             out["pattern"] = value
         else:
@@ -443,6 +451,21 @@ def negate(sub: Any, own: dict, root: Any) -> dict | bool | None:
                 and all(v in ({}, True) for v in props.values()):
             return {"properties": {req[0]: False}}
         return None
+    if keys == {"properties"} and isinstance(sub["properties"], dict) \
+            and len(sub["properties"]) == 1:
+        # not {properties: {k: S}}: an object that has k, with a value S rejects
+        if own_types is not None and "object" not in own_types:
+            return False
+        (name, prop), = sub["properties"].items()
+        return {"type": "object", "required": [name], "properties": {name: {"not": prop}}}
+    values = value_set(sub)
+    if own_types is None and keys - {"type"} in ({"enum"}, {"const"}) and values \
+            and all(isinstance(v, str) for v in values) \
+            and sum(map(len, values)) <= MAX_NEGATED_ENUM_CHARS:
+        # any type: a non-string, or a string not listed
+        return {"anyOf": [{"type": [t for t in ALL_TYPES if t != "string"]},
+                          {"type": "string", "pattern": "^(?:" + _none_of(sorted(set(values)))
+                           + ")$"}]}
     if own_types != {"string"}:
         return None  # the forms below are rewritten for string schemas only
     sub_types = json_types({"type": sub["type"]}, root) if "type" in sub else None
