@@ -332,6 +332,12 @@ ENFORCED = [
          "maxProperties": 1}]}},
      [[{"type": "jq"}], [{"x": False}], [{"type": False}]],
      [[{"type": "hg"}], [{"x": True}], [{}]]),
+    ("oneOf overlapping types", {"type": "object", "required": ["v"], "properties": {"v": {
+        "oneOf": [{"type": ["array", "null"], "items": INT}, {"type": "null"},
+                  {"type": "boolean"}]}}},
+     [{"v": [1]}, {"v": True}, {"v": []}], [{"v": None}, {"v": ["a"]}]),
+    ("oneOf overlapping enums", {"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]},
+     ["a", "c"], ["b", "d"]),
     ("oneOf pattern prefixes", {"oneOf": [{"type": "string", "pattern": "^https?://.+$"},
                                           {"type": "string", "pattern": "^\\./.+$"}]},
      ["./a", "http://x"], ["x", "./", 1]),

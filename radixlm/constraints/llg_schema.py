@@ -10,7 +10,10 @@ generated is valid, some valid values are never generated):
 - ``oneOf`` whose branches are provably disjoint (JSON types, finite value sets, a required
   discriminating property, a ``not`` of the other branch, anchored pattern prefixes, every
   nested ``anyOf``/``oneOf`` branch disjoint) -> ``anyOf``; branches of object keywords only
-  get ``type: object``; branches that only list ``required`` keys are made exclusive.
+  get ``type: object``; branches that only list ``required`` keys are made exclusive;
+  overlaps that can be cut exactly are cut from both branches (values two branches accept
+  are invalid): common values of two enums, a type shared with a bare ``{"type": ...}``
+  branch when the other branch's keywords don't constrain that type.
 - ``not``: ``{}`` (nothing), ``{"type": ...}`` (the other types), ``{"required": [k]}``
   (``properties: {k: false}``), ``{"properties": {k: S}}`` (an object with k, whose value is
   ``not S``), ``{"enum"/"const": strings}`` (a pattern for "none of these strings", for
@@ -387,7 +390,78 @@ def one_of_as_any_of(branches: list, root: Any) -> list | None:
     typed = [_typed_object(b, root) for b in branches]
     if all_disjoint(typed, root):
         return typed
+    split = _split_overlaps(typed, root)
+    if split is not None and all_disjoint(split, root):
+        return split
     return _exclusive(branches)
+
+
+# Keywords that constrain values of one JSON type only.
+_TYPE_KEYWORDS = {
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+              "contains", "minContains", "maxContains", "unevaluatedItems"},
+    "object": _OBJECT_KEYWORDS | {"propertyNames", "dependencies", "dependentRequired",
+                                  "dependentSchemas", "unevaluatedProperties"},
+    "string": {"minLength", "maxLength", "pattern", "format", "contentEncoding",
+               "contentMediaType"},
+}
+_NUMERIC = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+
+
+def _split_overlaps(branches: list, root: Any) -> list | None:
+    """Values valid under two ``oneOf`` branches are invalid, so where two branches overlap
+    in a way that can be cut exactly, cut the overlap from both (a branch left empty is
+    dropped): two enum/const branches lose their common values; a branch that is only a
+    ``type`` and another whose other keywords don't apply to some shared type (so every
+    value of that type matches both) both lose that type. None when nothing applies."""
+    out = []
+    for b in branches:
+        r = resolve(b, root)
+        if not isinstance(r, dict) or "$id" in r or "id" in r:
+            out.append(b)
+            continue
+        out.append({k: v for k, v in r.items() if k not in _DOCUMENT_KEYS})
+    changed = False
+    for i in range(len(out)):
+        for j in range(len(out)):
+            a, b = out[i], out[j]
+            if i == j or not isinstance(a, dict) or not isinstance(b, dict):
+                continue
+            if _pure(a, {"enum", "const"}) and _pure(b, {"enum", "const"}) and i < j:
+                common = {_canon(v) for v in value_set(a)} & {_canon(v) for v in value_set(b)}
+                if common:
+                    for k in (i, j):
+                        x = out[k]
+                        keep = [v for v in value_set(x) if _canon(v) not in common]
+                        out[k] = {**{q: w for q, w in x.items() if q not in ("enum", "const")},
+                                  "enum": keep}
+                    changed = True
+            elif _pure(b, set()) and "type" in a:
+                shared = _type_list(a) & _type_list(b) - {"integer", "number"}
+                rest = set(a) - ANNOTATIONS - {"type"}
+                cut = {t for t in shared if not rest & _TYPE_KEYWORDS.get(t, set())}
+                if cut and not rest - set().union(*_TYPE_KEYWORDS.values()) - _NUMERIC:
+                    out[i] = {**a, "type": [t for t in _type_list(a) if t not in cut]}
+                    out[j] = {**b, "type": [t for t in _type_list(b) if t not in cut]}
+                    changed = True
+    if not changed:
+        return None
+    return [x for x in out if not (isinstance(x, dict) and
+                                   (x.get("type") == [] or x.get("enum") == []))]
+
+
+def _pure(s: dict, allowed: set[str]) -> bool:
+    """``s`` asserts only ``type`` plus the ``allowed`` keywords (at least one of them when
+    ``allowed`` is not empty)."""
+    keys = set(s) - ANNOTATIONS
+    if allowed:
+        return bool(keys & allowed) and keys <= allowed | {"type"} and value_set(s) is not None
+    return keys == {"type"}
+
+
+def _type_list(s: dict) -> set[str]:
+    t = s.get("type")
+    return {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
 
 
 def _typed_object(b: Any, root: Any) -> Any:
