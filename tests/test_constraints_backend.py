@@ -389,3 +389,15 @@ def test_llguidance_enforces_rewritten_keywords(tokenizer, llguidance_backend, n
 def test_llguidance_unrewritable_forms_still_rejected_by_name(llguidance_backend, schema, word):
     with pytest.raises(ValueError, match=word):
         compile_(llguidance_backend, json_schema=schema)
+
+
+def test_oneof_proofs_are_bounded(monkeypatch):
+    """The disjointness prover has a step budget per schema: a oneOf it cannot finish within
+    it stays oneOf (for the compiler to refuse), so no schema holds the request thread."""
+    from radixlm.constraints import llg_schema
+
+    branches = [{"type": "object", "required": ["k"], "properties": {"k": {"const": i}}}
+                for i in range(40)]
+    assert "anyOf" in llg_schema.prepare_schema({"oneOf": branches})
+    monkeypatch.setattr(llg_schema, "MAX_PROOF_STEPS", 100)  # 780 pairs need more
+    assert "oneOf" in llg_schema.prepare_schema({"oneOf": branches})

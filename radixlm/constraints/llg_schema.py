@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from typing import Any
 
 from radixlm.constraints import regex_parts as rp
@@ -57,6 +58,10 @@ FORMAT_ALIASES = {"uri-reference": "uri", "iri": "uri", "iri-reference": "uri", 
 FORMAT_PATTERNS = {f: "^" + rp.FORMATS[f][1:-1] + "$" for f in ("color", "json-pointer", "regex")}
 MAX_NEGATED_ENUM_CHARS = 4096
 MAX_DEPENDENCY_VARIANTS = 8
+# Steps of oneOf disjointness proofs per schema: past it, oneOf is left for the compiler to
+# refuse, so a hostile schema cannot hold the request thread in the prover.
+MAX_PROOF_STEPS = 20_000
+_proof = threading.local()
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 # Keys that place a schema in its document: stay on the node, never copied into branches.
 _DOCUMENT_KEYS = ("$schema", "$id", "id", "$anchor", "$defs", "definitions")
@@ -69,7 +74,8 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
     schema position. ``in_all_of``: the node is an ``allOf`` member (never closed)."""
     if not isinstance(schema, dict):
         return schema
-    root = schema if root is None else root
+    if root is None:
+        root, _proof.steps = schema, MAX_PROOF_STEPS
     out = dict(schema)
     listed = isinstance(schema.get("properties"), dict)  # before "not" may add some
     if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
@@ -308,6 +314,9 @@ def disjoint(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
     """True only if no value is valid under both ``a`` and ``b`` (a proof by JSON types,
     by finite value sets, by a property one requires whose values the other excludes, by
     every ``anyOf``/``oneOf`` branch of one being disjoint from the other)."""
+    _proof.steps = getattr(_proof, "steps", MAX_PROOF_STEPS) - 1
+    if _proof.steps < 0:
+        return False  # out of budget: not proven
     a, b = resolve(a, root), resolve(b, root)
     if a is False or b is False:
         return True
@@ -390,7 +399,7 @@ def one_of_as_any_of(branches: list, root: Any) -> list | None:
     typed = [_typed_object(b, root) for b in branches]
     if all_disjoint(typed, root):
         return typed
-    split = _split_overlaps(typed, root)
+    split = _split_overlaps(typed, root) if len(typed) <= 64 else None
     if split is not None and all_disjoint(split, root):
         return split
     return _exclusive(branches)
