@@ -401,3 +401,12 @@ def test_oneof_proofs_are_bounded(monkeypatch):
     assert "anyOf" in llg_schema.prepare_schema({"oneOf": branches})
     monkeypatch.setattr(llg_schema, "MAX_PROOF_STEPS", 100)  # 780 pairs need more
     assert "oneOf" in llg_schema.prepare_schema({"oneOf": branches})
+
+
+def test_python_whitespace_class_list():
+    import re
+    import sys
+
+    from radixlm.constraints.llg_schema import _PY_SPACE
+
+    assert _PY_SPACE == [c for c in range(sys.maxunicode + 1) if re.fullmatch(r"\s", chr(c))]
