@@ -410,3 +410,22 @@ def test_python_whitespace_class_list():
     from radixlm.constraints.llg_schema import _PY_SPACE
 
     assert _PY_SPACE == [c for c in range(sys.maxunicode + 1) if re.fullmatch(r"\s", chr(c))]
+
+
+def test_deadlines_fire_in_order_and_cancel():
+    """The compile budgets run on one deadline thread: callbacks fire once, in deadline
+    order, and a cancelled one never fires."""
+    import time
+
+    from radixlm.constraints.base import DEADLINES
+
+    fired: list[str] = []
+    done = threading.Event()
+    DEADLINES.call_later(0.10, fired.append, "late")
+    cancel = DEADLINES.call_later(0.05, fired.append, "cancelled")
+    DEADLINES.call_later(0.02, fired.append, "early")
+    DEADLINES.call_later(0.15, done.set)
+    cancel()
+    assert done.wait(10)
+    time.sleep(0.05)
+    assert fired == ["early", "late"]
