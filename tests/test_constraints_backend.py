@@ -8,6 +8,7 @@ import json
 import threading
 
 import jsonschema
+import llguidance as llg
 import numpy as np
 import pytest
 
@@ -270,3 +271,161 @@ def test_llguidance_schema_prep_is_sound(tokenizer, llguidance_backend):
     overlapping = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
     with pytest.raises(ValueError, match="oneOf"):
         compile_(backend, json_schema=overlapping)
+
+
+STR, INT = {"type": "string"}, {"type": "integer"}
+D7 = "http://json-schema.org/draft-07/schema#"  # "dependencies" is a keyword up to draft 7
+PREP_DEFS = {"prim": {"type": "string", "enum": ["int", "long"]},
+             "jq": {"required": ["type"], "properties": {"type": {"enum": ["jq"]}},
+                    "additionalProperties": False},
+             "git": {"required": ["type", "path"], "additionalProperties": False,
+                     "properties": {"type": {"enum": ["git"]}, "path": STR}}}
+# name, schema, valid instances (accepted), invalid instances (rejected)
+ENFORCED = [
+    ("dependencies list", {"$schema": D7, "type": "object",
+                           "properties": {"a": STR, "b": STR, "c": STR},
+                           "dependencies": {"a": ["b"]}},
+     [{}, {"b": "y"}, {"a": "x", "b": "y"}], [{"a": "x"}, {"a": "x", "c": "z"}]),
+    ("dependentRequired", {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                           "type": "object", "properties": {"a": STR, "b": STR},
+                           "dependentRequired": {"a": ["b"], "b": ["a"]}},
+     [{}, {"a": "x", "b": "y"}], [{"a": "x"}, {"b": "y"}]),
+    ("dependencies schema", {"$schema": D7, "type": "object",
+                             "properties": {"kind": STR, "url": STR},
+                             "dependencies": {"url": {"properties": {"kind": {"enum": ["link"]}},
+                                                      "required": ["kind"]}}},
+     [{"kind": "x"}, {"kind": "link", "url": "u"}], [{"url": "u"}, {"kind": "x", "url": "u"}]),
+    ("dependentSchemas", {"type": "object", "properties": {"kind": STR, "url": STR},
+                          "dependentSchemas": {"url": {"properties": {"kind": {"enum": ["link"]}},
+                                                       "required": ["kind"]}}},
+     [{"kind": "x"}, {"kind": "link", "url": "u"}], [{"url": "u"}, {"kind": "x", "url": "u"}]),
+    ("not required", {"type": "object", "properties": {"a": INT, "b": INT},
+                      "not": {"required": ["b"]}}, [{}, {"a": 1}], [{"a": 1, "b": 2}]),
+    ("not properties", {"type": "object", "properties": {"kind": STR, "n": INT},
+                        "required": ["kind"], "not": {"properties": {"kind": {"enum": ["car"]}}}},
+     [{"kind": "bus"}, {"kind": "bus", "n": 1}], [{"kind": "car"}, {"kind": "car", "n": 2}]),
+    ("not const any type", {"type": "object", "properties": {"v": {"not": {"const": "x"}}},
+                            "required": ["v"]},
+     [{"v": "y"}, {"v": 3}, {"v": None}], [{"v": "x"}, {}]),
+    ("not enum", {"type": "string", "not": {"enum": ["null", "int", "in"]}},
+     ["", "i", "nul", "int2", "ab"], ["null", "int", "in", 3]),
+    ("not $ref enum", {"$defs": PREP_DEFS, "type": "string", "pattern": "^[a-z]+$",
+                       "not": {"$ref": "#/$defs/prim"}}, ["lon", "longer", "x"],
+     ["int", "long", "A"]),
+    ("not class pattern", {"type": "string", "minLength": 1,
+                           "not": {"pattern": "^[.,\\-]+$"}},
+     ["a", "-a", ". x", " "], [".", "-,-", "..\n", ""]),
+    ("oneOf required", {"type": "object", "properties": {"a": INT, "b": INT},
+                        "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{"a": 1}, {"b": 2}], [{"a": 1, "b": 2}, {}]),
+    ("oneOf discriminator", {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "x"}, "v": INT}, "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"const": "y"}, "w": STR},
+         "required": ["kind"]}]},
+     [{"kind": "x", "v": 1}, {"kind": "y", "w": "s"}], [{"kind": "z"}, {"kind": "y", "w": 1}]),
+    ("oneOf untyped refs", {"$defs": PREP_DEFS, "type": "array",
+                            "items": {"oneOf": [{"$ref": "#/$defs/jq"}, {"$ref": "#/$defs/git"}]}},
+     [[{"type": "jq"}, {"type": "git", "path": "p"}]], [[{"type": "x"}], ["s"], [{}]]),
+    ("oneOf branchwise", {"$defs": PREP_DEFS, "type": "array", "items": {"oneOf": [
+        {"type": "object", "oneOf": [{"$ref": "#/$defs/jq"}, {"$ref": "#/$defs/git"}]},
+        {"type": "object", "additionalProperties": {"enum": [False]}, "minProperties": 1,
+         "maxProperties": 1}]}},
+     [[{"type": "jq"}], [{"x": False}], [{"type": False}]],
+     [[{"type": "hg"}], [{"x": True}], [{}]]),
+    ("oneOf overlapping types", {"type": "object", "required": ["v"], "properties": {"v": {
+        "oneOf": [{"type": ["array", "null"], "items": INT}, {"type": "null"},
+                  {"type": "boolean"}]}}},
+     [{"v": [1]}, {"v": True}, {"v": []}], [{"v": None}, {"v": ["a"]}]),
+    ("oneOf overlapping enums", {"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]},
+     ["a", "c"], ["b", "d"]),
+    ("oneOf pattern prefixes", {"oneOf": [{"type": "string", "pattern": "^https?://.+$"},
+                                          {"type": "string", "pattern": "^\\./.+$"}]},
+     ["./a", "http://x"], ["x", "./", 1]),
+    ("oneOf not", {"$defs": PREP_DEFS, "oneOf": [
+        {"$ref": "#/$defs/prim"}, {"type": "string", "not": {"$ref": "#/$defs/prim"}}]},
+     ["int", "x", ""], [3, None]),
+    ("format aliases", {"type": "array", "prefixItems": [
+        {"type": "string", "format": "uri-reference"}, {"type": "string", "format": "color"},
+        {"type": "string", "format": "json-pointer"}]}, [["http://a.b/c", "#a0b1c2", "/a/0"]],
+     []),
+]
+
+
+@pytest.mark.parametrize("name,schema,valid,invalid", ENFORCED, ids=[c[0] for c in ENFORCED])
+def test_llguidance_enforces_rewritten_keywords(tokenizer, llguidance_backend, name, schema,
+                                               valid, invalid):
+    """Keywords llguidance lacks but prep rewrites (dependencies, not forms, oneOf made
+    disjoint, formats): valid instances accepted, invalid ones rejected, random walks
+    validate under jsonschema (format checker on)."""
+    be = llguidance_backend
+    cls = jsonschema.validators.validator_for(schema)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    g = compile_(be, json_schema=schema)
+    # compiled by llguidance itself from the rewritten schema, not by the translator fallback
+    grammar = be.to_grammar(spec_from_sampling_params({"json_schema": schema}))
+    assert not llg.LLMatcher.validate_grammar(grammar, None)
+    for value in valid + invalid:
+        text = json.dumps(value, separators=(",", ":"))
+        ok = validator.is_valid(value)
+        assert ok == (value in valid), (value, "the case itself is wrong")
+        assert accepts_text(g.copy(), tokenizer, text) == ok, text
+    done = 0
+    for seed in range(4):
+        out, finished, _ = random_walk(g.copy(), tokenizer, be.words, be.eos_ids, seed,
+                                       explore_steps=20, max_steps=200)
+        if finished:
+            done += 1
+            assert validator.is_valid(json.loads(tokenizer.decode(out))), tokenizer.decode(out)
+    assert done >= 2
+
+
+@pytest.mark.parametrize("schema,word", [
+    ({"type": "integer", "not": {"minimum": 3}}, "not"),
+    ({"$schema": D7, "type": "object", "properties": {"a": STR}, "required": ["a"],
+      "dependencies": {"a": {"minProperties": 2}}}, "dependencies"),
+    ({"oneOf": [{"required": ["a"]}, {"required": ["a"]}]}, "oneOf"),
+    ({"type": "object", "properties": {"a": STR}, "not": {"required": ["a", "b"]}}, "not"),
+])
+def test_llguidance_unrewritable_forms_still_rejected_by_name(llguidance_backend, schema, word):
+    with pytest.raises(ValueError, match=word):
+        compile_(llguidance_backend, json_schema=schema)
+
+
+def test_oneof_proofs_are_bounded(monkeypatch):
+    """The disjointness prover has a step budget per schema: a oneOf it cannot finish within
+    it stays oneOf (for the compiler to refuse), so no schema holds the request thread."""
+    from radixlm.constraints import llg_schema
+
+    branches = [{"type": "object", "required": ["k"], "properties": {"k": {"const": i}}}
+                for i in range(40)]
+    assert "anyOf" in llg_schema.prepare_schema({"oneOf": branches})
+    monkeypatch.setattr(llg_schema, "MAX_PROOF_STEPS", 100)  # 780 pairs need more
+    assert "oneOf" in llg_schema.prepare_schema({"oneOf": branches})
+
+
+def test_python_whitespace_class_list():
+    import re
+    import sys
+
+    from radixlm.constraints.llg_schema import _PY_SPACE
+
+    assert _PY_SPACE == [c for c in range(sys.maxunicode + 1) if re.fullmatch(r"\s", chr(c))]
+
+
+def test_deadlines_fire_in_order_and_cancel():
+    """The compile budgets run on one deadline thread: callbacks fire once, in deadline
+    order, and a cancelled one never fires."""
+    import time
+
+    from radixlm.constraints.base import DEADLINES
+
+    fired: list[str] = []
+    done = threading.Event()
+    DEADLINES.call_later(0.10, fired.append, "late")
+    cancel = DEADLINES.call_later(0.05, fired.append, "cancelled")
+    DEADLINES.call_later(0.02, fired.append, "early")
+    DEADLINES.call_later(0.15, done.set)
+    cancel()
+    assert done.wait(10)
+    time.sleep(0.05)
+    assert fired == ["early", "late"]

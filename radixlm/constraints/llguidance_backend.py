@@ -8,11 +8,13 @@ lazily by the matcher (no per-state tables), for the whole batch at once by an
 bytes (``compute_ff_bytes``), spliced in with the same canonical retokenization of the boundary
 as the outlines backend.
 
-Objects that list ``properties`` are closed unless the schema says otherwise
-(``close_objects``), as xgrammar's strict mode does in SGLang. Strict JSON Schema: the
-compiler runs with ``lenient: false``, so a keyword it does not implement (``not``,
-``if``/``then``, ``contains``, ``dependencies``, non-disjoint ``oneOf``, ...) is an error
-naming it; such a schema then goes through the project's regex translator instead.
+Schemas first go through ``llg_schema.prepare_schema``: objects that list ``properties`` are
+closed unless the schema says otherwise, as xgrammar's strict mode does in SGLang, and
+keywords llguidance refuses but that have exact (or sound-subset) rewrites are rewritten
+(disjoint ``oneOf``, simple ``not`` forms, ``dependencies``, formats). Strict JSON Schema: the
+compiler runs with ``lenient: false``, so a keyword it does not implement (other ``not``
+forms, ``if``/``then``, ``contains``, overlapping ``oneOf``, ...) is an error naming it; such
+a schema then goes through the project's regex translator instead.
 llguidance does not know the draft-3 keywords (``disallow``, ``extends``, ``divisibleBy``)
 at all and would ignore them as annotations: those are rejected
 here by name (``unenforced_keywords``). Budgets: ``compile_timeout_s`` per compile,
@@ -30,6 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import jsonschema
 import jsonschema_rs
 import llguidance as llg
 import llguidance.hf
@@ -46,21 +49,12 @@ from radixlm.constraints.base import (
 )
 from radixlm.constraints.cache import LRUCache, cache_key
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
-from radixlm.constraints.schema import (
-    ALL_TYPES,
-    KNOWN_FORMATS,
-    SchemaTranslator,
-    check_schema,
-    check_whitespace_pattern,
-)
+from radixlm.constraints.llg_schema import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, prepare_schema
+from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
 from radixlm.constraints.vocab import TokenVocab
 
 # Keywords that assert something but that llguidance neither implements nor reports.
 UNREPORTED_KEYWORDS = ("disallow", "extends", "divisibleBy")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("additionalProperties", "additionalItems", "not", "if", "then", "else",
-               "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
 
 
 def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
@@ -69,15 +63,15 @@ def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
     if not isinstance(schema, dict):
         return []
     out = [f"'{k}' at JSON pointer '{ptr or '/'}'" for k in UNREPORTED_KEYWORDS if k in schema]
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():
                 out += unenforced_keywords(sub, f"{ptr}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
+    for key in SCHEMA_LISTS:
         if isinstance(schema.get(key), list):
             for i, sub in enumerate(schema[key]):
                 out += unenforced_keywords(sub, f"{ptr}/{key}/{i}")
-    for key in _SCHEMA_ONE:
+    for key in SCHEMA_ONE:
         out += unenforced_keywords(schema.get(key), f"{ptr}/{key}")
     items = schema.get("items")
     if isinstance(items, list):
@@ -86,122 +80,6 @@ def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
     else:
         out += unenforced_keywords(items, f"{ptr}/items")
     return out
-
-
-def close_objects(schema: Any, in_all_of: bool = False, root: Any = None) -> Any:
-    """A copy with ``uniqueItems`` and simple ``not`` rewritten (see ``_negate``; unique
-    arrays hold at most one item, as in the regex translator), without unknown ``format``
-    names (annotations), and where every object schema that lists ``properties`` and says
-    nothing about other keys gets ``additionalProperties: false`` (xgrammar's strict mode,
-    SGLang's default): the output is still valid, and a small model cannot ramble on in
-    invented keys until the token limit. Left open: ``allOf`` members and schemas with
-    ``allOf``/``$ref`` beside
-    their properties (closing those could empty the language)."""
-    if not isinstance(schema, dict):
-        return schema
-    root = schema if root is None else root
-    out = dict(schema)
-    if isinstance(out.get("oneOf"), list) and "anyOf" not in out \
-            and _types_disjoint(out["oneOf"], root):
-        out["anyOf"] = out.pop("oneOf")  # exactly one branch can match any value
-    if out.get("uniqueItems") is False:
-        del out["uniqueItems"]
-    elif out.get("uniqueItems") is True and out.get("minItems", 0) <= 1:
-        del out["uniqueItems"]  # at most one item is always unique (a sound subset)
-        out["maxItems"] = min(out.get("maxItems", 1), 1)
-    if "not" in out:
-        negated = _negate(out["not"], out.get("type"))
-        if negated is False:
-            return False
-        if negated is not None:
-            del out["not"]
-            out["type"] = negated
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: close_objects(v, root=root) for k, v in out[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [close_objects(v, key == "allOf", root) for v in out[key]]
-    for key in _SCHEMA_ONE:
-        if key in out:
-            out[key] = close_objects(out[key], root=root)
-    if isinstance(out.get("items"), list):
-        out["items"] = [close_objects(v, root=root) for v in out["items"]]
-    elif "items" in out:
-        out["items"] = close_objects(out["items"], root=root)
-    if isinstance(out.get("format"), str) and out["format"] not in KNOWN_FORMATS:
-        del out["format"]  # an unknown format is an annotation: it asserts nothing
-    props = out.get("properties")
-    required = out.get("required") if isinstance(out.get("required"), list) else []
-    if (isinstance(props, dict) and not in_all_of and all(r in props for r in required)
-            and not any(k in out for k in ("additionalProperties", "patternProperties",
-                                           "unevaluatedProperties", "allOf", "$ref"))):
-        out["additionalProperties"] = False
-    return out
-
-
-def _json_types(s: Any, root: Any, depth: int = 0) -> set[str] | None:
-    """The JSON types a subschema can match, from ``type``/``const``/``enum`` (following
-    local ``$ref``s); None when it can't be told. ``number`` includes ``integer``."""
-    if not isinstance(s, dict) or depth > 8:
-        return None
-    ref = s.get("$ref")
-    if isinstance(ref, str):
-        if not ref.startswith("#/") or len(s.keys() - {"$ref", "description", "title"}) > 0:
-            return None
-        target = root
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                return None
-            target = target[part]
-        return _json_types(target, root, depth + 1)
-    values = [s["const"]] if "const" in s else s.get("enum")
-    if isinstance(values, list):
-        found = set()
-        for v in values:
-            t = {bool: "boolean", type(None): "null", str: "string", dict: "object",
-                 list: "array"}.get(type(v), "number")
-            found |= {t, "integer"} if t == "number" else {t}
-        return found
-    t = s.get("type")
-    if t is None:
-        return None
-    found = set([t] if isinstance(t, str) else t)
-    return found | {"integer"} if "number" in found else found
-
-
-def _types_disjoint(branches: list, root: Any) -> bool:
-    """No two ``oneOf`` branches can match a value of the same JSON type (so ``oneOf`` is
-    ``anyOf``, which llguidance implements)."""
-    seen: set[str] = set()
-    for b in branches:
-        types = _json_types(b, root)
-        if types is None or types & seen:
-            return False
-        seen |= types
-    return True
-
-
-def _negate(sub: Any, own_type: Any) -> list[str] | bool | None:
-    """``not`` forms rewritten exactly or as a sound subset: ``not {}`` is nothing (False),
-    ``not {"type": T}`` a list of the other types (``integer`` excluded with ``number``;
-    ``number`` dropped with ``integer``, whose complement JSON Schema can't spell). None: left
-    for the compiler to refuse."""
-    if sub in ({}, True):
-        return False
-    if not isinstance(sub, dict) or set(sub) != {"type"}:
-        return None
-    banned = {sub["type"]} if isinstance(sub["type"], str) else set(sub["type"])
-    if "number" in banned:
-        banned.add("integer")
-    if "integer" in banned:
-        banned.add("number")
-    allowed = [t for t in ALL_TYPES if t not in banned]
-    if own_type is not None:
-        own = {own_type} if isinstance(own_type, str) else set(own_type)
-        allowed = [t for t in allowed if t in own or (t == "integer" and "number" in own)]
-    return allowed or False
 
 
 def meta_check(schema: Any) -> None:
@@ -256,7 +134,7 @@ def structural_tag_grammar(value: Any) -> str:
         if bad:
             raise ValueError(f"{where}.schema: unsupported keyword {bad[0]}")
         tags.append(llg.StructTag(trigger=max(trig, key=len), begin=begin,
-                                  grammar=close_objects(schema),
+                                  grammar=prepare_schema(schema),
                                   end=end))
     return llg.StructTag.to_grammar(tags, assume_special=False)
 
@@ -425,24 +303,31 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         """Cheap checks (metaschema, whitespace pattern, keywords llguidance would ignore),
         then llguidance's own JSON compiler's grammar. The compiler's refusals surface when
         the matcher is built (``_build``), which then falls back to the regex translator."""
-        schema = json.loads(specs.normalize_json_schema(spec.value))
+        schema = specs.load_json_schema(spec.value)  # (spec.value is normalized text)
         ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
         check_whitespace_pattern(ws)
         meta_check(schema)
-        bad = unenforced_keywords(schema)
+        # a keyword is a quoted key in the text (unless spelled with \u escapes): skip the
+        # walk when none can be there
+        text = spec.value if isinstance(spec.value, str) else json.dumps(schema)
+        bad = unenforced_keywords(schema) if "\\u" in text or any(
+            f'"{k}"' in text for k in UNREPORTED_KEYWORDS) else []
         if bad:
             raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
-        return llg.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults={
+        return llg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), defaults={
             "whitespace_flexible": False, "whitespace_pattern": ws, "lenient": False})
 
     def _translated(self, spec: ConstraintSpec, why: str) -> str:
         """Where llguidance refuses a schema (non-disjoint ``oneOf``, ``not``,
         ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
         the outlines backend's) as a regex grammar. Runs on a compile worker."""
-        schema = json.loads(specs.normalize_json_schema(spec.value))
+        schema = specs.load_json_schema(spec.value)
         ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
         try:
-            regex = SchemaTranslator(schema, check_schema(schema), ws,
+            # validate() already checked the metaschema (jsonschema's own walk costs ~50 ms
+            # on large schemas): only the draft's validator class is needed here
+            cls = jsonschema.validators.validator_for(schema)
+            regex = SchemaTranslator(schema, cls, ws,
                                      max_regex_chars=self.max_regex_chars).translate()
         except ValueError as exc:
             raise ValueError(f"unsupported json_schema: {why} (regex translation: {exc})") \
@@ -512,13 +397,10 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
                 self._inflight[key] = inner
         if created:
             inner.add_done_callback(lambda f: self._finish(key, f))
-        timer = threading.Timer(self.compile_timeout_s, self._fail, (out, ValueError(
-            f"constraint compile exceeded the time budget of {self.compile_timeout_s} s")))
-        timer.daemon = True
-        timer.start()
+        cancel_budget = self._start_budget(out)
 
         def relay(f: Future) -> None:
-            timer.cancel()
+            cancel_budget()
             if out.done():
                 return
             exc = f.exception()

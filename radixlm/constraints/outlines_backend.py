@@ -344,13 +344,10 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
                 self._inflight[key] = inner
         if created:  # outside the lock: a build that already ended runs _finish right here
             inner.add_done_callback(lambda f: self._finish(key, f))
-        timer = threading.Timer(self.compile_timeout_s, self._fail, (out, ValueError(
-            f"constraint compile exceeded the time budget of {self.compile_timeout_s} s")))
-        timer.daemon = True
-        timer.start()
+        cancel_budget = self._start_budget(out)
 
         def relay(f: Future) -> None:
-            timer.cancel()
+            cancel_budget()
             if out.done():
                 return
             exc = f.exception()

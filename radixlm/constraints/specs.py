@@ -28,9 +28,9 @@ def choices_regex(choices: tuple[str, ...]) -> str:
     return "(?:" + "|".join(rp.literal_regex(c) for c in choices) + ")"
 
 
-def normalize_json_schema(value: Any) -> str:
-    """A pydantic model class, a dict or a JSON string -> compact JSON text. Key order is
-    kept (it is the order properties are generated in), so equal dicts give equal text."""
+def load_json_schema(value: Any) -> dict | bool:
+    """A pydantic model class, a dict or a JSON string -> the schema as a JSON value;
+    ValueError names what is wrong."""
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         value = value.model_json_schema()
     elif isinstance(value, str):
@@ -43,7 +43,13 @@ def normalize_json_schema(value: Any) -> str:
                          f"got {type(value).__name__}")
     if not isinstance(value, (dict, bool)):
         raise ValueError(f"json_schema must be a JSON object, got {type(value).__name__}")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return value
+
+
+def normalize_json_schema(value: Any) -> str:
+    """A pydantic model class, a dict or a JSON string -> compact JSON text. Key order is
+    kept (it is the order properties are generated in), so equal dicts give equal text."""
+    return json.dumps(load_json_schema(value), separators=(",", ":"), ensure_ascii=False)
 
 
 def normalize_structural_tag(value: Any) -> str:
