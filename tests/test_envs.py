@@ -42,3 +42,22 @@ def test_large_temporaries_are_reused_not_refaulted():
     plain = int(subprocess.check_output([sys.executable, "-c", code], text=True,
                                         env={**env, "RADIXLM_MALLOC_TUNING": "0"}))
     assert plain > 1000 and tuned * 5 < plain, (tuned, plain)
+
+
+def test_gc_freeze_moves_live_objects_out_of_collections(monkeypatch):
+    """An engine's long-lived objects leave the collector's generations (no full-collection
+    pauses walking them; Engine.shutdown gives them back); RADIXLM_GC_FREEZE=0 keeps
+    Python's default."""
+    import gc
+
+    keep = [object() for _ in range(1000)]
+    try:
+        before = gc.get_freeze_count()
+        assert envs.freeze_gc() is True
+        assert gc.get_freeze_count() >= before + len(keep)
+        gc.unfreeze()
+        monkeypatch.setenv("RADIXLM_GC_FREEZE", "0")
+        assert envs.freeze_gc() is False and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+

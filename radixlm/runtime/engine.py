@@ -4,6 +4,7 @@ returns SGLang-shaped results (see docs/ENGINE_API.md)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import queue
@@ -104,6 +105,7 @@ class Engine:
         self._rng = random.Random(self.config.random_seed)
         self._ids = itertools.count()
         self._closed = False
+        envs.freeze_gc()
         self.scheduler.start()
 
     def _eos_ids(self) -> frozenset[int]:
@@ -419,6 +421,9 @@ class Engine:
         if self.grammar_backend is not None:
             self.grammar_backend.shutdown()
         self.runner.shutdown()
+        # this engine's objects were frozen with everything else alive at its start: give
+        # them back to the collector, so cycles among them can go with the engine
+        gc.unfreeze()
 
     def __enter__(self) -> Engine:
         return self
