@@ -83,11 +83,11 @@ def test_library_reports_its_bf16_and_amx_paths(lib, request):
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
 @pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
-@pytest.mark.parametrize("t", [1, 9, 37, 70])
+@pytest.mark.parametrize("t", [1, 2, 3, 9, 37, 70])
 def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
-    """Every activation mode on odd shapes; 37 and 70 tokens take the AMX tiles where the
-    host has them (a partial last token group, and more than 64 tokens). A build without
-    bf16 dot products runs bf16 as fp32."""
+    """Every activation mode on odd shapes: 2-3 tokens share unpacked weights; 37 and 70
+    tokens take the AMX tiles where the host has them (a partial last token group, and
+    more than 64 tokens). A build without bf16 dot products runs bf16 as fp32."""
     w = _rand_weight(fmt, n, k, seed=n + k + t)
     x = torch.randn(t, k)
     out = ops.norm_matmul(lib, x, w, act=act)

@@ -577,27 +577,68 @@ typedef struct {
 /* Four Q4 rows at once against one fp32 activation row: x loads shared by the rows and
  * one horizontal reduction for the four (rows of ~576 columns are short: per-row
  * reductions were a third of the time). out[r] = row n0 + r. */
-static void qdot_f32_q4x4(const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb,
-                          int nb, const float *x, const float *xs, float *out) {
+static inline __attribute__((always_inline)) void qdot_f32_q4x4(
+    const int NT, const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb, int nb,
+    const float *x, int64_t ldx, const float *xs, float *out) {
+    /* NT (1-3) tokens share each row's unpacked nibbles: a batch of 2 or 3 costs little
+     * more than one token (the step streams the same weights). out[i * 4 + r]. */
     const __m128i mask = _mm_set1_epi8(0x0f);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
+    __m512 acc[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < NT; i++) acc[r][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        __m512 x0[3], x1[3];
+        for (int i = 0; i < NT; i++) {
+            x0[i] = _mm512_loadu_ps(x + i * ldx + b * 32);
+            x1[i] = _mm512_loadu_ps(x + i * ldx + b * 32 + 16);
+        }
         for (int r = 0; r < 4; r++) {
             __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
             __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
             __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-            __m512 t = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
-            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(H(wd[r * rb + b])), acc[r]);
+            __m512 d = _mm512_set1_ps(H(wd[r * rb + b]));
+            for (int i = 0; i < NT; i++)
+                acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, x1[i], _mm512_mul_ps(lo, x0[i])),
+                                            d, acc[r][i]);
         }
     }
-    for (int r = 0; r < 4; r++) {
-        float m = 0.f;
-        for (int b = 0; b < nb; b++) m += H(wm[r * rb + b]) * xs[b];
-        out[r] = _mm512_reduce_add_ps(acc[r]) + m;
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < NT; i++) {
+            float m = 0.f;
+            for (int b = 0; b < nb; b++) m += H(wm[r * rb + b]) * xs[i * nb + b];
+            out[i * 4 + r] = _mm512_reduce_add_ps(acc[r][i]) + m;
+        }
+}
+#endif
+
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+/* The Q8 twin of qdot_f32_q4x4 (W = d q): 4 rows x NT (1-3) tokens, out[i * 4 + r]. */
+static inline __attribute__((always_inline)) void qdot_f32_q8x4(
+    const int NT, const uint8_t *wq, const f16 *wd, int64_t rb, int nb, const float *x,
+    int64_t ldx, float *out) {
+    __m512 acc[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < NT; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 x0[3], x1[3];
+        for (int i = 0; i < NT; i++) {
+            x0[i] = _mm512_loadu_ps(x + i * ldx + b * 32);
+            x1[i] = _mm512_loadu_ps(x + i * ldx + b * 32 + 16);
+        }
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *q = wq + r * rb * 32 + b * 32;
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+            __m512 hi = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+            __m512 d = _mm512_set1_ps(H(wd[r * rb + b]));
+            for (int i = 0; i < NT; i++)
+                acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, x1[i], _mm512_mul_ps(lo, x0[i])),
+                                            d, acc[r][i]);
+        }
     }
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < NT; i++) out[i * 4 + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 #endif
 
@@ -724,16 +765,31 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     float wf[RT * k] __attribute__((aligned(64)));
     int n = n0;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
+    if (w->fmt == FMT_Q8 && T > 1 && T < 4) { /* (one token: qdot_f32 per row, faster) */
+        for (; n + 4 <= n1; n += 4) {
+            prefetch_rows(w, n + 8, 4, n1);
+            float out[12];
+            const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
+            const f16 *wd = w->d + (int64_t)n * nb;
+            if (T == 1) qdot_f32_q8x4(1, wq, wd, nb, nb, a->xf, k, out);
+            else if (T == 2) qdot_f32_q8x4(2, wq, wd, nb, nb, a->xf, k, out);
+            else qdot_f32_q8x4(3, wq, wd, nb, nb, a->xf, k, out);
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[t * 4 + r];
+        }
+    }
     if (w->fmt == FMT_Q4 && T < 4) {
-        for (; n + 4 <= n1; n += 4)
-            for (int t = 0; t < T; t++) {
-                if (t == 0) prefetch_rows(w, n + 8, 4, n1);
-                float out[4];
-                qdot_f32_q4x4(w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
-                              w->m + (int64_t)n * nb, nb, nb, a->xf + (int64_t)t * k,
-                              a->xs + (int64_t)t * nb, out);
-                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[r];
-            }
+        for (; n + 4 <= n1; n += 4) {
+            prefetch_rows(w, n + 8, 4, n1);
+            float out[12];
+            const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
+            const f16 *wd = w->d + (int64_t)n * nb, *wm = w->m + (int64_t)n * nb;
+            if (T == 1) qdot_f32_q4x4(1, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            else if (T == 2) qdot_f32_q4x4(2, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            else qdot_f32_q4x4(3, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[t * 4 + r];
+        }
     }
 #endif
     if (T >= 4) { /* RT rows dequantized at once, then 4 tokens at a time */
