@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench bench-llamacpp stress clean
+.PHONY: install serve test lint bench bench-llamacpp bench-avx2 stress clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,6 +43,25 @@ stress: install
 
 bench-llamacpp: install .venv-llamacpp/bin/python
 	$(PY) benchmarks/bench_vs_llamacpp.py --llama-python .venv-llamacpp/bin/python
+
+# An AVX2-only host's paths on any x86-64 host: radixlm, torch and HF capped at AVX2
+# (RADIXLM_CPU_ISA), llama.cpp built for AVX2 alone in a venv of its own.
+AVX2_ENV := RADIXLM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	MKL_ENABLE_INSTRUCTIONS=AVX2
+LLAMA_AVX2_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+	-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
+	-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF \
+	-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
+.venv-llamacpp-avx2/bin/python:
+	python3 -m venv .venv-llamacpp-avx2
+	CMAKE_ARGS="$(LLAMA_AVX2_CMAKE)" .venv-llamacpp-avx2/bin/pip install -q --no-cache-dir \
+		'llama-cpp-python>=0.3'
+
+bench-avx2: install .venv-llamacpp-avx2/bin/python
+	$(AVX2_ENV) $(PY) benchmarks/bench_vs_llamacpp.py --rounds 3 \
+		--llama-python .venv-llamacpp-avx2/bin/python
+	$(AVX2_ENV) $(PY) benchmarks/bench_offline.py --rounds 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,7 +51,8 @@ def worker(gguf: str, threads: int, extra_bufts: bool) -> None:
 
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=4096, n_threads=threads,
                           n_threads_batch=threads, n_batch=512, verbose=False)
-    print(json.dumps({"ready": llama_cpp.__version__}), flush=True)
+    features = llama_cpp.llama_print_system_info().decode().strip()  # what it was built for
+    print(json.dumps({"ready": llama_cpp.__version__, "features": features}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         llm.reset()
@@ -74,7 +75,8 @@ class LlamaCpp:
             [python, __file__, "--worker", gguf, "--threads", str(threads)]
             + (["--llama-extra-bufts"] if extra_bufts else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.version = json.loads(self.proc.stdout.readline())["ready"]
+        ready = json.loads(self.proc.stdout.readline())
+        self.version, self.features = ready["ready"], ready.get("features", "")
 
     def run(self, prompt: list[int], new: int) -> dict:
         self.proc.stdin.write(json.dumps({"prompt": prompt, "new": new}) + "\n")
@@ -156,7 +158,8 @@ def main() -> None:
     llama.close()
     engine.shutdown()
     keys = list(rounds[0]["radixlm"])
-    results = {"host": host, "llama_cpp_version": llama.version, "gguf": gguf,
+    results = {"host": host, "llama_cpp_version": llama.version,
+               "llama_cpp_features": llama.features, "gguf": gguf,
                "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts,
                "rounds": rounds,
                "radixlm": {k: statistics.median(r["radixlm"][k] for r in rounds) for k in keys},
@@ -169,6 +172,7 @@ def main() -> None:
     results["ratio_median"] = {k: statistics.median(p[k] for p in per_round) for k in keys}
     print(json.dumps(results, indent=2))
     print(f"\n{host_line(host)}; llama-cpp-python {llama.version}, {args.threads} threads")
+    print(f"llama.cpp built for: {llama.features}")
     print(f"{'metric':<22}{'radixlm':>10}{'llama.cpp':>11}{'ratio':>8}  per round (>1: radixlm)")
     for k in keys:
         per = " ".join(f"{p[k]:.2f}" for p in per_round)
