@@ -4,11 +4,42 @@ reference, and a tiny random-weight model with the same tokenizer for fast sched
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from radixlm.runtime.weights import load_tokenizer, resolve_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _parse_each_gguf_once():
+    """Each real-model Engine reads its GGUF's native blocks through
+    ``radixlm.native.qweights.gguf_blocks``, and gguf's reader spends ~5 s of Python per
+    call on the file's metadata (the 49k-token vocabulary); a dozen engines in this process
+    read the same file. Here each file (path, mtime, size) is parsed once per session and
+    the blocks shared read-only. The parser itself is still tested on every call in
+    test_native.py, which holds its own reference to the unpatched function."""
+    from radixlm.native import qweights
+
+    parse, parsed = qweights.gguf_blocks, {}
+
+    def parse_once(path):
+        st = os.stat(path)
+        key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+        if key not in parsed:
+            blocks = parse(path)
+            for w in blocks.values():
+                for a in (w.qs, w.d, w.m):
+                    if a is not None:
+                        a.flags.writeable = False  # shared by every engine: no one writes
+            parsed[key] = blocks
+        return dict(parsed[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qweights, "gguf_blocks", parse_once)
+        yield
 
 
 @pytest.fixture(scope="session")
