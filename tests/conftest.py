@@ -4,6 +4,11 @@ random-weight model with the same tokenizer for fast scheduler tests."""
 
 from __future__ import annotations
 
+# radixlm before torch, as in every radixlm entry point: importing it bounds OpenMP's
+# spin-wait (GOMP_SPINCOUNT), which libgomp reads once, when torch loads it. With torch
+# first, this process's engines ran with libgomp's ~300k-iteration spin at every barrier.
+import radixlm  # noqa: F401  # isort: skip
+
 import json
 import os
 import subprocess
