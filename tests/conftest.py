@@ -1,14 +1,56 @@
 """Shared fixtures: the real default model (converted once, cached), a transformers
-reference, and a tiny random-weight model with the same tokenizer for fast scheduler tests."""
+reference, one `radixlm serve` on it for every test that needs a real server, and a tiny
+random-weight model with the same tokenizer for fast scheduler tests."""
 
 from __future__ import annotations
 
-import json
+# radixlm before torch, as in every radixlm entry point: importing it bounds OpenMP's
+# spin-wait (GOMP_SPINCOUNT), which libgomp reads once, when torch loads it. With torch
+# first, this process's engines ran with libgomp's ~300k-iteration spin at every barrier.
+import radixlm  # noqa: F401  # isort: skip
 
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
 import pytest
 import torch
+from server_fakes import free_port, wait_until
 
 from radixlm.runtime.weights import load_tokenizer, resolve_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _parse_each_gguf_once():
+    """Each real-model Engine reads its GGUF's native blocks through
+    ``radixlm.native.qweights.gguf_blocks``, and gguf's reader spends ~5 s of Python per
+    call on the file's metadata (the 49k-token vocabulary); a dozen engines in this process
+    read the same file. Here each file (path, mtime, size) is parsed once per session and
+    the blocks shared read-only. The parser itself is still tested on every call in
+    test_native.py, which holds its own reference to the unpatched function."""
+    from radixlm.native import qweights
+
+    parse, parsed = qweights.gguf_blocks, {}
+
+    def parse_once(path):
+        st = os.stat(path)
+        key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+        if key not in parsed:
+            blocks = parse(path)
+            for w in blocks.values():
+                for a in (w.qs, w.d, w.m):
+                    if a is not None:
+                        a.flags.writeable = False  # shared by every engine: no one writes
+            parsed[key] = blocks
+        return dict(parsed[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qweights, "gguf_blocks", parse_once)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +78,81 @@ def engine_fp32():
     engine = Engine(dtype="float32", max_total_tokens=16384, log_level="warning")
     yield engine
     engine.shutdown()
+
+
+class RealServer:
+    """`radixlm serve` on the default model in a child process on loopback, shared by the
+    modules that drive a real server (each start costs ~10-30 s on 2 cores). A test may
+    stop it (test_server_e2e's SIGTERM test does): ``ensure_up`` starts a fresh one."""
+
+    CONTEXT = 512
+    MAX_TOTAL_TOKENS = 8192
+    MAX_RUNNING = 16
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self._log = None
+
+    def ensure_up(self) -> RealServer:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self._start()
+        return self
+
+    def _start(self) -> None:
+        root = Path(__file__).resolve().parent.parent
+        port = free_port()
+        cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
+               "--context-length", str(self.CONTEXT),
+               "--max-total-tokens", str(self.MAX_TOTAL_TOKENS),
+               "--max-running-requests", str(self.MAX_RUNNING), "--log-level", "warning"]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"radixlm-e2e-{port}.log", "w+")  # noqa: SIM115
+        self._log, self.url = log, f"http://127.0.0.1:{port}"
+        self.proc = proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=root)
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise AssertionError(f"server exited with {proc.returncode}:\n"
+                                     f"{log.read()[-3000:]}")
+            try:
+                return httpx.get(self.url + "/health", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_until(up, "the server to start", limit_s=300)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=60)
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@pytest.fixture(scope="session")
+def _real_server_holder() -> Iterator[RealServer]:
+    holder = RealServer()
+    try:
+        yield holder
+    finally:
+        holder.stop()
+
+
+@pytest.fixture(scope="module")
+def real_server(_real_server_holder: RealServer) -> RealServer:
+    """The shared real server, started (again, if a test stopped it) for this module."""
+    return _real_server_holder.ensure_up()
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,15 @@ internal failure (an abort with status_code 500).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
 import string
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.sampling_params import ALIASES as SAMPLING_ALIASES
@@ -305,3 +310,49 @@ def wait_until(predicate: Any, what: str, limit_s: float = 10.0) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"gave up waiting for: {what}")
         time.sleep(0.01)
+
+
+_SERVE_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from server_fakes import FakeEngine
+from radixlm.runtime.server.launch import serve
+from radixlm.runtime.server.state import ServerSettings
+{preamble}
+sys.exit(serve({{}}, ServerSettings(port={port}{settings}), {log_level!r},
+               engine_factory=lambda **kw: {engine}))
+"""
+
+
+@contextlib.contextmanager
+def fake_server_process(engine: str = "FakeEngine()", settings: str = "",
+                        log_level: str = "warning",
+                        preamble: str = "") -> Iterator[tuple[subprocess.Popen, str]]:
+    """`launch.serve` (the real entry point: signals, exit codes) in a child process on
+    127.0.0.1, its engine the Python expression `engine` (`preamble` may define a class for
+    it; `settings` is extra ServerSettings keywords, e.g. ", shutdown_timeout=1"). Yields
+    (process, url) once /health answers (failing with the child's stderr if it exits
+    first); the process is killed on the way out if still running."""
+    import httpx
+
+    port = free_port()
+    code = _SERVE_SCRIPT.format(tests=str(Path(__file__).parent), port=port, engine=engine,
+                                settings=settings, log_level=log_level, preamble=preamble)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                return False
+
+        wait_until(up, "the server to start", limit_s=60)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

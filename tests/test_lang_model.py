@@ -1,5 +1,6 @@
 """Every primitive on the real default model (SmolLM2-135M-Instruct, greedy), twice: through the
-in-process Engine (`Runtime`) and through a live `radixlm serve` (`RuntimeEndpoint`).
+in-process Engine (`Runtime`) and through a live `radixlm serve` (`RuntimeEndpoint`, on
+conftest's shared server).
 
 Assertions are on structure and on outputs a 135M instruct model gets reliably: constrained
 ints, choices, regex matches, valid JSON, cache hits, streaming that adds up.
@@ -8,12 +9,7 @@ ints, choices, regex matches, valid JSON, cache hits, streaming that adds up.
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 from pydantic import BaseModel
@@ -30,35 +26,6 @@ LONG_PREFIX = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_server() -> tuple[subprocess.Popen, str]:
-    import requests
-
-    port = _free_port()
-    cmd = [os.path.join(os.path.dirname(sys.executable), "radixlm"), "serve", "--model",
-           "smollm2-135m-instruct", "--host", "127.0.0.1", "--port", str(port),
-           "--max-total-tokens", str(KV_TOKENS), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"radixlm serve exited: {proc.stderr.read()[-2000:]}")
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("radixlm serve did not become healthy in 180 s")
-
-
 @pytest.fixture(scope="module", params=["engine", "endpoint"])
 def backend(request):
     if request.param == "engine":
@@ -66,19 +33,11 @@ def backend(request):
         yield runtime
         runtime.shutdown()
         return
-    proc, url = _start_server()
-    try:
-        endpoint = sgl.RuntimeEndpoint(url, timeout=120)
-        endpoint.url = url
-        yield endpoint
-        endpoint.shutdown()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    server = request.getfixturevalue("real_server")  # conftest's `radixlm serve`
+    endpoint = sgl.RuntimeEndpoint(server.url, timeout=120)
+    endpoint.url = server.url
+    yield endpoint
+    endpoint.shutdown()
 
 
 def greedy(program, backend, **kwargs):

@@ -90,13 +90,21 @@ def test_priority_needs_the_priority_policy(tiny_model_dir, prompts) -> None:
                                priority=0)["meta_info"]["completion_tokens"] == 1
 
 
-@pytest.mark.parametrize("preempt", [True, False])
-def test_preemption_retracts_the_lower_priority_request(tiny_model_dir, prompts,
-                                                        preempt: bool) -> None:
-    long_params = {**GREEDY, "max_new_tokens": 400}
+LONG = {**GREEDY, "max_new_tokens": 400}
+
+
+@pytest.fixture(scope="module")
+def long_alone(tiny_model_dir, prompts) -> dict:
+    """prompts[0] with LONG on a plain engine, undisturbed: what a retracted run must give."""
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 log_level="warning") as engine:
-        expected = engine.generate(input_ids=prompts[0], sampling_params=long_params)
+        return engine.generate(input_ids=prompts[0], sampling_params=LONG)
+
+
+@pytest.mark.parametrize("preempt", [True, False])
+def test_preemption_retracts_the_lower_priority_request(tiny_model_dir, prompts, long_alone,
+                                                        preempt: bool) -> None:
+    long_params, expected = LONG, long_alone
     with Engine(str(tiny_model_dir), dtype="float32", schedule_policy="priority",
                 priority_preemption=preempt, max_running_requests=1, max_total_tokens=4096,
                 log_level="warning") as engine:

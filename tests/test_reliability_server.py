@@ -6,20 +6,20 @@ stops reading. Each test here fails on the server as it was before issue 13."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeEngine, FakeTokenizer, ThreadServer, free_port, wait_until
+from server_fakes import (
+    FakeEngine,
+    FakeTokenizer,
+    ThreadServer,
+    fake_server_process,
+    wait_until,
+)
 
 from radixlm.runtime.server.app import create_app
 from radixlm.runtime.server.state import ServerSettings
@@ -239,45 +239,19 @@ def test_dead_engine_health_503_and_requests_503() -> None:
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
 
 
-_SERVE_DYING = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {tests!r})
-    from server_fakes import FakeEngine
-    from radixlm.runtime.server.launch import serve
-    from radixlm.runtime.server.state import ServerSettings
-
-    class Dying(FakeEngine):
-        born = time.monotonic()
-        def is_alive(self):
-            return time.monotonic() - self.born < 3.0
-
-    sys.exit(serve({{}}, ServerSettings(port={port}), "critical",
-                   engine_factory=lambda **kw: Dying()))
-""")
+_DYING = """
+class Dying(FakeEngine):
+    born = time.monotonic()
+    def is_alive(self):
+        return time.monotonic() - self.born < 3.0
+"""
 
 
 def test_server_exits_non_zero_when_the_engine_dies() -> None:
-    port = free_port()
-    code = _SERVE_DYING.format(tests=str(Path(__file__).parent), port=port)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                return False
-
-        wait_until(up, "the server to start", limit_s=60)  # alive for its first 3 s
+    with fake_server_process("Dying()", log_level="critical", preamble=_DYING) as (proc, _):
+        # it answered /health in its engine's first 3 s
         assert proc.wait(timeout=60) == 1
         assert "the engine thread has died" in (proc.stderr.read() if proc.stderr else "")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted() -> None:

@@ -1,14 +1,12 @@
-"""End to end: one real `radixlm serve` subprocess on the default model (module-scoped),
-driven by requests/httpx, the `openai` client and the bench client; references are the
+"""End to end: a real `radixlm serve` subprocess on the default model (conftest's shared
+one), driven by requests/httpx, the `openai` client and the bench client; references are the
 model's own transformers tokenizer and jsonschema."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,43 +14,19 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from server_fakes import free_port, wait_until
+from server_fakes import wait_until
 
 from radixlm.cli import main as cli_main
 
-ROOT = Path(__file__).resolve().parent.parent
 GREEDY = {"temperature": 0.0}
 CONTEXT = 512
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[subprocess.Popen, str]]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-           "--context-length", str(CONTEXT), "--max-total-tokens", "8192",
-           "--max-running-requests", "16", "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"radixlm-e2e-{port}.log", "w+")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read()[-3000:]}")
-        try:
-            return httpx.get(url + "/health", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, "the server to start", limit_s=300)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=60)
-        log.close()
+def server(real_server) -> tuple[subprocess.Popen, str]:
+    """conftest's shared server (context 512, 8192 KV tokens, 16 running requests)."""
+    assert real_server.CONTEXT == CONTEXT
+    return real_server.proc, real_server.url
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,17 @@ timeouts, /health under load, /metrics, graceful shutdown of `launch.serve`."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
 from server_fakes import FakeEngine, ThreadServer, free_port, wait_until
+from server_fakes import fake_server_process as serve_fake_process
 
 from radixlm.runtime.server.app import create_app
 from radixlm.runtime.server.state import ServerSettings
@@ -259,41 +256,14 @@ def test_two_apps_in_one_process_have_separate_metrics() -> None:
 
 # ---------------------------------------------------------------- graceful shutdown
 
-_SERVE_FAKE = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
-    from server_fakes import FakeEngine
-    from radixlm.runtime.server.launch import serve
-    from radixlm.runtime.server.state import ServerSettings
-    settings = ServerSettings(port={port}, shutdown_timeout={deadline})
-    sys.exit(serve({{}}, settings, "warning",
-                   engine_factory=lambda **kw: FakeEngine(context_len=10**6, step_delay=0.01)))
-""")
-
-
 @pytest.fixture
 def fake_server_process(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen,
                                                                           str]]:
-    port, deadline = free_port(), request.param
-    code = _SERVE_FAKE.format(tests=str(Path(__file__).parent), port=port, deadline=deadline)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                return False
-
-        wait_until(up, "the server to start", limit_s=60)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+    """The fake engine (10 ms a token) behind `launch.serve` in a child process, with
+    shutdown_timeout = the parameter."""
+    with serve_fake_process("FakeEngine(context_len=10**6, step_delay=0.01)",
+                            settings=f", shutdown_timeout={request.param}") as served:
+        yield served
 
 
 @pytest.mark.parametrize("fake_server_process", [30], indirect=True)
