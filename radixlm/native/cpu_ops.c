@@ -642,6 +642,42 @@ static inline __attribute__((always_inline)) void qdot_f32_q8x4(
 }
 #endif
 
+#if defined(RLM_AVX2) && !defined(__AVX512F__)
+/* AVX2: four Q4 rows against one fp32 token, 8 columns at a time: each x vector loaded
+ * once for the four rows, one horizontal sum per row. out[r] = row r. */
+static void qdot_f32_q4x4_avx2(const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb,
+                               int nb, const float *x, const float *xs, float *out) {
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        __m128i lo[4], hi[4];
+        for (int r = 0; r < 4; r++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
+            lo[r] = _mm_and_si128(v, mask);
+            hi[r] = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        }
+        __m256 t[4];
+        for (int p = 0; p < 4; p++) {
+            __m256 xv = _mm256_loadu_ps(x + b * 32 + p * 8);
+            for (int r = 0; r < 4; r++) {
+                __m128i nib = p < 2 ? lo[r] : hi[r];
+                if (p & 1) nib = _mm_srli_si128(nib, 8);
+                __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib));
+                t[r] = p ? _mm256_fmadd_ps(f, xv, t[r]) : _mm256_mul_ps(f, xv);
+            }
+        }
+        for (int r = 0; r < 4; r++)
+            acc[r] = _mm256_fmadd_ps(t[r], _mm256_set1_ps(H(wd[r * rb + b])), acc[r]);
+    }
+    for (int r = 0; r < 4; r++) {
+        float m = 0.f;
+        for (int b = 0; b < nb; b++) m += H(wm[r * rb + b]) * xs[b];
+        out[r] = hsum256(acc[r]) + m;
+    }
+}
+#endif
+
 /* Ask for rows [n, n + count) of w ahead of use: decode streams every weight from DRAM
  * once per step, and the hardware prefetcher alone left the kernels latency-bound. */
 static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
@@ -764,6 +800,20 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
 #endif
     float wf[RT * k] __attribute__((aligned(64)));
     int n = n0;
+#if defined(RLM_AVX2) && !defined(__AVX512F__)
+    if (w->fmt == FMT_Q4 && T < 4) {
+        for (; n + 4 <= n1; n += 4) {
+            prefetch_rows(w, n + 8, 4, n1);
+            for (int t = 0; t < T; t++) {
+                float out[4];
+                qdot_f32_q4x4_avx2(w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
+                                   w->m + (int64_t)n * nb, nb, nb, a->xf + (int64_t)t * k,
+                                   a->xs + (int64_t)t * nb, out);
+                for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[r];
+            }
+        }
+    }
+#endif
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     if (w->fmt == FMT_Q8 && T > 1 && T < 4) { /* (one token: qdot_f32 per row, faster) */
         for (; n + 4 <= n1; n += 4) {

@@ -14,8 +14,8 @@ import ctypes
 import numpy as np
 import torch
 
-from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, QMat, Step
-from radixlm.native.ops import KV_DTYPES, qmat
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step
+from radixlm.native.ops import KV_DTYPES, Arena
 from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
 from radixlm.runtime.forward_batch import ForwardBatch
 
@@ -82,15 +82,17 @@ class NativeDecoder:
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         n = cfg.num_layers
-        self.layers = (Layer * n)(*[self._layer(i, blocks) for i in range(n)])  # C array
-        self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
-        self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
+        mats = [self._layer_weights(i, blocks) for i in range(n)]
         head = blocks.get("lm_head.weight")
         if head is None and model.lm_head is model.embed:
             head = blocks.get("model.embed_tokens.weight")
         if head is None:
             head = quantize_q8(model.lm_head.float().numpy())
-        self.head = self._qmat(head)
+        self.arena = Arena([w for m in mats for w in m.values()] + [head])  # in step order
+        self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
+        self.head = self.arena.qmat(head)
+        self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
+        self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         self.final_norm = self._f32(model.norm)
         self._ws = torch.empty(0)
         self._head_ws = torch.empty(0)
@@ -103,9 +105,6 @@ class NativeDecoder:
         self._keep.append(a)
         return a.ctypes.data
 
-    def _qmat(self, w: QWeight) -> QMat:
-        return qmat(w, self._keep)
-
     def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
                dense) -> QWeight:
         full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
@@ -113,11 +112,15 @@ class NativeDecoder:
             return concat([blocks[n] for n in full])
         return self.quantize(dense.weight.float().numpy())
 
-    def _layer(self, i: int, blocks: dict[str, QWeight]) -> Layer:
-        cfg, layer = self.model.cfg, self.model.layers[i]
-        mats = {key: self._qmat(self._fused(blocks, i, names, getattr(layer, attr)))
+    def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, QWeight]:
+        layer = self.model.layers[i]
+        return {key: self._fused(blocks, i, names, getattr(layer, attr))
                 for (key, names), attr in zip(_FUSED.items(),
                                               ("qkv", "o_proj", "gate_up", "down"))}
+
+    def _layer(self, i: int, weights: dict[str, QWeight]) -> Layer:
+        cfg, layer = self.model.cfg, self.model.layers[i]
+        mats = {key: self.arena.qmat(w) for key, w in weights.items()}
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),

@@ -4,6 +4,7 @@ the engine runs whole layers through ``decoder``)."""
 from __future__ import annotations
 
 import ctypes
+import mmap
 
 import numpy as np
 import torch
@@ -12,6 +13,46 @@ from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import FMT_Q4, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class Arena:
+    """All of a model's block weights in one anonymous mapping, in the order a step reads
+    them, 2 MB aligned with transparent huge pages asked for (``MADV_HUGEPAGE``): a decode
+    step streams every weight once, and with 4 KB pages scattered over the heap each of its
+    ~25k pages cost a TLB walk. ``qmat`` copies a QWeight in and returns its C view."""
+
+    ALIGN, HUGE = 64, 2 << 20
+
+    def __init__(self, weights: list[QWeight]) -> None:
+        size = sum(self._padded(a.nbytes) for w in weights for a in self._arrays(w))
+        self._map = mmap.mmap(-1, size + self.HUGE)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without THP: plain pages
+                pass
+        raw = np.frombuffer(self._map, dtype=np.uint8)
+        start = (-raw.ctypes.data) % self.HUGE
+        self._buf, self._used = raw[start:start + size], 0
+
+    @staticmethod
+    def _arrays(w: QWeight) -> list[np.ndarray]:
+        arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
+        if w.fmt == FMT_Q4:
+            arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
+        return arrays
+
+    def _padded(self, n: int) -> int:
+        return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+
+    def qmat(self, w: QWeight) -> QMat:
+        ptrs = []
+        for a in self._arrays(w):
+            dst = self._buf[self._used:self._used + a.nbytes]
+            dst[:] = a.reshape(-1).view(np.uint8)
+            ptrs.append(dst.ctypes.data)
+            self._used += self._padded(a.nbytes)
+        return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2] if w.fmt == FMT_Q4 else None)
 
 
 def qmat(w: QWeight, keep: list) -> QMat:
