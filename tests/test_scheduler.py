@@ -129,7 +129,11 @@ def test_queue_limit(tiny_model_dir):
 
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 max_queued_requests=2, log_level="warning") as engine:
+        held = engine.reserve(1)  # one place taken: a batch of 2 does not fit now
         with pytest.raises(QueueFullError):
+            engine.generate(input_ids=prompts(2), sampling_params=PARAMS)
+        held.release()
+        with pytest.raises(ValueError, match="holds at most 2"):  # never fits: a bad call
             engine.generate(input_ids=prompts(3), sampling_params=PARAMS)
         assert len(engine.generate(input_ids=prompts(2), sampling_params=PARAMS)) == 2
 
