@@ -843,22 +843,25 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     }
 #endif
     if (T >= 4) { /* RT rows dequantized at once, then 4 tokens at a time */
+        /* the last T % 4 tokens as one more (zero-padded) group of 4: re-reading the
+         * dequantized rows beats unpacking each row's blocks again per token */
+        const int full = T / 4 * 4, rest = T - full;
+        float xpad[rest ? 4 * k : 1] __attribute__((aligned(64)));
+        if (rest) {
+            memcpy(xpad, a->xf + (int64_t)full * k, sizeof(float) * (size_t)rest * k);
+            memset(xpad + (int64_t)rest * k, 0, sizeof(float) * (size_t)(4 - rest) * k);
+        }
         for (; n + RT <= n1; n += RT) {
             for (int r = 0; r < RT; r++)
                 dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
                             wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
-            int t = 0;
-            for (; t + 4 <= T; t += 4) {
+            for (int t = 0; t < T; t += 4) {
                 float out[RT * 4];
-                dot_rt4_f32(wf, k, a->xf + (int64_t)t * k, k, k, out);
+                const int nt = T - t < 4 ? T - t : 4;
+                dot_rt4_f32(wf, k, nt == 4 ? a->xf + (int64_t)t * k : xpad, k, k, out);
                 for (int r = 0; r < RT; r++)
-                    for (int i = 0; i < 4; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
+                    for (int i = 0; i < nt; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
             }
-            for (; t < T; t++)
-                for (int r = 0; r < RT; r++)
-                    y[(int64_t)t * ldy + n + r] = qdot_f32(
-                        w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
-                        wm_of(w, n + r, nb), a->xf + (int64_t)t * k, a->xs + (int64_t)t * nb, nb);
         }
     }
     for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
