@@ -259,7 +259,7 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
-    """The default on a bf16 model: steps of 16+ tokens run bf16 on AMX tiles (where the
+    """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles (where the
     host has them), smaller ones fp32. 16 requests decoded together: every chosen token's
     logprob within 0.3 of the fp32 reference scoring the same text (bf16 prefill and bf16
     batch steps, as a torch bf16 model would differ)."""

@@ -44,7 +44,9 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
  * qgemm_amx_large). */
-#define RLM_AMX_MIN_ROWS 16
+#ifndef RLM_AMX_MIN_ROWS
+#define RLM_AMX_MIN_ROWS 8
+#endif
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {

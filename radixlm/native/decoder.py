@@ -44,7 +44,7 @@ def supported(model, pool) -> str | None:
 
 # Steps of at least this many tokens are compute-bound: "auto" runs them in bf16 on AMX
 # tiles (RLM_AMX_MIN_ROWS in cpu_ops.c) where the host has them and the model is bf16.
-BF16_MIN_ROWS = 16
+BF16_MIN_ROWS = 8
 # With bf16 on AMX tiles the linears of a prefill chunk run faster here than torch's, but
 # the attention loop is per position: a chunk runs natively when its tokens attend to
 # at most this many positions on average (measured crossover ~350 on a 2-core Xeon:

@@ -46,7 +46,7 @@ class EngineConfig:
     # weights. fp32: exact, the reference path's numbers. int8: per-block rounding
     # (llama.cpp's way, ~0.5% error). bf16: activations and dequantized weights rounded to
     # bf16, fp32 sums (a torch bf16 linear's numbers). auto: fp32, and bf16 on AMX tiles for
-    # steps of 16+ tokens when the model runs in bf16 (the default on bf16 hosts).
+    # steps of 8+ tokens when the model runs in bf16 (the default on bf16 hosts).
     native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
