@@ -136,6 +136,28 @@ def test_stream_concatenates_to_final_and_async(engine_fp32):
     assert single["text"] == final["text"] and streamed[-1]["text"] == final["text"]
 
 
+def test_async_generate_tokenizes_off_the_event_loop(engine_fp32, monkeypatch):
+    """A text prompt through async_generate is tokenized on a worker thread, not on the
+    caller's loop (which a long prompt would hold); the result is the same."""
+    import threading
+
+    threads = []
+    encode = engine_fp32.tokenizer.encode
+
+    def spy(*a, **kw):
+        threads.append(threading.current_thread())
+        return encode(*a, **kw)
+
+    monkeypatch.setattr(engine_fp32.tokenizer, "encode", spy)
+
+    async def run():
+        return threading.current_thread(), await engine_fp32.async_generate(PROMPT, GREEDY)
+
+    loop_thread, out = asyncio.run(run())
+    assert threads and all(t is not loop_thread for t in threads)
+    assert out["text"] == engine_fp32.generate(PROMPT, GREEDY)["text"]
+
+
 def test_abort_running_request(engine_fp32):
     it = engine_fp32.generate(PROMPT, {"temperature": 0, "max_new_tokens": 400,
                                        "ignore_eos": True}, stream=True, rid="to-abort")

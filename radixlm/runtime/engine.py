@@ -343,13 +343,17 @@ class Engine:
                              return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
                              return_text_in_logprobs=False, stream: bool = False, rid=None,
                              priority=None, admission: Admission | None = None):
-        """Like ``generate`` without waiting on the event loop for the result (the prompt is
-        tokenized here: the HTTP server passes ``input_ids`` it tokenized off the loop);
+        """Like ``generate`` without waiting on the event loop for the result: a text prompt
+        is tokenized on a worker thread (a long one would otherwise hold the caller's loop;
+        the HTTP server passes ``input_ids`` it tokenized off the loop itself);
         ``stream=True`` returns an async iterator of chunks, buffering only the latest
         cumulative chunk while the consumer is slow."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, return_logprob,
-                                         logprob_start_len, top_logprobs_num,
-                                         return_text_in_logprobs, rid, priority)
+        args = (prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                top_logprobs_num, return_text_in_logprobs, rid, priority)
+        if prompt is not None:
+            prepared, single = await asyncio.to_thread(self._prepare, *args)
+        else:
+            prepared, single = self._prepare(*args)
         loop = asyncio.get_running_loop()
         if stream:
             if len(prepared) != 1:
