@@ -118,7 +118,6 @@ def main() -> None:
     from radixlm.hostinfo import host_info, host_line
     from radixlm.native import build
     from radixlm.native.build import ACT_F32
-    from radixlm.native.decoder import BF16_MIN_ROWS
     from radixlm.runtime.engine import Engine
 
     host = host_info()
@@ -140,6 +139,7 @@ def main() -> None:
     # the default activation modes and, where they differ (bf16 on AMX for large steps),
     # the all-fp32 native path as well
     fp32, default_modes = (ACT_F32, ACT_F32), native_engine.runner.native.act_modes
+    large_from = native_engine.runner.native.large_from
     paths = ["reference", "native"] + (["native_fp32"] if default_modes != fp32 else [])
     results = {"host": host, "context": args.context, "native_act_modes": default_modes,
                **{p: {} for p in paths},
@@ -165,7 +165,7 @@ def main() -> None:
     print(f"\n{host_line(host)}; context {args.context}; reference = "
           f"{results['reference_path']}; native = its defaults (activation modes "
           f"{default_modes} for steps under / from "
-          f"{BF16_MIN_ROWS} tokens; 1 fp32, 2 bf16)")
+          f"{large_from} tokens; 1 fp32, 2 bf16)")
     print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}")
     for b in results["native"]:
         for path in paths:

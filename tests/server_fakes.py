@@ -260,6 +260,19 @@ class FakeEngine:
 # ---------------------------------------------------------------- a real server on loopback
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     import socket

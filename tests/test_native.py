@@ -46,6 +46,14 @@ def lib(request, tmp_path_factory):
     return lib
 
 
+def _assert_matches_twin(lib, w, x: torch.Tensor, act: str) -> None:
+    """The kernel's product equals ref.qmatmul's (a build without bf16 dot products runs
+    bf16 as fp32)."""
+    out = ops.norm_matmul(lib, x, w, act=act)
+    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def _rand_weight(fmt: int, n: int, k: int, seed: int):
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.1
     return quantize_q4(w) if fmt == FMT_Q4 else quantize_q8(w)
@@ -88,11 +96,7 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     """Every activation mode on odd shapes: 2-3 tokens share unpacked weights; 37 and 70
     tokens take the AMX tiles where the host has them (a partial last token group, and
     more than 64 tokens). A build without bf16 dot products runs bf16 as fp32."""
-    w = _rand_weight(fmt, n, k, seed=n + k + t)
-    x = torch.randn(t, k)
-    out = ops.norm_matmul(lib, x, w, act=act)
-    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    _assert_matches_twin(lib, _rand_weight(fmt, n, k, seed=n + k + t), torch.randn(t, k), act)
 
 
 @pytest.mark.parametrize("act", ["fp32", "bf16"])
@@ -101,29 +105,18 @@ def test_prefill_sized_matmul_matches_twin(lib, act, n, k):
     """300 tokens (a prefill chunk): on AMX the operands swap roles (weights as B tiles,
     output tiles stored straight into place) from 256 tokens on; a partial last group of
     tokens and of rows."""
-    w = _rand_weight(FMT_Q4, n, k, seed=n + k)
-    x = torch.randn(300, k)
-    out = ops.norm_matmul(lib, x, w, act=act)
-    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    _assert_matches_twin(lib, _rand_weight(FMT_Q4, n, k, seed=n + k), torch.randn(300, k), act)
 
 
-def test_int8_activations_stay_within_stated_error(lib):
-    """int8 blocks of activations (llama.cpp's scheme): ~0.5% relative error, documented."""
+@pytest.mark.parametrize("act, tokens", [("int8", 4), ("bf16", 32)])
+def test_rounded_activations_stay_within_stated_error(lib, act, tokens):
+    """int8 blocks of activations (llama.cpp's scheme, ~0.5%) and bf16 rounding of
+    activations and weights (the AMX batch path, as a torch bf16 linear): under 1%
+    relative error against the exact product, documented."""
     w = _rand_weight(FMT_Q4, 256, 576, seed=1)
-    x = torch.randn(4, 576)
+    x = torch.randn(tokens, 576)
     exact = ref.qmatmul(x, w)
-    approx = ops.norm_matmul(lib, x, w, act="int8")
-    assert ((approx - exact).norm() / exact.norm()).item() < 0.01
-
-
-def test_bf16_activations_stay_within_stated_error(lib):
-    """bf16 rounding of activations and weights (the AMX batch path): under 1% relative
-    error against the exact product, as a torch bf16 linear."""
-    w = _rand_weight(FMT_Q4, 256, 576, seed=2)
-    x = torch.randn(32, 576)
-    exact = ref.qmatmul(x, w)
-    approx = ops.norm_matmul(lib, x, w, act="bf16")
+    approx = ops.norm_matmul(lib, x, w, act=act)
     assert ((approx - exact).norm() / exact.norm()).item() < 0.01
 
 

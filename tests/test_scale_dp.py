@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_fakes import free_port, wait_until
+from server_fakes import free_port, pid_alive, wait_until
 
 import radixlm as sgl
 from radixlm.runtime.server.data_parallel import replica_command, router_available
@@ -36,18 +36,6 @@ def test_replica_command_replaces_port_host_and_dp() -> None:
     tail = cmd[cmd.index("serve") + 1:]
     assert tail == ["--model", "m", "--tp-size", "2", "--host", "127.0.0.1", "--port", "4242",
                     "--dp-size", "1"]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class DPServer:
@@ -200,6 +188,6 @@ def test_shutdown_leaves_no_process(dp: DPServer) -> None:
     pids = [p for _, p in dp.replicas()] + [dp.router_pid()]
     dp.proc.send_signal(signal.SIGTERM)
     assert dp.proc.wait(timeout=90) == 0
-    assert [p for p in pids if _pid_alive(p)] == []
+    assert [p for p in pids if pid_alive(p)] == []
     with pytest.raises(httpx.TransportError):
         httpx.get(dp.url + "/health", timeout=5)

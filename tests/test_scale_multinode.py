@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_fakes import free_port, wait_until
+from server_fakes import free_port, pid_alive, wait_until
 
 from radixlm.cli import main as cli_main
 from radixlm.runtime.config import EngineConfig
@@ -118,18 +118,6 @@ def test_nccl_on_cuda_gloo_on_cpu() -> None:
 
 
 # ---------------------------------------------------------------- two nodes on loopback
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class TwoNodes:
     """`radixlm serve --tp-size 2 --nnodes 2` as node 0 (HTTP on `url`) and node 1, each
     its own process group, meeting on 127.0.0.1."""
@@ -175,7 +163,7 @@ class TwoNodes:
 
     def kill_all(self) -> None:
         for pid in self.pids():
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for p in self.procs:
             p.wait(timeout=30)
@@ -209,14 +197,14 @@ def test_two_nodes_match_tp1_and_node0_stopping_ends_node1(two_nodes, engine_fp3
     assert (info["tp_size"], info["dp_size"], info["nnodes"], info["node_rank"]) == (2, 1, 2, 0)
     assert "serving no HTTP" in two_nodes.log(1) and "Uvicorn" not in two_nodes.log(1)
     pids = two_nodes.pids()
-    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
 
     node0, node1 = two_nodes.procs
     node0.send_signal(signal.SIGTERM)
     assert node0.wait(timeout=60) == 0
     assert node1.wait(timeout=60) == 0, two_nodes.log(1)[-2000:]  # told to stop, not crashed
     assert "node 0 stopped the group" in two_nodes.log(1)
-    wait_until(lambda: not any(_alive(p) for p in pids), "every process to end", limit_s=10)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "every process to end", limit_s=10)
 
 
 def test_node1_killed_fails_the_request_on_node0(two_nodes) -> None:
@@ -225,7 +213,7 @@ def test_node1_killed_fails_the_request_on_node0(two_nodes) -> None:
     node0, node1 = two_nodes.procs
     node1.kill()  # no goodbye; its rank dies with it
     node1.wait(timeout=30)
-    wait_until(lambda: not _alive(rank_pid), "node 1's rank to die with it", limit_s=10)
+    wait_until(lambda: not pid_alive(rank_pid), "node 1's rank to die with it", limit_s=10)
     start = time.monotonic()
     r = httpx.post(two_nodes.url + "/generate", timeout=120, json={
         "text": "Tell me a story.", "sampling_params": {"max_new_tokens": 8}})
@@ -235,7 +223,7 @@ def test_node1_killed_fails_the_request_on_node0(two_nodes) -> None:
     assert health.status_code == 503 and "step failed on rank 0" in health.text
     node0.send_signal(signal.SIGTERM)
     node0.wait(timeout=60)
-    assert not any(_alive(p) for p in two_nodes.pids())
+    assert not any(pid_alive(p) for p in two_nodes.pids())
 
 
 def test_node0_killed_ends_node1(two_nodes) -> None:
@@ -245,4 +233,4 @@ def test_node0_killed_ends_node1(two_nodes) -> None:
     node0.wait(timeout=30)
     assert node1.wait(timeout=60) == 1  # its rank failed on the closed connection
     assert "rank process radixlm-tp1 exited with code 1" in two_nodes.log(1)
-    wait_until(lambda: not any(_alive(p) for p in pids), "node 1's rank to end", limit_s=10)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "node 1's rank to end", limit_s=10)

@@ -173,8 +173,46 @@ DEADLINES = Deadlines()
 
 class CompileBookkeeping:
     """The compile-future bookkeeping both backends share. The class using it holds
-    ``_lock``, ``_inflight`` (key -> build future), ``_memory`` (an LRU with ``put``),
-    ``_stats`` (with a ``failures`` count) and ``compile_timeout_s``."""
+    ``_lock``, ``_inflight`` (key -> build future), ``_memory`` (an LRU with ``get`` and
+    ``put``), ``_pool`` (an executor), ``_stats`` (``failures`` and ``memory_hits``
+    counts) and ``compile_timeout_s``."""
+
+    def _serve(self, out: Future, key: str, build: Callable[[], Any],
+               make: Callable[[Any], Any]) -> Future:
+        """Resolve ``out`` with ``make(compiled)`` for ``key``: from memory, else from the
+        build already in flight for it, else from a new ``build()`` on the pool (one build
+        per key however many requests wait), within the compile time budget."""
+        cached = self._memory.get(key)
+        if cached is not None:
+            with self._lock:
+                self._stats["memory_hits"] += 1
+            out.set_result(make(cached))
+            return out
+        with self._lock:
+            inner = self._inflight.get(key)
+            created = inner is None
+            if created:
+                inner = self._pool.submit(build)
+                self._inflight[key] = inner
+        if created:  # outside the lock: a build that already ended runs _finish right here
+            inner.add_done_callback(lambda f: self._finish(key, f))
+        cancel_budget = self._start_budget(out)
+
+        def relay(f: Future) -> None:
+            cancel_budget()
+            if out.done():
+                return
+            exc = f.exception()
+            if exc is not None:
+                self._fail(out, exc if isinstance(exc, ValueError) else ValueError(str(exc)))
+                return
+            try:
+                out.set_result(make(f.result()))
+            except Exception:  # noqa: BLE001 - lost a race with the timeout
+                pass
+
+        inner.add_done_callback(relay)
+        return out
 
     def _start_budget(self, out: Future) -> Callable[[], None]:
         """Fail ``out`` once ``compile_timeout_s`` has passed; returns the cancel function."""

@@ -42,7 +42,7 @@ import threading
 from typing import Any
 
 from radixlm.constraints import regex_parts as rp
-from radixlm.constraints.schema import ALL_TYPES, KNOWN_FORMATS
+from radixlm.constraints.schema import ALL_TYPES, KNOWN_FORMATS, pointer_target
 
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -257,16 +257,10 @@ def resolve(s: Any, root: Any, depth: int = 0) -> Any:
         if depth > 8 or not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")) \
                 or set(s) - ANNOTATIONS - {"$ref"}:
             return None
-        target = root
-        for part in ref[2:].split("/") if len(ref) > 1 else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            elif isinstance(target, dict) and part in target:
-                target = target[part]
-            else:
-                return None
-        s, depth = target, depth + 1
+        try:
+            s, depth = pointer_target(root, ref), depth + 1
+        except KeyError:
+            return None
     return s
 
 

@@ -100,13 +100,7 @@ def structural_tag_grammar(value: Any) -> str:
     "triggers": [...]}``, optionally with ``"type": "structural_tag"``) -> an llguidance
     grammar: free text, in which a trigger starts a tagged segment whose body must match its
     schema. Raises ValueError naming the problem."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError("structural_tag must be a JSON object")
+    value = specs.structural_tag_object(value)
     unknown = sorted(set(value) - {"type", "structures", "triggers"})
     if unknown:
         raise ValueError(f"structural_tag: unknown field(s) {', '.join(unknown)}")
@@ -383,37 +377,8 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
             return out
         key = cache_key("llguidance", grammar, self.vocab.tokenizer_hash, self.vocab_size,
                         self.eos_ids)
-        template = self._memory.get(key)
-        if template is not None:
-            with self._lock:
-                self._stats["memory_hits"] += 1
-            out.set_result(LLGuidanceGrammar(self, template.deep_copy()))
-            return out
-        with self._lock:
-            inner = self._inflight.get(key)
-            created = inner is None
-            if created:
-                inner = self._pool.submit(self._build, grammar, spec)
-                self._inflight[key] = inner
-        if created:
-            inner.add_done_callback(lambda f: self._finish(key, f))
-        cancel_budget = self._start_budget(out)
-
-        def relay(f: Future) -> None:
-            cancel_budget()
-            if out.done():
-                return
-            exc = f.exception()
-            if exc is not None:
-                self._fail(out, exc if isinstance(exc, ValueError) else ValueError(str(exc)))
-                return
-            try:
-                out.set_result(LLGuidanceGrammar(self, f.result().deep_copy()))
-            except Exception:  # noqa: BLE001 - lost a race with the timeout
-                pass
-
-        inner.add_done_callback(relay)
-        return out
+        return self._serve(out, key, lambda: self._build(grammar, spec),
+                           lambda template: LLGuidanceGrammar(self, template.deep_copy()))
 
     # ------------------------------------------------------------------------------ masks
 

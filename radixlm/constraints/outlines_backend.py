@@ -330,37 +330,8 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
             self._fail(out, exc)
             return out
         key = self._key(regex)
-        compiled = self._memory.get(key)
-        if compiled is not None:
-            with self._lock:
-                self._stats["memory_hits"] += 1
-            out.set_result(compiled.new_grammar())
-            return out
-        with self._lock:
-            inner = self._inflight.get(key)
-            created = inner is None
-            if created:
-                inner = self._pool.submit(self._build, regex, key)
-                self._inflight[key] = inner
-        if created:  # outside the lock: a build that already ended runs _finish right here
-            inner.add_done_callback(lambda f: self._finish(key, f))
-        cancel_budget = self._start_budget(out)
-
-        def relay(f: Future) -> None:
-            cancel_budget()
-            if out.done():
-                return
-            exc = f.exception()
-            if exc is not None:
-                self._fail(out, exc if isinstance(exc, ValueError) else ValueError(str(exc)))
-            else:
-                try:
-                    out.set_result(f.result().new_grammar())
-                except Exception:  # noqa: BLE001 - lost a race with the timeout
-                    pass
-
-        inner.add_done_callback(relay)
-        return out
+        return self._serve(out, key, lambda: self._build(regex, key),
+                           lambda compiled: compiled.new_grammar())
 
     def stats(self) -> dict:
         with self._lock:

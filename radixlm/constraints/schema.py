@@ -75,6 +75,21 @@ def _err(what: str, ptr: str) -> ValueError:
     return _Reject(f"{what} at JSON pointer '{ptr or '/'}'")
 
 
+def pointer_target(root: Any, ref: str) -> Any:
+    """What the local reference ``ref`` ("#" or "#/a/0/b", JSON-pointer escapes and
+    percent-encoding decoded) names in ``root``; KeyError when nothing is there."""
+    target = root
+    for part in unquote(ref[1:]).split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
+            raise KeyError(ref)
+    return target
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -209,16 +224,10 @@ class SchemaTranslator:
     def lookup(self, ref: str, ptr: str) -> Any:
         if not ref.startswith("#"):
             raise _err(f"unsupported keyword '$ref' (only local references, got {ref!r})", ptr)
-        target = self.root
-        for part in unquote(ref[1:]).split("/")[1:] if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            elif isinstance(target, dict) and part in target:
-                target = target[part]
-            else:
-                raise _err(f"unresolvable '$ref' {ref!r}", ptr)
-        return target
+        try:
+            return pointer_target(self.root, ref)
+        except KeyError:
+            raise _err(f"unresolvable '$ref' {ref!r}", ptr) from None
 
     def merge(self, a: dict, b: dict, ptr: str) -> dict:
         """Keyword-wise intersection of two schemas; ValueError where we can't merge."""

@@ -52,8 +52,9 @@ def normalize_json_schema(value: Any) -> str:
     return json.dumps(load_json_schema(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def normalize_structural_tag(value: Any) -> str:
-    """SGLang's structural tag (a dict, a pydantic model or JSON text) -> compact JSON text."""
+def structural_tag_object(value: Any) -> dict:
+    """SGLang's structural tag (a dict, a pydantic model or JSON text) as a dict; ValueError
+    when it is not a JSON object."""
     if hasattr(value, "model_dump"):
         value = value.model_dump(by_alias=True, exclude_none=True)
     if isinstance(value, str):
@@ -63,7 +64,12 @@ def normalize_structural_tag(value: Any) -> str:
             raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError("structural_tag must be a JSON object with structures and triggers")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return value
+
+
+def normalize_structural_tag(value: Any) -> str:
+    """SGLang's structural tag (a dict, a pydantic model or JSON text) -> compact JSON text."""
+    return json.dumps(structural_tag_object(value), separators=(",", ":"), ensure_ascii=False)
 
 
 def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:

@@ -44,9 +44,7 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
  * qgemm_amx_large). */
-#ifndef RLM_AMX_MIN_ROWS
 #define RLM_AMX_MIN_ROWS 8
-#endif
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {
@@ -1532,86 +1530,71 @@ static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* nh (<= HB) query heads that share KV head g, D = 16 NV: each K and V row is loaded once
+/* One vector width for the attention group loop: 16 floats on AVX-512, 8 on AVX2. */
+#define AV_W 16
+typedef __m512 avec;
+#define AV_LOADU _mm512_loadu_ps
+#define AV_MUL _mm512_mul_ps
+#define AV_FMA _mm512_fmadd_ps
+#define AV_SET1 _mm512_set1_ps
+#define AV_ZERO _mm512_setzero_ps
+#define AV_STOREU _mm512_storeu_ps
+#define AV_SUM _mm512_reduce_add_ps
+#define AV_LOAD_KV load16_kv
+#elif defined(RLM_AVX2)
+#define AV_W 8
+typedef __m256 avec;
+#define AV_LOADU _mm256_loadu_ps
+#define AV_MUL _mm256_mul_ps
+#define AV_FMA _mm256_fmadd_ps
+#define AV_SET1 _mm256_set1_ps
+#define AV_ZERO _mm256_setzero_ps
+#define AV_STOREU _mm256_storeu_ps
+#define AV_SUM hsum256
+#define AV_LOAD_KV load8_kv
+#endif
+
+#ifdef AV_W
+/* nh (<= HB) query heads that share KV head g, D = AV_W NV: each K and V row is loaded once
  * for the group, and the outputs stay in registers across positions. Same numbers as
  * attend_head up to the order of the sums. scores: nh rows of stride ss. */
-static inline __attribute__((always_inline)) void attend_group_512(
+static inline __attribute__((always_inline)) void attend_group(
     const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
     int Hkv, float scale, const void *kc, const void *vc, int32_t dtype, float *scores,
     int64_t ss, float *out) {
-    const int D = 16 * NV;
+    const int D = AV_W * NV;
     float mx[HB], inv[HB];
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
-        __m512 kv[NV];
-        for (int i = 0; i < NV; i++) kv[i] = load16_kv(kc, off + 16 * i, dtype);
+        avec kv[NV];
+        for (int i = 0; i < NV; i++) kv[i] = AV_LOAD_KV(kc, off + AV_W * i, dtype);
         for (int h = 0; h < HB; h++) {
             if (h >= nh) break;
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q + h * D), kv[0]);
+            avec acc = AV_MUL(AV_LOADU(q + h * D), kv[0]);
             for (int i = 1; i < NV; i++)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + 16 * i), kv[i], acc);
-            float sc = _mm512_reduce_add_ps(acc) * scale;
+                acc = AV_FMA(AV_LOADU(q + h * D + AV_W * i), kv[i], acc);
+            float sc = AV_SUM(acc) * scale;
             scores[h * ss + j] = sc;
             mx[h] = sc > mx[h] ? sc : mx[h];
         }
     }
     for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
-    __m512 o[HB][NV];
+    avec o[HB][NV];
     for (int h = 0; h < HB; h++)
-        for (int i = 0; i < NV; i++) o[h][i] = _mm512_setzero_ps();
+        for (int i = 0; i < NV; i++) o[h][i] = AV_ZERO();
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
         for (int i = 0; i < NV; i++) {
-            __m512 vv = load16_kv(vc, off + 16 * i, dtype);
+            avec vv = AV_LOAD_KV(vc, off + AV_W * i, dtype);
             for (int h = 0; h < HB; h++)
-                if (h < nh) o[h][i] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * ss + j]), vv,
+                if (h < nh) o[h][i] = AV_FMA(AV_SET1(scores[h * ss + j]), vv,
                                                       o[h][i]);
         }
     }
     for (int h = 0; h < nh; h++)
         for (int i = 0; i < NV; i++)
-            _mm512_storeu_ps(out + h * D + 16 * i, _mm512_mul_ps(o[h][i], _mm512_set1_ps(inv[h])));
-}
-#elif defined(RLM_AVX2)
-/* The AVX2 twin of attend_group_512 (8 floats per vector; D = 8 NV). */
-static inline __attribute__((always_inline)) void attend_group_256(
-    const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
-    int Hkv, float scale, const void *kc, const void *vc, int32_t dtype, float *scores,
-    int64_t ss, float *out) {
-    const int D = 8 * NV;
-    float mx[HB], inv[HB];
-    for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
-    for (int64_t j = 0; j <= p; j++) {
-        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
-        __m256 kv[NV];
-        for (int i = 0; i < NV; i++) kv[i] = load8_kv(kc, off + 8 * i, dtype);
-        for (int h = 0; h < HB; h++) {
-            if (h >= nh) break;
-            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q + h * D), kv[0]);
-            for (int i = 1; i < NV; i++)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + 8 * i), kv[i], acc);
-            float sc = hsum256(acc) * scale;
-            scores[h * ss + j] = sc;
-            mx[h] = sc > mx[h] ? sc : mx[h];
-        }
-    }
-    for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
-    __m256 o[HB][NV];
-    for (int h = 0; h < HB; h++)
-        for (int i = 0; i < NV; i++) o[h][i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j <= p; j++) {
-        const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
-        for (int i = 0; i < NV; i++) {
-            __m256 vv = load8_kv(vc, off + 8 * i, dtype);
-            for (int h = 0; h < HB; h++)
-                if (h < nh) o[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[h * ss + j]), vv,
-                                                      o[h][i]);
-        }
-    }
-    for (int h = 0; h < nh; h++)
-        for (int i = 0; i < NV; i++)
-            _mm256_storeu_ps(out + h * D + 8 * i, _mm256_mul_ps(o[h][i], _mm256_set1_ps(inv[h])));
+            AV_STOREU(out + h * D + AV_W * i, AV_MUL(o[h][i], AV_SET1(inv[h])));
 }
 #endif
 
@@ -1625,20 +1608,20 @@ static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     if (D == 64) {
         for (int h = 0; h < nh; h += 4)
-            attend_group_512(4, 4, q + h * D, nh - h < 4 ? nh - h : 4, slots, p, g, Hkv, scale,
+            attend_group(4, 4, q + h * D, nh - h < 4 ? nh - h : 4, slots, p, g, Hkv, scale,
                              kc, vc, dtype, scores, ss, out + h * D);
         return;
     }
     if (D == 128) {
         for (int h = 0; h < nh; h += 2)
-            attend_group_512(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
+            attend_group(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
                              kc, vc, dtype, scores, ss, out + h * D);
         return;
     }
 #elif defined(RLM_AVX2)
     if (D == 64) { /* 8 vectors of K or V per row, one head at a time: 16 registers */
         for (int h = 0; h < nh; h++)
-            attend_group_256(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kc, vc, dtype,
+            attend_group(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kc, vc, dtype,
                              scores, ss, out + h * D);
         return;
     }
@@ -2016,3 +1999,7 @@ int32_t rlm_amx(void) {
 
 /* Kernel-test entry: out[i] = silu(g[i]) * u[i], the layer's MLP activation. */
 void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }
+
+/* Steps of at least this many tokens are the compute-bound ones: the engine's default runs
+ * them bf16 (on AMX where rlm_amx() says so), smaller ones fp32. */
+int32_t rlm_amx_min_rows(void) { return RLM_AMX_MIN_ROWS; }

@@ -42,9 +42,6 @@ def supported(model, pool) -> str | None:
     return extra() if callable(extra) else None
 
 
-# Steps of at least this many tokens are compute-bound: "auto" runs them in bf16 on AMX
-# tiles (RLM_AMX_MIN_ROWS in cpu_ops.c) where the host has them and the model is bf16.
-BF16_MIN_ROWS = 8
 # With bf16 on AMX tiles the linears of a prefill chunk run faster here than torch's, but
 # the attention loop is per position: a chunk runs natively when its tokens attend to
 # at most this many positions on average (measured crossover ~350 on a 2-core Xeon:
@@ -54,14 +51,15 @@ LARGE_MAX_CTX_PER_TOKEN = 256
 LARGE_MAX_ROWS = 2048
 
 
-def activation_modes(act: str, lib: ctypes.CDLL, model_dtype: torch.dtype) -> tuple[int, int]:
-    """``(small, large)``: the C activation mode for steps under / from ``BF16_MIN_ROWS``
-    rows. fp32 is exact (the reference path's numbers); int8 is llama.cpp's per-block
-    rounding; bf16 rounds activations and dequantized weights to bf16 with fp32 sums, the
-    numbers of a torch bf16 linear. auto: fp32, except bf16 for large steps when the model
-    runs in bf16 and the library has AMX tiles (where bf16 is what is fast)."""
+def activation_modes(act: str, amx: bool, model_dtype: torch.dtype) -> tuple[int, int]:
+    """``(small, large)``: the C activation mode for steps under / from
+    ``rlm_amx_min_rows()`` tokens (the compute-bound ones). fp32 is exact (the reference
+    path's numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and
+    dequantized weights to bf16 with fp32 sums, the numbers of a torch bf16 linear. auto:
+    fp32, except bf16 for large steps when the model runs in bf16 and the library has AMX
+    tiles (where bf16 is what is fast)."""
     if act == "auto":
-        large = (ACT_BF16 if model_dtype == torch.bfloat16 and lib.rlm_amx() else ACT_F32)
+        large = ACT_BF16 if model_dtype == torch.bfloat16 and amx else ACT_F32
         return ACT_F32, large
     mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
     return mode, mode
@@ -76,7 +74,9 @@ class NativeDecoder:
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int, quant: str = "auto", act: str = "auto") -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
-        self.act_modes = activation_modes(act, lib, model.embed.dtype)
+        self.amx = bool(lib.rlm_amx())
+        self.large_from = int(lib.rlm_amx_min_rows())  # tokens from which act_modes[1] runs
+        self.act_modes = activation_modes(act, self.amx, model.embed.dtype)
         self.quantize = quantize_q4 if quant == "int4" else quantize_q8
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
@@ -134,7 +134,7 @@ class NativeDecoder:
         t = batch.num_tokens
         if 0 < t <= self.max_rows:
             return True
-        if t > LARGE_MAX_ROWS or self.act_modes[1] != ACT_BF16 or not self.lib.rlm_amx():
+        if t > LARGE_MAX_ROWS or self.act_modes[1] != ACT_BF16 or not self.amx:
             return False
         attended = sum(e * s - e * (e - 1) // 2  # positions s-e .. s-1 attend to pos + 1
                        for e, s in zip(batch.extend_lens_cpu, batch.seq_lens_cpu))
@@ -145,11 +145,11 @@ class NativeDecoder:
         small, large = self.act_modes
         if small == large:
             return names[small]
-        return (f"{names[small]}, {names[large]} from {BF16_MIN_ROWS} tokens"
+        return (f"{names[small]}, {names[large]} from {self.large_from} tokens"
                 + (" (AMX; short-context prefill chunks too)" if large == ACT_BF16 else ""))
 
     def _mode(self, rows: int) -> int:
-        return self.act_modes[rows >= BF16_MIN_ROWS]
+        return self.act_modes[rows >= self.large_from]
 
     def _workspace(self, attr: str, floats: int) -> torch.Tensor:
         ws = getattr(self, attr)

@@ -24,7 +24,7 @@ class Arena:
     ALIGN, HUGE = 64, 2 << 20
 
     def __init__(self, weights: list[QWeight]) -> None:
-        size = sum(self._padded(a.nbytes) for w in weights for a in self._arrays(w))
+        size = sum(self._padded(a.nbytes) for w in weights for a in self.arrays(w))
         self._map = mmap.mmap(-1, size + self.HUGE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
@@ -36,7 +36,8 @@ class Arena:
         self._buf, self._used = raw[start:start + size], 0
 
     @staticmethod
-    def _arrays(w: QWeight) -> list[np.ndarray]:
+    def arrays(w: QWeight) -> list[np.ndarray]:
+        """``w``'s arrays as the C side reads them: qs, fp16 d (and fp16 m for Q4)."""
         arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
         if w.fmt == FMT_Q4:
             arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
@@ -47,7 +48,7 @@ class Arena:
 
     def qmat(self, w: QWeight) -> QMat:
         ptrs = []
-        for a in self._arrays(w):
+        for a in self.arrays(w):
             dst = self._buf[self._used:self._used + a.nbytes]
             dst[:] = a.reshape(-1).view(np.uint8)
             ptrs.append(dst.ctypes.data)
@@ -56,10 +57,9 @@ class Arena:
 
 
 def qmat(w: QWeight, keep: list) -> QMat:
-    """The C view of ``w``; ``keep`` holds the arrays it points into."""
-    arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
-    if w.fmt == FMT_Q4:
-        arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
+    """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
+    ``Arena``); ``keep`` holds the arrays it points into."""
+    arrays = Arena.arrays(w)
     keep.extend(arrays)
     return QMat(w.fmt, w.n, w.k, arrays[0].ctypes.data, arrays[1].ctypes.data,
                 arrays[2].ctypes.data if w.fmt == FMT_Q4 else None)
