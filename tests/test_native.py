@@ -229,6 +229,22 @@ def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
     assert alone[0] == ref_ids[1]
 
 
+def _assert_logprobs_near_reference(engine, reference_engine, prompts, new_tokens, atol):
+    """Greedy-decode ``prompts`` together on ``engine``; every chosen token's logprob is
+    within ``atol`` of the reference engine scoring the same text."""
+    outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": new_tokens},
+                           return_logprob=True)
+    ids = [engine.tokenizer.encode(p, add_special_tokens=False) + o["output_ids"]
+           for p, o in zip(prompts, outs)]
+    refs = reference_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+                                     return_logprob=True, logprob_start_len=0)
+    for out, ref_out in zip(outs, refs):
+        n_in = out["meta_info"]["prompt_tokens"]
+        ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
+        np.testing.assert_allclose(ours, theirs, atol=atol)
+
+
 def test_engine_int8_activations_stay_close(reference_engine):
     """int8 activation blocks: chosen-token logprobs within 0.3 of the reference over 30
     layers (measured ~0.2 at worst; greedy text may part on near-ties, as llama.cpp's)."""
@@ -237,16 +253,7 @@ def test_engine_int8_activations_stay_close(reference_engine):
     engine = Engine(dtype="float32", native_activations="int8", max_total_tokens=4096,
                     log_level="warning")
     try:
-        out = engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 8},
-                              return_logprob=True, logprob_start_len=0)
-        ref_out = reference_engine.generate(
-            input_ids=engine.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
-            + out["output_ids"], sampling_params={"max_new_tokens": 0},
-            return_logprob=True, logprob_start_len=0)
-        n_in = out["meta_info"]["prompt_tokens"]
-        ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
-        np.testing.assert_allclose(ours, theirs, atol=0.3)
+        _assert_logprobs_near_reference(engine, reference_engine, PROMPTS[:1], 8, atol=0.3)
     finally:
         engine.shutdown()
 
@@ -264,17 +271,7 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         amx = load().rlm_amx()
         assert engine.runner.native.act_modes == (ACT_F32, ACT_BF16 if amx else ACT_F32)
         prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS[:4]]
-        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 6},
-                               return_logprob=True)
-        ids = [engine.tokenizer.encode(p, add_special_tokens=False) + o["output_ids"]
-               for p, o in zip(prompts, outs)]
-        refs = reference_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                                         return_logprob=True, logprob_start_len=0)
-        for out, ref_out in zip(outs, refs):
-            n_in = out["meta_info"]["prompt_tokens"]
-            ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-            theirs = [lp for lp, _, _ in ref_out["meta_info"]["input_token_logprobs"][n_in:]]
-            np.testing.assert_allclose(ours, theirs, atol=0.3)
+        _assert_logprobs_near_reference(engine, reference_engine, prompts, 6, atol=0.3)
     finally:
         engine.shutdown()
 
