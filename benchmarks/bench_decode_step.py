@@ -13,6 +13,11 @@ cached positions) on the same engine weights, alternating ``--rounds`` times.
 
 from __future__ import annotations
 
+# radixlm before torch (it bounds OpenMP's spin-wait, which libgomp reads once, when
+# torch loads it): with torch first, libgomp's ~300k-iteration spin after each torch op
+# took a core from the native steps (an 8-token step measured 38 ms instead of 26).
+import radixlm  # noqa: F401  # isort: skip
+
 import argparse
 import ctypes
 import json

@@ -259,17 +259,24 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
-    """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles (where the
-    host has them), smaller ones fp32. 16 requests decoded together: every chosen token's
-    logprob within 0.3 of the fp32 reference scoring the same text (bf16 prefill and bf16
-    batch steps, as a torch bf16 model would differ)."""
+    """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
+    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32 (all fp32
+    without bf16). 16 requests decoded together: every chosen token's logprob within 0.3
+    of the fp32 reference scoring the same text (bf16 prefill and bf16 batch steps, as a
+    torch bf16 model would differ)."""
     from radixlm.native.build import load
     from radixlm.runtime.engine import Engine
 
     engine = Engine(dtype="bfloat16", max_total_tokens=8192, log_level="warning")
     try:
-        amx = load().rlm_amx()
-        assert engine.runner.native.act_modes == (ACT_F32, ACT_BF16 if amx else ACT_F32)
+        lib = load()
+        native = engine.runner.native
+        expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
+        assert lib.rlm_bf16_min_rows() == expect_from
+        assert native.act_modes == (ACT_F32, ACT_BF16 if expect_from else ACT_F32)
+        if expect_from:
+            assert native._mode(expect_from - 1) == ACT_F32
+            assert native._mode(expect_from) == ACT_BF16
         prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS[:4]]
         _assert_logprobs_near_reference(engine, reference_engine, prompts, 6, atol=0.3)
     finally:

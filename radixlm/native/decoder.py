@@ -51,15 +51,16 @@ LARGE_MAX_CTX_PER_TOKEN = 256
 LARGE_MAX_ROWS = 2048
 
 
-def activation_modes(act: str, amx: bool, model_dtype: torch.dtype) -> tuple[int, int]:
-    """``(small, large)``: the C activation mode for steps under / from
-    ``rlm_amx_min_rows()`` tokens (the compute-bound ones). fp32 is exact (the reference
-    path's numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and
-    dequantized weights to bf16 with fp32 sums, the numbers of a torch bf16 linear. auto:
-    fp32, except bf16 for large steps when the model runs in bf16 and the library has AMX
-    tiles (where bf16 is what is fast)."""
+def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype) -> tuple[int, int]:
+    """``(small, large)``: the C activation mode for steps under / from ``bf16_from``
+    tokens (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0
+    where the library has no bf16). fp32 is exact (the reference path's numbers); int8 is
+    llama.cpp's per-block rounding; bf16 rounds activations and dequantized weights to bf16
+    with fp32 sums, the numbers of a torch bf16 linear. auto: fp32, except bf16 for steps
+    from ``bf16_from`` tokens when the model runs in bf16 and the library has bf16 (where
+    it is what is fast: the compute-bound steps)."""
     if act == "auto":
-        large = ACT_BF16 if model_dtype == torch.bfloat16 and amx else ACT_F32
+        large = ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32
         return ACT_F32, large
     mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
     return mode, mode
@@ -75,8 +76,9 @@ class NativeDecoder:
                  max_rows: int, quant: str = "auto", act: str = "auto") -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
-        self.large_from = int(lib.rlm_amx_min_rows())  # tokens from which act_modes[1] runs
-        self.act_modes = activation_modes(act, self.amx, model.embed.dtype)
+        bf16_from = int(lib.rlm_bf16_min_rows())
+        self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[1] runs
+        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype)
         self.quantize = quantize_q4 if quant == "int4" else quantize_q8
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
@@ -146,7 +148,8 @@ class NativeDecoder:
         if small == large:
             return names[small]
         return (f"{names[small]}, {names[large]} from {self.large_from} tokens"
-                + (" (AMX; short-context prefill chunks too)" if large == ACT_BF16 else ""))
+                + (" (AMX; short-context prefill chunks too)" if self.amx else
+                   " (AVX512-BF16 dot products)"))
 
     def _mode(self, rows: int) -> int:
         return self.act_modes[rows >= self.large_from]
