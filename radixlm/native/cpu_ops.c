@@ -897,22 +897,34 @@ static inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(x, z, 0x88), _mm512_shuffle_f32x4(x, z, 0xDD));
 }
 
-/* 4 bf16 rows (row stride ldw) x 4 bf16 tokens (row stride ldx), 32 columns per dot
- * instruction: out[r * 4 + i]. */
-static inline void dot_r4t4_bf16(const uint16_t *wb, int64_t ldw, const uint16_t *x,
-                                 int64_t ldx, int k, float *out) {
+/* 4 bf16 rows (row stride ldw) x nt <= 4 bf16 tokens (row stride ldx), 32 columns per dot
+ * instruction: out[r * 4 + i] for i < nt. nt is a constant where it is inlined (see
+ * dot_r4t_bf16): fewer tokens, fewer accumulators, no padding tokens multiplied. */
+static inline __attribute__((always_inline)) void dot_r4tn_bf16(
+    const uint16_t *wb, int64_t ldw, const uint16_t *x, int64_t ldx, int k, float *out,
+    const int nt) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
     for (int j = 0; j < k; j += 32) {
         __m512bh xv[4];
-        for (int i = 0; i < 4; i++) xv[i] = (__m512bh)_mm512_loadu_si512(x + i * ldx + j);
+        for (int i = 0; i < nt; i++) xv[i] = (__m512bh)_mm512_loadu_si512(x + i * ldx + j);
         for (int r = 0; r < 4; r++) {
             __m512bh wv = (__m512bh)_mm512_load_si512(wb + r * ldw + j);
-            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv, xv[i]);
+            for (int i = 0; i < nt; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv, xv[i]);
         }
     }
     _mm512_storeu_ps(out, hsum16(&acc[0][0]));
+}
+
+static void dot_r4t_bf16(const uint16_t *wb, int64_t ldw, const uint16_t *x, int64_t ldx,
+                         int k, float *out, int nt) {
+    switch (nt) {
+    case 1: dot_r4tn_bf16(wb, ldw, x, ldx, k, out, 1); break;
+    case 2: dot_r4tn_bf16(wb, ldw, x, ldx, k, out, 2); break;
+    case 3: dot_r4tn_bf16(wb, ldw, x, ldx, k, out, 3); break;
+    default: dot_r4tn_bf16(wb, ldw, x, ldx, k, out, 4);
+    }
 }
 
 static inline float dot1_bf16(const uint16_t *wb, const uint16_t *x, int k) {
@@ -930,10 +942,29 @@ static inline void to_bf16(const float *x, int k, uint16_t *out) {
                                                                  _mm512_loadu_ps(x + j)));
 }
 
-/* Row n dequantized (W = d q + m) straight to bf16, nearest even. */
+/* Row n dequantized (W = d q + m) straight to bf16, nearest even. Q4 blocks by table: the
+ * 16 values d q + m (q = 0..15) rounded once, then one word permute looks up all 32
+ * nibbles (the same fused multiply-add and rounding per value as converting each weight,
+ * in a third fewer 512-bit instructions). */
 static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
                              const f16 *wm, int nb, uint16_t *out) {
     const __m128i mask = _mm_set1_epi8(0x0f);
+#ifdef __AVX512BW__
+    if (w->fmt == FMT_Q4) {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m256i nib = _mm256_set1_epi16(0x0f);
+        for (int b = 0; b < nb; b++) {
+            __m512 vals = _mm512_fmadd_ps(iota, _mm512_set1_ps(H(wd[b])),
+                                          _mm512_set1_ps(H(wm[b])));
+            __m512i table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(vals));
+            __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wq + b * 16)));
+            __m512i idx = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(q, nib)), _mm256_srli_epi16(q, 4), 1);
+            _mm512_store_si512(out + b * 32, _mm512_permutexvar_epi16(idx, table));
+        }
+        return;
+    }
+#endif
     for (int b = 0; b < nb; b++) {
         __m512 lo, hi, dv = _mm512_set1_ps(H(wd[b])), mv = _mm512_set1_ps(wm ? H(wm[b]) : 0.f);
         if (w->fmt == FMT_Q4) {
@@ -960,14 +991,6 @@ static void qgemv_rows_bf16(const QMat *w, int n0, int n1, int T, const Act *a, 
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
     uint16_t wb[4 * k] __attribute__((aligned(64)));
-    /* the last T % 4 tokens (of 2+) as one more zero-padded group of 4, as in the fp32 path:
-     * one 4x4 tile beats a one-row, one-token dot (one accumulator chain) per row */
-    const int full = T / 4 * 4, rest = T >= 2 ? T - full : 0;
-    uint16_t xpad[rest ? 4 * k : 1] __attribute__((aligned(64)));
-    if (rest) {
-        memcpy(xpad, a->xb + (int64_t)full * k, sizeof(uint16_t) * (size_t)rest * k);
-        memset(xpad + (int64_t)rest * k, 0, sizeof(uint16_t) * (size_t)(4 - rest) * k);
-    }
     for (int n = n0; n < n1; n += 4) {
         const int rows = n1 - n < 4 ? n1 - n : 4;
         for (int r = 0; r < rows; r++)
@@ -976,10 +999,10 @@ static void qgemv_rows_bf16(const QMat *w, int n0, int n1, int T, const Act *a, 
                              wb + (int64_t)r * k);
         int t = 0;
         if (rows == 4)
-            for (; t < (T >= 2 ? T : 0); t += 4) {
+            for (; t < T; t += 4) {
                 float out[16];
                 const int nt = T - t < 4 ? T - t : 4;
-                dot_r4t4_bf16(wb, k, nt == 4 ? a->xb + (int64_t)t * k : xpad, k, k, out);
+                dot_r4t_bf16(wb, k, a->xb + (int64_t)t * k, k, k, out, nt);
                 for (int r = 0; r < 4; r++)
                     for (int i = 0; i < nt; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
             }
