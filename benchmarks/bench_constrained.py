@@ -5,7 +5,8 @@
 
 1. Tokens/s for the same prompts unconstrained vs JSON-schema-constrained at batch 1 and 16
    (greedy, ignore nothing: each request stops when its JSON closes or at max tokens).
-2. Jump-forward on vs off on a key-heavy schema (end-to-end wall time, same prompts).
+2. Jump-forward on vs off on a key-heavy schema (end-to-end wall time, same prompts), with
+   the default whitespace and with none (SGLang's --constrained-json-disable-any-whitespace).
 3. Grammar compile time p50/p99 over the shared JSONSchemaBench sample (fresh compiles,
    the on-disk cache off).
 4. Mask fill time per constrained step at batch 16 (the scheduler's ``_fill_bitmask``) as a
@@ -116,31 +117,36 @@ def main() -> None:
                 "mask_fill_ms_per_step": 1e3 * statistics.fmean(fills) if fills else 0.0,
                 "mask_fill_share_of_step": sum(fills) / con_wall if con_wall else 0.0}
         kh = {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(KEY_HEAVY)}
+        # the default whitespace ([ ]?: the model decides each optional space) and none at
+        # all (SGLang's --constrained-json-disable-any-whitespace; every separator forced)
+        variants = {"jump_forward": kh, "jump_forward_compact": {**kh, "whitespace_pattern": ""}}
         kp = [chat(tok, f"Fill in an order form for customer {n}.") for n in names[:4]]
         # Both engines live side by side and take turns, so slow phases of a shared VM hit
         # both arms alike; the speedup is the median over rounds.
         with Engine(log_level="warning", enable_jump_forward=False,
                     grammar_backend=args.grammar_backend) as off_engine:
-            walls: dict[str, list[float]] = {"on": [], "off": []}
-            for e in (engine, off_engine):
-                e.generate(kp[0], kh)  # compile + warm up
-            for _ in range(args.rounds):
-                for name, e in (("on", engine), ("off", off_engine)):
-                    e.flush_cache()
-                    w, n, outs = run(e, kp, kh)
-                    walls[name].append(w)
-                    if name == "on":
-                        n_on, outs_on = n, outs
-                    else:
-                        n_off, outs_off = n, outs
-        forced = sum(o["meta_info"].get("forced_tokens", 0) for o in outs_on)
-    w_on, w_off = statistics.median(walls["on"]), statistics.median(walls["off"])
-    results["jump_forward"] = {"on_s": w_on, "off_s": w_off, "speedup": w_off / w_on,
-                               "speedup_per_round": [f / o for f, o in zip(walls["off"],
-                                                                           walls["on"])],
-                               "forced_tokens": forced, "tokens_on": n_on, "tokens_off": n_off,
-                               "valid_on": sum(_valid(o["text"]) for o in outs_on),
-                               "valid_off": sum(_valid(o["text"]) for o in outs_off)}
+            for key, params in variants.items():
+                walls: dict[str, list[float]] = {"on": [], "off": []}
+                for e in (engine, off_engine):
+                    e.generate(kp[0], params)  # compile + warm up
+                for _ in range(args.rounds):
+                    for name, e in (("on", engine), ("off", off_engine)):
+                        e.flush_cache()
+                        w, n, outs = run(e, kp, params)
+                        walls[name].append(w)
+                        if name == "on":
+                            n_on, outs_on = n, outs
+                        else:
+                            n_off, outs_off = n, outs
+                w_on, w_off = statistics.median(walls["on"]), statistics.median(walls["off"])
+                results[key] = {
+                    "on_s": w_on, "off_s": w_off, "speedup": w_off / w_on,
+                    "speedup_per_round": [f / o for f, o in zip(walls["off"], walls["on"])],
+                    "forced_tokens": sum(o["meta_info"].get("forced_tokens", 0)
+                                         for o in outs_on),
+                    "tokens_on": n_on, "tokens_off": n_off,
+                    "valid_on": sum(_valid(o["text"]) for o in outs_on),
+                    "valid_off": sum(_valid(o["text"]) for o in outs_off)}
     results["compile"] = _compile_times(tok, args.grammar_backend,
                                         limit=40 if args.quick else None)
     print(json.dumps(results, indent=2))
@@ -153,9 +159,13 @@ def main() -> None:
               f"{r['unconstrained_decode_tok_s']:>13.1f}{r['constrained_decode_tok_s']:>15.1f}"
               f"{r['ratio']:>7.2f}  mask fill {r['mask_fill_ms_per_step']:.2f} ms/step = "
               f"{100 * r['mask_fill_share_of_step']:.1f}% of the step")
-    jf = results["jump_forward"]
-    print(f"jump-forward: on {jf['on_s']:.2f}s off {jf['off_s']:.2f}s speedup "
-          f"{jf['speedup']:.2f}x forced {jf['forced_tokens']} tokens")
+    for key, label in (("jump_forward", "default whitespace"),
+                       ("jump_forward_compact", "no whitespace")):
+        jf = results[key]
+        print(f"jump-forward ({label}): on {jf['on_s']:.2f}s off {jf['off_s']:.2f}s speedup "
+              f"{jf['speedup']:.2f}x (rounds "
+              f"{', '.join(f'{x:.2f}' for x in jf['speedup_per_round'])}) forced "
+              f"{jf['forced_tokens']} tokens, valid {jf['valid_on']}/{len(kp)}")
     c = results["compile"]
     print(f"compile: {c['compiled']}/{c['total']} p50 {c['p50_s']:.3f}s p99 {c['p99_s']:.3f}s")
     if args.out:

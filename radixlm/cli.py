@@ -47,6 +47,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
+    e.add_argument("--constrained-json-whitespace-pattern",
+                   help="regex of the whitespace JSON output may have between tokens, where a "
+                        "request names none (default: '[ ]?')")
+    e.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
+                   default=None, help="JSON output with no whitespace between tokens "
+                                      "(compact), where a request names no pattern")
     e.add_argument("--random-seed", type=int)
     e.add_argument("--tp-size", "--tp", dest="tp_size", type=int,
                    help="tensor-parallel ranks (torch.distributed)")
@@ -110,7 +116,10 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "priority_preemption_threshold": args.priority_preemption_threshold,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_jump_forward": False if args.disable_jump_forward else None,
-        "grammar_backend": args.grammar_backend, "random_seed": args.random_seed,
+        "grammar_backend": args.grammar_backend,
+        "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,
+        "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,
+        "random_seed": args.random_seed,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
         "nnodes": args.nnodes, "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,

@@ -429,3 +429,27 @@ def test_deadlines_fire_in_order_and_cancel():
     assert done.wait(10)
     time.sleep(0.05)
     assert fired == ["early", "late"]
+
+
+def test_whitespace_pattern_none_at_all_and_the_server_default(tokenizer, backend):
+    """``whitespace_pattern: ""`` allows no whitespace between JSON tokens (it once fell
+    back to the default ``[ ]?``), and so does the engine default that SGLang's
+    ``--constrained-json-disable-any-whitespace`` selects; a request's own pattern still
+    wins over the server's default."""
+    from radixlm.constraints.specs import default_whitespace
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    compact, spaced = '{"a":1}', '{"a": 1}'
+    g = compile_(backend, json_schema=schema, whitespace_pattern="")
+    assert accepts_text(g.copy(), tokenizer, compact)
+    assert not accepts_text(g.copy(), tokenizer, spaced)
+    assert not accepts_text(g.copy(), tokenizer, '{ "a":1}')
+    none = default_whitespace(None, disable_any=True)
+    spec = spec_from_sampling_params({"json_schema": schema}, none)
+    g = backend.compile_async(spec).result(timeout=60)
+    assert accepts_text(g.copy(), tokenizer, compact)
+    assert not accepts_text(g.copy(), tokenizer, spaced)
+    spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": "[ ]?"}, none)
+    g = backend.compile_async(spec).result(timeout=60)
+    assert accepts_text(g.copy(), tokenizer, spaced)
+    assert default_whitespace(None) == "[ ]?" and default_whitespace("[ ]{0,2}") == "[ ]{0,2}"

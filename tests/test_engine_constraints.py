@@ -110,3 +110,23 @@ def test_outlines_backend_stays_selectable(tokenizer):
         jsonschema.validate(json.loads(out["text"]), PERSON)
         with pytest.raises(ValueError, match="ebnf needs the llguidance grammar backend"):
             engine.generate("x", {"ebnf": 'root ::= "a"'})
+
+
+def test_json_without_whitespace_per_request_and_per_server(engine_fp32, tokenizer,
+                                                             monkeypatch):
+    """``whitespace_pattern: ""`` and the server default SGLang's
+    ``--constrained-json-disable-any-whitespace`` sets: valid JSON with no whitespace
+    outside strings (exactly the compact dump of the value)."""
+    import dataclasses
+
+    prompt = chat(tokenizer, "Describe Ada Lovelace as JSON.")
+    params = {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(PERSON)}
+    runs = [engine_fp32.generate(prompt, {**params, "whitespace_pattern": ""})]
+    monkeypatch.setattr(engine_fp32, "config", dataclasses.replace(
+        engine_fp32.config, constrained_json_disable_any_whitespace=True))
+    runs.append(engine_fp32.generate(prompt, params))
+    for out in runs:
+        value = json.loads(out["text"])
+        jsonschema.validate(value, PERSON)
+        assert out["text"] == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert runs[0]["text"] == runs[1]["text"]

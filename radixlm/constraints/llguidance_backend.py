@@ -298,7 +298,7 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         then llguidance's own JSON compiler's grammar. The compiler's refusals surface when
         the matcher is built (``_build``), which then falls back to the regex translator."""
         schema = specs.load_json_schema(spec.value)  # (spec.value is normalized text)
-        ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+        ws = specs.whitespace_of(spec)
         check_whitespace_pattern(ws)
         meta_check(schema)
         # a keyword is a quoted key in the text (unless spelled with \u escapes): skip the
@@ -316,7 +316,7 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
         the outlines backend's) as a regex grammar. Runs on a compile worker."""
         schema = specs.load_json_schema(spec.value)
-        ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+        ws = specs.whitespace_of(spec)
         try:
             # validate() already checked the metaschema (jsonschema's own walk costs ~50 ms
             # on large schemas): only the draft's validator class is needed here

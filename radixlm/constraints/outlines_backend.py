@@ -250,7 +250,7 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
             regex = specs.DTYPE_REGEX[spec.value]
         elif spec.kind == "json_schema":
             schema = json.loads(specs.normalize_json_schema(spec.value))
-            ws = spec.whitespace_pattern or specs.DEFAULT_WHITESPACE
+            ws = specs.whitespace_of(spec)
             check_whitespace_pattern(ws)
             cls = check_schema(schema)
             regex = SchemaTranslator(schema, cls, ws, max_ref_depth=self.max_ref_depth,

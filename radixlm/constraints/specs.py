@@ -72,11 +72,28 @@ def normalize_structural_tag(value: Any) -> str:
     return json.dumps(structural_tag_object(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:
+def default_whitespace(pattern: str | None = None, disable_any: bool = False) -> str:
+    """The JSON whitespace pattern of requests that name none, from SGLang's server options:
+    ``--constrained-json-disable-any-whitespace`` -> none at all (``{"a":1,"b":2}``, as
+    llguidance's ``whitespace_flexible: false``); ``--constrained-json-whitespace-pattern``
+    -> that pattern; else ``[ ]?`` (an optional single space: a chat model's natural token
+    after ``"key":`` often starts with one, and masking it derails unbounded strings)."""
+    if disable_any:
+        return ""
+    return DEFAULT_WHITESPACE if pattern is None else pattern
+
+
+def whitespace_of(spec: ConstraintSpec) -> str:
+    """A JSON spec's whitespace pattern (``""``: none), ``[ ]?`` where it names none."""
+    return DEFAULT_WHITESPACE if spec.whitespace_pattern is None else spec.whitespace_pattern
+
+
+def spec_from_sampling_params(params: Any,
+                              whitespace: str = DEFAULT_WHITESPACE) -> ConstraintSpec | None:
     """The constraint named in ``params`` (a dict, or an object with those attributes such
     as ``SamplingParams``; None if no constraint). Raises ValueError if more than one kind is
     given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may override the
-    default ``[ ]?``."""
+    engine's default ``whitespace`` (see ``default_whitespace``); ``""`` allows none."""
     if not isinstance(params, dict):
         params = {k: getattr(params, k, None) for k in (*CONSTRAINT_KINDS, "whitespace_pattern")}
     given = [k for k in CONSTRAINT_KINDS if params.get(k) is not None]
@@ -97,7 +114,7 @@ def spec_from_sampling_params(params: Any) -> ConstraintSpec | None:
         return ConstraintSpec("regex", value)
     if kind == "json_schema":
         return ConstraintSpec("json_schema", normalize_json_schema(value),
-                              ws if ws is not None else DEFAULT_WHITESPACE)
+                              ws if ws is not None else whitespace)
     if kind == "choices":
         if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
             raise ValueError("choices must be a non-empty list of strings")

@@ -69,6 +69,10 @@ class EngineConfig:
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
     grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
+    # JSON whitespace where a request names no whitespace_pattern (SGLang's options; see
+    # constraints.specs.default_whitespace): a pattern, or none at all
+    constrained_json_whitespace_pattern: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
     random_seed: int = 0
     log_level: str = "info"
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
@@ -103,6 +107,13 @@ class EngineConfig:
         if self.schedule_policy not in ("lpm", "fcfs", "priority"):
             raise ValueError("schedule_policy must be lpm|fcfs|priority, got "
                              f"{self.schedule_policy!r}")
+        if self.constrained_json_whitespace_pattern is not None:
+            if self.constrained_json_disable_any_whitespace:
+                raise ValueError("constrained_json_whitespace_pattern and "
+                                 "constrained_json_disable_any_whitespace exclude each other")
+            from radixlm.constraints.schema import check_whitespace_pattern
+
+            check_whitespace_pattern(self.constrained_json_whitespace_pattern)
         if self.priority_preemption_threshold < 0:
             raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
