@@ -351,6 +351,23 @@ static inline __m256 q4_f8(__m128i nib, int part) {
 }
 #endif
 
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+/* Block b of a Q4 (q in 0..15, unscaled) or Q8 row as fp32: elements 0-15 and 16-31. */
+static inline void block_f32(const QMat *w, const uint8_t *wq, int b, __m512 *lo, __m512 *hi) {
+    if (w->fmt == FMT_Q4) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+    } else {
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(wq + b * 32))));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
+    }
+}
+#endif
+
 /* sum_j W[n, j] x[j] for one row, fp32 x; xs: per-block sums of x (for Q4's m term) */
 static inline float qdot_f32(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                              const float *x, const float *xs, int nb) {
@@ -380,18 +397,7 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const f16 *wd, co
     }
     for (; b < nb; b++) { /* Q8 rows, and an odd last Q4 block (its m term is in msum) */
         __m512 lo, hi;
-        if (w->fmt == FMT_Q4) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
-            __m128i mask = _mm_set1_epi8(0x0f);
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-        } else {
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
-        }
+        block_f32(w, wq, b, &lo, &hi);
         __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * 32));
         t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * 32 + 16), t);
         if (b & 1) acc1 = _mm512_fmadd_ps(t, _mm512_set1_ps(H(wd[b])), acc1);
@@ -445,18 +451,7 @@ static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f
         float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
         __m512 lo, hi;
-        if (w->fmt == FMT_Q4) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
-            __m128i mask = _mm_set1_epi8(0x0f);
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-        } else {
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
-        }
+        block_f32(w, wq, b, &lo, &hi);
         __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
         _mm512_store_ps(out + b * 32, _mm512_fmadd_ps(lo, dv, mv));
         _mm512_store_ps(out + b * 32 + 16, _mm512_fmadd_ps(hi, dv, mv));
@@ -948,7 +943,6 @@ static inline void to_bf16(const float *x, int k, uint16_t *out) {
  * in a third fewer 512-bit instructions). */
 static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
                              const f16 *wm, int nb, uint16_t *out) {
-    const __m128i mask = _mm_set1_epi8(0x0f);
 #ifdef __AVX512BW__
     if (w->fmt == FMT_Q4) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -967,17 +961,7 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
 #endif
     for (int b = 0; b < nb; b++) {
         __m512 lo, hi, dv = _mm512_set1_ps(H(wd[b])), mv = _mm512_set1_ps(wm ? H(wm[b]) : 0.f);
-        if (w->fmt == FMT_Q4) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-        } else {
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32))));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
-        }
+        block_f32(w, wq, b, &lo, &hi);
         _mm512_store_si512(out + b * 32, (__m512i)_mm512_cvtne2ps_pbh(
             _mm512_fmadd_ps(hi, dv, mv), _mm512_fmadd_ps(lo, dv, mv)));
     }
