@@ -117,6 +117,10 @@ def test_preemption_retracts_the_lower_priority_request(tiny_model_dir, prompts,
                                                                       "max_new_tokens": 4},
                                priority=10)
         high_done_while_low_ran = t.is_alive()
+        stats = engine.get_stats()
+        # (the engine's view: without preemption the low request has left it before the high
+        # one starts, though its caller's thread may not have returned yet on a busy host)
+        low_in_engine = stats["num_running"] + stats["num_waiting"]
         t.join(timeout=120)
         assert high["meta_info"]["completion_tokens"] == 4
         # the preempted request resumes and its output is unchanged by the retraction
@@ -125,7 +129,7 @@ def test_preemption_retracts_the_lower_priority_request(tiny_model_dir, prompts,
         if preempt:
             assert high_done_while_low_ran and retractions >= 1
         else:
-            assert not high_done_while_low_ran and retractions == 0
+            assert low_in_engine == 0 and retractions == 0
         engine.check_integrity()
 
 
