@@ -5,8 +5,9 @@
 
 1. Tokens/s for the same prompts unconstrained vs JSON-schema-constrained at batch 1 and 16
    (greedy, ignore nothing: each request stops when its JSON closes or at max tokens).
-2. Jump-forward on vs off on a key-heavy schema (end-to-end wall time, same prompts), with
-   the default whitespace and with none (SGLang's --constrained-json-disable-any-whitespace).
+2. Jump-forward on vs off on a key-heavy schema (end-to-end wall time, same prompts): the
+   default JSON style (", " / ": "), no whitespace (SGLang's
+   --constrained-json-disable-any-whitespace) and an optional space anywhere ("[ ]?").
 3. Grammar compile time p50/p99 over the shared JSONSchemaBench sample (fresh compiles,
    the on-disk cache off).
 4. Mask fill time per constrained step at batch 16 (the scheduler's ``_fill_bitmask``) as a
@@ -117,9 +118,11 @@ def main() -> None:
                 "mask_fill_ms_per_step": 1e3 * statistics.fmean(fills) if fills else 0.0,
                 "mask_fill_share_of_step": sum(fills) / con_wall if con_wall else 0.0}
         kh = {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(KEY_HEAVY)}
-        # the default whitespace ([ ]?: the model decides each optional space) and none at
-        # all (SGLang's --constrained-json-disable-any-whitespace; every separator forced)
-        variants = {"jump_forward": kh, "jump_forward_compact": {**kh, "whitespace_pattern": ""}}
+        # the default style (", " and ": ", every separator forced text), none at all
+        # (SGLang's --constrained-json-disable-any-whitespace) and an optional space between
+        # any two tokens ([ ]?, the default before session 5: the model decides each)
+        variants = {"jump_forward": kh, "jump_forward_compact": {**kh, "whitespace_pattern": ""},
+                    "jump_forward_optional_space": {**kh, "whitespace_pattern": "[ ]?"}}
         kp = [chat(tok, f"Fill in an order form for customer {n}.") for n in names[:4]]
         # Both engines live side by side and take turns, so slow phases of a shared VM hit
         # both arms alike; the speedup is the median over rounds.
@@ -159,8 +162,8 @@ def main() -> None:
               f"{r['unconstrained_decode_tok_s']:>13.1f}{r['constrained_decode_tok_s']:>15.1f}"
               f"{r['ratio']:>7.2f}  mask fill {r['mask_fill_ms_per_step']:.2f} ms/step = "
               f"{100 * r['mask_fill_share_of_step']:.1f}% of the step")
-    for key, label in (("jump_forward", "default whitespace"),
-                       ("jump_forward_compact", "no whitespace")):
+    for key, label in (("jump_forward", "default style"), ("jump_forward_compact", "no whitespace"),
+                       ("jump_forward_optional_space", "[ ]? whitespace")):
         jf = results[key]
         print(f"jump-forward ({label}): on {jf['on_s']:.2f}s off {jf['off_s']:.2f}s speedup "
               f"{jf['speedup']:.2f}x (rounds "

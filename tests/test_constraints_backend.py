@@ -29,6 +29,10 @@ def backend(tokenizer, request):
 
 
 def compile_(backend, **params):
+    """Schemas here are about keywords, their texts written compactly or loosely: an
+    optional space between tokens (the default style is test_json_whitespace_...'s)."""
+    if "json_schema" in params:
+        params.setdefault("whitespace_pattern", "[ ]?")
     return backend.compile_async(spec_from_sampling_params(params)).result(timeout=60)
 
 
@@ -431,25 +435,30 @@ def test_deadlines_fire_in_order_and_cancel():
     assert fired == ["early", "late"]
 
 
-def test_whitespace_pattern_none_at_all_and_the_server_default(tokenizer, backend):
-    """``whitespace_pattern: ""`` allows no whitespace between JSON tokens (it once fell
-    back to the default ``[ ]?``), and so does the engine default that SGLang's
-    ``--constrained-json-disable-any-whitespace`` selects; a request's own pattern still
-    wins over the server's default."""
+def test_json_whitespace_default_style_none_and_patterns(tokenizer, backend):
+    """The default is json.dumps's style (``", "`` between items, ``": "`` after keys,
+    nothing else); ``whitespace_pattern: ""`` allows no whitespace (it once fell back to
+    the default), as SGLang's ``--constrained-json-disable-any-whitespace`` does; a pattern
+    (a request's own, or the server's) allows it between any two tokens."""
     from radixlm.constraints.specs import default_whitespace
 
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    compact, spaced = '{"a":1}', '{"a": 1}'
-    g = compile_(backend, json_schema=schema, whitespace_pattern="")
-    assert accepts_text(g.copy(), tokenizer, compact)
-    assert not accepts_text(g.copy(), tokenizer, spaced)
-    assert not accepts_text(g.copy(), tokenizer, '{ "a":1}')
-    none = default_whitespace(None, disable_any=True)
-    spec = spec_from_sampling_params({"json_schema": schema}, none)
-    g = backend.compile_async(spec).result(timeout=60)
-    assert accepts_text(g.copy(), tokenizer, compact)
-    assert not accepts_text(g.copy(), tokenizer, spaced)
-    spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": "[ ]?"}, none)
-    g = backend.compile_async(spec).result(timeout=60)
-    assert accepts_text(g.copy(), tokenizer, spaced)
-    assert default_whitespace(None) == "[ ]?" and default_whitespace("[ ]{0,2}") == "[ ]{0,2}"
+    schema = {"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}}}
+    styled, compact, loose = '{"a": 1, "b": [2, 3]}', '{"a":1,"b":[2,3]}', '{ "a" : 1 , "b":[2,3]}'
+
+    def accepts(spec, text):
+        return accepts_text(backend.compile_async(spec).result(timeout=60), tokenizer, text)
+
+    default = spec_from_sampling_params({"json_schema": schema}, default_whitespace(None))
+    assert default.whitespace_pattern is None
+    assert accepts(default, styled)
+    assert not accepts(default, compact) and not accepts(default, loose)
+    none = spec_from_sampling_params({"json_schema": schema}, default_whitespace(None, True))
+    assert accepts(none, compact) and not accepts(none, styled)
+    spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": ""})
+    assert accepts(spec, compact) and not accepts(spec, styled)
+    server = default_whitespace("[ ]?")
+    spec = spec_from_sampling_params({"json_schema": schema}, server)
+    assert accepts(spec, loose) and accepts(spec, compact) and accepts(spec, styled)
+    spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": ""}, server)
+    assert not accepts(spec, styled)  # the request's own pattern wins

@@ -112,15 +112,19 @@ def test_outlines_backend_stays_selectable(tokenizer):
             engine.generate("x", {"ebnf": 'root ::= "a"'})
 
 
-def test_json_without_whitespace_per_request_and_per_server(engine_fp32, tokenizer,
-                                                             monkeypatch):
-    """``whitespace_pattern: ""`` and the server default SGLang's
+def test_json_whitespace_default_style_and_none(engine_fp32, tokenizer, monkeypatch):
+    """By default JSON output is json.dumps's style (``", "`` and ``": "``, nothing else);
+    ``whitespace_pattern: ""`` and the server default SGLang's
     ``--constrained-json-disable-any-whitespace`` sets: valid JSON with no whitespace
     outside strings (exactly the compact dump of the value)."""
     import dataclasses
 
     prompt = chat(tokenizer, "Describe Ada Lovelace as JSON.")
     params = {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(PERSON)}
+    styled = engine_fp32.generate(prompt, params)["text"]
+    value = json.loads(styled)
+    jsonschema.validate(value, PERSON)
+    assert styled == json.dumps(value, ensure_ascii=False)
     runs = [engine_fp32.generate(prompt, {**params, "whitespace_pattern": ""})]
     monkeypatch.setattr(engine_fp32, "config", dataclasses.replace(
         engine_fp32.config, constrained_json_disable_any_whitespace=True))

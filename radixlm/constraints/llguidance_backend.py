@@ -298,8 +298,9 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         then llguidance's own JSON compiler's grammar. The compiler's refusals surface when
         the matcher is built (``_build``), which then falls back to the regex translator."""
         schema = specs.load_json_schema(spec.value)  # (spec.value is normalized text)
-        ws = specs.whitespace_of(spec)
-        check_whitespace_pattern(ws)
+        ws = spec.whitespace_pattern  # None: the default separators
+        if ws is not None:
+            check_whitespace_pattern(ws)
         meta_check(schema)
         # a keyword is a quoted key in the text (unless spelled with \u escapes): skip the
         # walk when none can be there
@@ -308,15 +309,17 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
             f'"{k}"' in text for k in UNREPORTED_KEYWORDS) else []
         if bad:
             raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
+        style = ({"whitespace_pattern": ws} if ws is not None else
+                 dict(zip(("item_separator", "key_separator"), specs.DEFAULT_SEPARATORS)))
         return llg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), defaults={
-            "whitespace_flexible": False, "whitespace_pattern": ws, "lenient": False})
+            "whitespace_flexible": False, **style, "lenient": False})
 
     def _translated(self, spec: ConstraintSpec, why: str) -> str:
         """Where llguidance refuses a schema (non-disjoint ``oneOf``, ``not``,
         ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
         the outlines backend's) as a regex grammar. Runs on a compile worker."""
         schema = specs.load_json_schema(spec.value)
-        ws = specs.whitespace_of(spec)
+        ws = spec.whitespace_pattern
         try:
             # validate() already checked the metaschema (jsonschema's own walk costs ~50 ms
             # on large schemas): only the draft's validator class is needed here

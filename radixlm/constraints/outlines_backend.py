@@ -250,8 +250,9 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
             regex = specs.DTYPE_REGEX[spec.value]
         elif spec.kind == "json_schema":
             schema = json.loads(specs.normalize_json_schema(spec.value))
-            ws = specs.whitespace_of(spec)
-            check_whitespace_pattern(ws)
+            ws = spec.whitespace_pattern  # None: the default separators
+            if ws is not None:
+                check_whitespace_pattern(ws)
             cls = check_schema(schema)
             regex = SchemaTranslator(schema, cls, ws, max_ref_depth=self.max_ref_depth,
                                      max_regex_chars=self.max_regex_chars,

@@ -131,15 +131,23 @@ def check_whitespace_pattern(pattern: str) -> None:
 class SchemaTranslator:
     """Translate one (metaschema-valid) JSON schema into a regex. Not reusable."""
 
-    def __init__(self, root: Any, validator_cls: type, whitespace: str, max_ref_depth: int = 3,
+    def __init__(self, root: Any, validator_cls: type, whitespace: str | None,
+                 max_ref_depth: int = 3,
                  max_regex_chars: int = 100_000, strict: bool = True):
-        """``strict``: reject the schema for any unsupported construct. Otherwise a construct
+        """``whitespace``: the regex allowed between JSON tokens, or None for the default
+        style (``", "`` between items, ``": "`` after keys, no other whitespace).
+        ``strict``: reject the schema for any unsupported construct. Otherwise a construct
         in an optional place (optional property, anyOf/oneOf branch, items of a possibly
         empty array) is pruned, i.e. never generated, which is sound but less complete."""
         self.root = root
         self.droppable: tuple[type, ...] = (_Unsat, _TooDeep) + (() if strict else (_Reject,))
         self.max_regex_chars = max_regex_chars
-        self.ws = f"(?:{whitespace})"
+        if whitespace is None:  # the default style: ", " and ": " separators, nothing else
+            self.ws, self.comma, self.colon = "", ", ", ": "
+        else:
+            self.ws = f"(?:{whitespace})"
+            self.comma, self.colon = f"{self.ws},{self.ws}", f"{self.ws}:{self.ws}"
+        self.dump_separators = (", ", ": ") if whitespace is None else (",", ":")
         self.max_ref_depth = max_ref_depth
         self.draft4 = validator_cls.META_SCHEMA.get("$schema", "").find("draft-04") >= 0
         meta = validator_cls.META_SCHEMA.get("$schema", "")
@@ -440,15 +448,15 @@ class SchemaTranslator:
         ok = [v for v in values if not any(True for _ in self.validator.descend(v, rest))]
         if not ok:
             raise _Unsat(f"no enum/const value satisfies the rest of the schema at '{ptr}'")
-        texts = dict.fromkeys(json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+        texts = dict.fromkeys(json.dumps(v, separators=self.dump_separators, ensure_ascii=False)
                               for v in ok)
         return "(?:" + "|".join(rp.literal_regex(t) for t in texts) + ")"
 
     def any_value(self) -> str:
         ws = self.ws
-        arr = rf"\[{ws}(?:{ANY_SCALAR}(?:{ws},{ws}{ANY_SCALAR})*)?{ws}\]"
-        pair = rf"{rp.STRING}{ws}:{ws}{ANY_SCALAR}"
-        obj = rf"\{{{ws}(?:{pair}(?:{ws},{ws}{pair})*)?{ws}\}}"
+        arr = rf"\[{ws}(?:{ANY_SCALAR}(?:{self.comma}{ANY_SCALAR})*)?{ws}\]"
+        pair = rf"{rp.STRING}{self.colon}{ANY_SCALAR}"
+        obj = rf"\{{{ws}(?:{pair}(?:{self.comma}{pair})*)?{ws}\}}"
         return f"(?:{ANY_SCALAR}|{arr}|{obj})"
 
     # ---------------------------------------------------------------------------- leaf types
@@ -531,7 +539,7 @@ class SchemaTranslator:
                            "minItems..maxItems)", f"{ptr}/{where}")
             where = "prefixItems" if self.draft2020 else "items"
             parts = [self.node(p, f"{ptr}/{where}/{i}") for i, p in enumerate(prefix)]
-            return rf"\[{ws}" + f"{ws},{ws}".join(parts) + rf"{ws}\]"
+            return rf"\[{ws}" + f"{self.comma}".join(parts) + rf"{ws}\]"
         if hi == 0:
             return rf"\[{ws}\]"
         try:
@@ -545,7 +553,7 @@ class SchemaTranslator:
         more_lo = max(lo - 1, 0)
         more = "*" if hi is None and more_lo == 0 else (
             f"{{{more_lo},}}" if hi is None else f"{{{more_lo},{hi - 1}}}")
-        body = f"{elem}(?:{ws},{ws}{elem}){more}"
+        body = f"{elem}(?:{self.comma}{elem}){more}"
         return rf"\[{ws}" + (body if lo > 0 else f"(?:{body})?") + rf"{ws}\]"
 
     def t_object(self, s: dict, ptr: str) -> str:
@@ -584,7 +592,7 @@ class SchemaTranslator:
                     raise
                 continue
             key = rp.literal_regex(json.dumps(name, ensure_ascii=False))
-            items.append((f"{key}{self.ws}:{self.ws}{value}", name in required))
+            items.append((f"{key}{self.colon}{value}", name in required))
         if len(required) > s.get("maxProperties", len(items) + len(required)):
             raise _Unsat(f"more required properties than maxProperties at '{ptr}'")
         while len(items) > s.get("maxProperties", len(items)):
@@ -627,11 +635,11 @@ class SchemaTranslator:
             if not items:
                 return rf"\{{{ws}\}}"
             head, rest = items[0][0], items[1:]
-            tail = "".join(f"(?:{ws},{ws}{it})?" for it, _ in rest)
+            tail = "".join(f"(?:{self.comma}{it})?" for it, _ in rest)
             return rf"\{{{ws}(?:{head}{tail})?{ws}\}}"
         head = items[first][0]
         rest = items[:first] + items[first + 1:]
-        tail = "".join(f"{ws},{ws}{it}" if req else f"(?:{ws},{ws}{it})?" for it, req in rest)
+        tail = "".join(f"{self.comma}{it}" if req else f"(?:{self.comma}{it})?" for it, req in rest)
         return rf"\{{{ws}{head}{tail}{ws}\}}"
 
     def _map(self, extra: Any, s: dict, ptr: str) -> str:
@@ -645,12 +653,12 @@ class SchemaTranslator:
             if s.get("minProperties", 0) > 0:
                 raise
             return rf"\{{{ws}\}}"
-        pair = f'"{rp.STRING_CHAR}+"{ws}:{ws}{value}'
+        pair = f'"{rp.STRING_CHAR}+"{self.colon}{value}'
         mx = s.get("maxProperties")
         if mx == 0:
             return rf"\{{{ws}\}}"
         more = "*" if mx is None else f"{{0,{min(int(mx), MAX_REPEAT) - 1}}}"
-        body = f"{pair}(?:{ws},{ws}{pair}){more}"
+        body = f"{pair}(?:{self.comma}{pair}){more}"
         if s.get("minProperties", 0) == 0:
             body = f"(?:{body})?"
         return rf"\{{{ws}{body}{ws}\}}"

@@ -20,7 +20,10 @@ DTYPE_REGEX: dict[str, str] = {
     "bool": rp.BOOLEAN,
     "str": rp.STRING,
 }
-DEFAULT_WHITESPACE = r"[ ]?"  # at most one space between JSON tokens: no runaway whitespace
+# JSON text by default: ", " between items, ": " after keys, no other whitespace (what
+# json.dumps writes, and xgrammar's separators without flexible whitespace). A spec's
+# whitespace_pattern None means this style; a string is a regex allowed between tokens.
+DEFAULT_SEPARATORS = (", ", ": ")
 
 
 def choices_regex(choices: tuple[str, ...]) -> str:
@@ -72,24 +75,20 @@ def normalize_structural_tag(value: Any) -> str:
     return json.dumps(structural_tag_object(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def default_whitespace(pattern: str | None = None, disable_any: bool = False) -> str:
-    """The JSON whitespace pattern of requests that name none, from SGLang's server options:
-    ``--constrained-json-disable-any-whitespace`` -> none at all (``{"a":1,"b":2}``, as
-    llguidance's ``whitespace_flexible: false``); ``--constrained-json-whitespace-pattern``
-    -> that pattern; else ``[ ]?`` (an optional single space: a chat model's natural token
-    after ``"key":`` often starts with one, and masking it derails unbounded strings)."""
+def default_whitespace(pattern: str | None = None, disable_any: bool = False) -> str | None:
+    """The JSON whitespace of requests that name none, from SGLang's server options:
+    ``--constrained-json-disable-any-whitespace`` -> ``""``, none at all (``{"a":1,"b":2}``);
+    ``--constrained-json-whitespace-pattern`` -> that regex between tokens; else None, the
+    default style ``{"a": 1, "b": 2}`` (DEFAULT_SEPARATORS). The default has no optional
+    whitespace, so the model spends no decision on it and jump-forward skips every
+    separator; a chat model's natural token after ``"key":`` starts with the space it keeps."""
     if disable_any:
         return ""
-    return DEFAULT_WHITESPACE if pattern is None else pattern
-
-
-def whitespace_of(spec: ConstraintSpec) -> str:
-    """A JSON spec's whitespace pattern (``""``: none), ``[ ]?`` where it names none."""
-    return DEFAULT_WHITESPACE if spec.whitespace_pattern is None else spec.whitespace_pattern
+    return pattern
 
 
 def spec_from_sampling_params(params: Any,
-                              whitespace: str = DEFAULT_WHITESPACE) -> ConstraintSpec | None:
+                              whitespace: str | None = None) -> ConstraintSpec | None:
     """The constraint named in ``params`` (a dict, or an object with those attributes such
     as ``SamplingParams``; None if no constraint). Raises ValueError if more than one kind is
     given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may override the
