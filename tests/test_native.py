@@ -4,6 +4,7 @@ file's dequantized weights, and the engine with the native path on, off and unav
 from __future__ import annotations
 
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -277,6 +278,18 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         if expect_from:
             assert native._mode(expect_from - 1) == ACT_F32
             assert native._mode(expect_from) == ACT_BF16
+
+        def step(extends: int, tokens: int, cached: int):  # what accepts() reads
+            return types.SimpleNamespace(num_tokens=extends * tokens,
+                                         extend_lens_cpu=[tokens] * extends,
+                                         seq_lens_cpu=[cached + tokens] * extends)
+
+        # beyond max_rows, short-context steps run natively where they run bf16 (AMX: up to
+        # 2,048 tokens; bf16 dot products: up to 256), long-context ones on torch
+        assert native.accepts(step(16, 4, 256))
+        assert native.accepts(step(16, 16, 64)) == bool(expect_from)
+        assert native.accepts(step(1, 300, 0)) == bool(lib.rlm_amx())
+        assert not native.accepts(step(16, 16, 2000))
         prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS[:4]]
         _assert_logprobs_near_reference(engine, reference_engine, prompts, 6, atol=0.3)
     finally:
