@@ -120,6 +120,9 @@ def main() -> None:
     ap.add_argument("--llama-extra-bufts", action="store_true",
                     help="let llama.cpp use AMX / repacked weights (crashes where AMX is "
                          "not granted, as on the development VM)")
+    ap.add_argument("--native-activations", default="auto",
+                    help="radixlm's native_activations (auto | fp32 | int8 | bf16); int8 is "
+                         "llama.cpp's own per-block rounding of activations")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
@@ -134,7 +137,8 @@ def main() -> None:
 
     host = host_info()
     print(host_line(host), flush=True)
-    engine = Engine(log_level="warning")
+    engine = Engine(log_level="warning", native_activations=args.native_activations)
+    print(f"radixlm native_activations={args.native_activations}", flush=True)
     gguf = str(gguf_source(engine.model_path))
     python = args.llama_python or str(ROOT / ".venv-llamacpp" / "bin" / "python")
     if not Path(python).exists():

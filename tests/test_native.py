@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixlm.native import build, ops, ref
-from radixlm.native.build import ACT_BF16, ACT_F32
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
     FMT_Q4,
     FMT_Q8,
@@ -261,11 +261,11 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
     """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
-    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32 (all fp32
-    without bf16). 16 requests decoded together: every chosen token's logprob within 0.3
-    of the fp32 reference scoring the same text (bf16 prefill and bf16 batch steps, as a
-    torch bf16 model would differ)."""
-    from radixlm.native.build import load
+    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32 (int8 blocks on
+    an AMD CPU with AVX512-VNNI; all fp32 without bf16). 16 requests decoded together, and
+    one alone: every chosen token's logprob within 0.3 of the fp32 reference scoring the
+    same text (bf16 prefill and bf16 / int8 steps, as a torch bf16 model would differ)."""
+    from radixlm.native.build import int8_decode_preferred, load
     from radixlm.runtime.engine import Engine
 
     engine = Engine(dtype="bfloat16", max_total_tokens=8192, log_level="warning")
@@ -273,10 +273,11 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         lib = load()
         native = engine.runner.native
         expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
+        small = ACT_INT8 if int8_decode_preferred() else ACT_F32
         assert lib.rlm_bf16_min_rows() == expect_from
-        assert native.act_modes == (ACT_F32, ACT_BF16 if expect_from else ACT_F32)
+        assert native.act_modes == (small, ACT_BF16 if expect_from else ACT_F32)
         if expect_from:
-            assert native._mode(expect_from - 1) == ACT_F32
+            assert native._mode(expect_from - 1) == small
             assert native._mode(expect_from) == ACT_BF16
 
         def step(extends: int, tokens: int, cached: int):  # what accepts() reads
@@ -292,6 +293,7 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         assert not native.accepts(step(16, 16, 2000))
         prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS[:4]]
         _assert_logprobs_near_reference(engine, reference_engine, prompts, 6, atol=0.3)
+        _assert_logprobs_near_reference(engine, reference_engine, PROMPTS[:1], 8, atol=0.3)
     finally:
         engine.shutdown()
 
@@ -402,3 +404,20 @@ def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
     monkeypatch.setenv("RADIXLM_CPU_ISA", "avx9000")
     with pytest.raises(ValueError, match="RADIXLM_CPU_ISA"):
         build.cpu_flags()
+
+
+def test_int8_one_token_steps_only_where_preferred(monkeypatch):
+    """auto on a bf16 model: int8 one-token steps on AMD CPUs with AVX512-VNNI (measured
+    faster there), fp32 elsewhere; an fp32 model keeps fp32 (the exact reference path)."""
+    from radixlm.native.decoder import activation_modes
+
+    for vendor, flags, expected in (("AuthenticAMD", ["avx2", "avx512_vnni"], True),
+                                    ("AuthenticAMD", ["avx2"], False),
+                                    ("GenuineIntel", ["avx2", "avx512_vnni"], False)):
+        monkeypatch.setattr(build, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(build, "cpu_flags", lambda f=flags: f)
+        assert build.int8_decode_preferred() is expected
+    assert activation_modes("auto", 2, torch.bfloat16, True) == (ACT_INT8, ACT_BF16)
+    assert activation_modes("auto", 2, torch.float32, True) == (ACT_F32, ACT_F32)
+    assert activation_modes("auto", 8, torch.bfloat16, False) == (ACT_F32, ACT_BF16)
+    assert activation_modes("fp32", 2, torch.bfloat16, True) == (ACT_F32, ACT_F32)

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import torch
 
-from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, int8_decode_preferred
 from radixlm.native.ops import KV_DTYPES, Arena
 from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
 from radixlm.runtime.forward_batch import ForwardBatch
@@ -56,17 +56,20 @@ LARGE_MAX_ROWS = 2048
 BF16_LARGE_MAX_ROWS = 256
 
 
-def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype) -> tuple[int, int]:
+def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
+                     int8_small: bool = False) -> tuple[int, int]:
     """``(small, large)``: the C activation mode for steps under / from ``bf16_from``
     tokens (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0
     where the library has no bf16). fp32 is exact (the reference path's numbers); int8 is
     llama.cpp's per-block rounding; bf16 rounds activations and dequantized weights to bf16
-    with fp32 sums, the numbers of a torch bf16 linear. auto: fp32, except bf16 for steps
-    from ``bf16_from`` tokens when the model runs in bf16 and the library has bf16 (where
-    it is what is fast: the compute-bound steps)."""
+    with fp32 sums, the numbers of a torch bf16 linear. auto: fp32, except on a bf16 model
+    (whose numbers are 8-bit-mantissa ones anyway): bf16 for steps from ``bf16_from``
+    tokens where the library has bf16 (the compute-bound steps), and int8 for the small
+    ones where ``int8_small`` (``build.int8_decode_preferred``: where it is faster)."""
     if act == "auto":
-        large = ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32
-        return ACT_F32, large
+        bf16_model = model_dtype == torch.bfloat16
+        large = ACT_BF16 if bf16_model and bf16_from else ACT_F32
+        return (ACT_INT8 if bf16_model and int8_small else ACT_F32), large
     mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
     return mode, mode
 
@@ -83,7 +86,8 @@ class NativeDecoder:
         self.amx = bool(lib.rlm_amx())
         bf16_from = int(lib.rlm_bf16_min_rows())
         self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[1] runs
-        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype)
+        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype,
+                                          int8_decode_preferred())
         self.quantize = quantize_q4 if quant == "int4" else quantize_q8
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
