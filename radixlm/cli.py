@@ -49,7 +49,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
                    help="regex of the whitespace JSON output may have between tokens, where a "
-                        "request names none (default: '[ ]?')")
+                        "request names none (default: ', ' and ': ' separators, nothing else)")
     e.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
                    default=None, help="JSON output with no whitespace between tokens "
                                       "(compact), where a request names no pattern")

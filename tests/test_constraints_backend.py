@@ -440,7 +440,7 @@ def test_json_whitespace_default_style_none_and_patterns(tokenizer, backend):
     nothing else); ``whitespace_pattern: ""`` allows no whitespace (it once fell back to
     the default), as SGLang's ``--constrained-json-disable-any-whitespace`` does; a pattern
     (a request's own, or the server's) allows it between any two tokens."""
-    from radixlm.constraints.specs import default_whitespace
+    from radixlm.runtime.config import EngineConfig
 
     schema = {"type": "object", "required": ["a", "b"], "properties": {
         "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}}}
@@ -449,15 +449,16 @@ def test_json_whitespace_default_style_none_and_patterns(tokenizer, backend):
     def accepts(spec, text):
         return accepts_text(backend.compile_async(spec).result(timeout=60), tokenizer, text)
 
-    default = spec_from_sampling_params({"json_schema": schema}, default_whitespace(None))
+    default = spec_from_sampling_params({"json_schema": schema}, EngineConfig().json_whitespace)
     assert default.whitespace_pattern is None
     assert accepts(default, styled)
     assert not accepts(default, compact) and not accepts(default, loose)
-    none = spec_from_sampling_params({"json_schema": schema}, default_whitespace(None, True))
+    no_ws = EngineConfig(constrained_json_disable_any_whitespace=True).json_whitespace
+    none = spec_from_sampling_params({"json_schema": schema}, no_ws)
     assert accepts(none, compact) and not accepts(none, styled)
     spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": ""})
     assert accepts(spec, compact) and not accepts(spec, styled)
-    server = default_whitespace("[ ]?")
+    server = EngineConfig(constrained_json_whitespace_pattern="[ ]?").json_whitespace
     spec = spec_from_sampling_params({"json_schema": schema}, server)
     assert accepts(spec, loose) and accepts(spec, compact) and accepts(spec, styled)
     spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": ""}, server)

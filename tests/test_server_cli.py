@@ -44,19 +44,15 @@ def test_sglang_json_whitespace_flags() -> None:
     """SGLang's --constrained-json-disable-any-whitespace / --constrained-json-whitespace-
     pattern reach the config (and the engine's default pattern); a pattern that may match
     anything but whitespace, or both at once, is refused by name."""
-    from radixlm.constraints.specs import default_whitespace
-
     def config(*flags):
         return EngineConfig.from_kwargs(**engine_kwargs_from_args(
             build_parser().parse_args(["serve", *flags])))
 
     c = config("--constrained-json-disable-any-whitespace")
     assert c.constrained_json_disable_any_whitespace is True
-    assert default_whitespace(c.constrained_json_whitespace_pattern,
-                              c.constrained_json_disable_any_whitespace) == ""
+    assert c.json_whitespace == ""
     c = config("--constrained-json-whitespace-pattern", r"[ \n]{0,2}")
-    assert default_whitespace(c.constrained_json_whitespace_pattern,
-                              c.constrained_json_disable_any_whitespace) == r"[ \n]{0,2}"
+    assert c.json_whitespace == r"[ \n]{0,2}"
     with pytest.raises(ValueError, match="may match non-whitespace"):
         config("--constrained-json-whitespace-pattern", "[ a]?")
     with pytest.raises(ValueError, match="exclude each other"):

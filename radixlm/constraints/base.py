@@ -46,12 +46,18 @@ logger = logging.getLogger(__name__)
 CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
 
 
+# JSON text by default: ", " between items, ": " after keys, no other whitespace (what
+# json.dumps writes, and xgrammar's separators without flexible whitespace).
+DEFAULT_SEPARATORS = (", ", ": ")
+
+
 @dataclass(frozen=True)
 class ConstraintSpec:
     """One constraint. ``value`` is a regex str, a JSON-schema str (already serialized,
     canonical), a tuple of choice strings, a dtype name ("int", "float", "bool", "str"), a
     GBNF/Lark grammar str (``ebnf``) or SGLang's structural-tag object as JSON text.
-    ``whitespace_pattern`` applies to JSON schemas only."""
+    ``whitespace_pattern`` applies to JSON schemas only: a regex allowed between any two
+    JSON tokens (``""``: none), or None for the DEFAULT_SEPARATORS style."""
 
     kind: str
     value: Any

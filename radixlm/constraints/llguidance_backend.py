@@ -41,6 +41,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from radixlm.constraints import specs
 from radixlm.constraints.base import (
+    DEFAULT_SEPARATORS,
     CompileBookkeeping,
     ConstraintSpec,
     Grammar,
@@ -310,7 +311,7 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
         if bad:
             raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
         style = ({"whitespace_pattern": ws} if ws is not None else
-                 dict(zip(("item_separator", "key_separator"), specs.DEFAULT_SEPARATORS)))
+                 dict(zip(("item_separator", "key_separator"), DEFAULT_SEPARATORS)))
         return llg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), defaults={
             "whitespace_flexible": False, **style, "lenient": False})
 

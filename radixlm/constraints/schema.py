@@ -22,6 +22,7 @@ from urllib.parse import unquote
 import jsonschema
 
 from radixlm.constraints import regex_parts as rp
+from radixlm.constraints.base import DEFAULT_SEPARATORS
 
 # Standard vocabulary (drafts 3 to 2020-12) that asserts something about an instance.
 ASSERTION_KEYWORDS = frozenset(
@@ -142,12 +143,13 @@ class SchemaTranslator:
         self.root = root
         self.droppable: tuple[type, ...] = (_Unsat, _TooDeep) + (() if strict else (_Reject,))
         self.max_regex_chars = max_regex_chars
-        if whitespace is None:  # the default style: ", " and ": " separators, nothing else
-            self.ws, self.comma, self.colon = "", ", ", ": "
+        if whitespace is None:  # the default style: ", " and ": ", nothing else
+            self.ws, (self.comma, self.colon) = "", DEFAULT_SEPARATORS
+            self.dump_separators = DEFAULT_SEPARATORS
         else:
             self.ws = f"(?:{whitespace})"
             self.comma, self.colon = f"{self.ws},{self.ws}", f"{self.ws}:{self.ws}"
-        self.dump_separators = (", ", ": ") if whitespace is None else (",", ":")
+            self.dump_separators = (",", ":")
         self.max_ref_depth = max_ref_depth
         self.draft4 = validator_cls.META_SCHEMA.get("$schema", "").find("draft-04") >= 0
         meta = validator_cls.META_SCHEMA.get("$schema", "")

@@ -20,10 +20,6 @@ DTYPE_REGEX: dict[str, str] = {
     "bool": rp.BOOLEAN,
     "str": rp.STRING,
 }
-# JSON text by default: ", " between items, ": " after keys, no other whitespace (what
-# json.dumps writes, and xgrammar's separators without flexible whitespace). A spec's
-# whitespace_pattern None means this style; a string is a regex allowed between tokens.
-DEFAULT_SEPARATORS = (", ", ": ")
 
 
 def choices_regex(choices: tuple[str, ...]) -> str:
@@ -75,24 +71,13 @@ def normalize_structural_tag(value: Any) -> str:
     return json.dumps(structural_tag_object(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def default_whitespace(pattern: str | None = None, disable_any: bool = False) -> str | None:
-    """The JSON whitespace of requests that name none, from SGLang's server options:
-    ``--constrained-json-disable-any-whitespace`` -> ``""``, none at all (``{"a":1,"b":2}``);
-    ``--constrained-json-whitespace-pattern`` -> that regex between tokens; else None, the
-    default style ``{"a": 1, "b": 2}`` (DEFAULT_SEPARATORS). The default has no optional
-    whitespace, so the model spends no decision on it and jump-forward skips every
-    separator; a chat model's natural token after ``"key":`` starts with the space it keeps."""
-    if disable_any:
-        return ""
-    return pattern
-
-
 def spec_from_sampling_params(params: Any,
                               whitespace: str | None = None) -> ConstraintSpec | None:
     """The constraint named in ``params`` (a dict, or an object with those attributes such
     as ``SamplingParams``; None if no constraint). Raises ValueError if more than one kind is
-    given or a value has the wrong type. ``whitespace_pattern`` (JSON only) may override the
-    engine's default ``whitespace`` (see ``default_whitespace``); ``""`` allows none."""
+    given or a value has the wrong type. ``whitespace_pattern`` (JSON only) overrides the
+    engine's default ``whitespace`` (``EngineConfig.json_whitespace``; None: the
+    DEFAULT_SEPARATORS style, ``""``: no whitespace)."""
     if not isinstance(params, dict):
         params = {k: getattr(params, k, None) for k in (*CONSTRAINT_KINDS, "whitespace_pattern")}
     given = [k for k in CONSTRAINT_KINDS if params.get(k) is not None]

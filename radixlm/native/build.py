@@ -28,28 +28,27 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_ops.c")
 
 
-def host_cpu_flags() -> list[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo(*keys: str) -> str:
+    """The value of the first /proc/cpuinfo line starting with one of ``keys`` ("" where
+    there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return sorted(set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return []
-
-
-def cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id (AuthenticAMD, GenuineIntel, ...; empty where none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
+                if line.startswith(keys):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def host_cpu_flags() -> list[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    return sorted(set(_cpuinfo("flags", "Features").split()))
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (AuthenticAMD, GenuineIntel, ...; empty where none)."""
+    return _cpuinfo("vendor_id")
 
 
 def int8_decode_preferred() -> bool:

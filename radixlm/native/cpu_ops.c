@@ -2035,10 +2035,10 @@ int32_t rlm_amx(void) {
 void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }
 
 /* Steps of at least this many tokens are the ones the engine's default runs bf16 (smaller
- * ones fp32): RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx() says so; else, on an
- * AVX512-BF16 build, RLM_BF16_MIN_ROWS (two tokens in a zero-padded 4x4 tile already beat
- * two fp32 dots: 9.9 vs 10.4 ms a step, 4 tokens 9.4 vs 12.8, 16 tokens 24.7 vs 40.8 on a
- * 2-core Zen 4); 0 on a build without bf16 dot products (none runs bf16). */
+ * ones fp32 or int8): RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx() says so; else, on an
+ * AVX512-BF16 build, RLM_BF16_MIN_ROWS (a 2-token step 6.8 ms bf16 vs 10.7 fp32, 4 tokens
+ * 8.6 vs 13.5, 16 tokens 22.4 vs 41.2 on a 2-core Zen 4); 0 on a build without bf16 dot
+ * products (none runs bf16). */
 int32_t rlm_bf16_min_rows(void) {
 #ifdef RLM_AMX
     if (amx_ok()) return RLM_AMX_MIN_ROWS;

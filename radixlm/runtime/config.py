@@ -45,8 +45,10 @@ class EngineConfig:
     # Native CPU steps (radixlm/native): how matmuls read activations against the block
     # weights. fp32: exact, the reference path's numbers. int8: per-block rounding
     # (llama.cpp's way, ~0.5% error). bf16: activations and dequantized weights rounded to
-    # bf16, fp32 sums (a torch bf16 linear's numbers). auto: fp32, and bf16 on AMX tiles for
-    # steps of 8+ tokens when the model runs in bf16 (the default on bf16 hosts).
+    # bf16, fp32 sums (a torch bf16 linear's numbers). auto: fp32; on a bf16 model (the
+    # default on bf16 hosts) bf16 for steps of 8+ tokens on AMX tiles or 2+ tokens with
+    # AVX512-BF16 dot products, and int8 one-token steps on AMD CPUs with AVX512-VNNI
+    # (native.decoder.activation_modes).
     native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
@@ -70,7 +72,7 @@ class EngineConfig:
     grammar_compile_workers: int = 2
     grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
     # JSON whitespace where a request names no whitespace_pattern (SGLang's options; see
-    # constraints.specs.default_whitespace): a pattern, or none at all
+    # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
     random_seed: int = 0
@@ -87,6 +89,18 @@ class EngineConfig:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+
+    @property
+    def json_whitespace(self) -> str | None:
+        """The whitespace of JSON output where a request names none: ``""`` (none at all,
+        ``{"a":1,"b":2}``) with ``constrained_json_disable_any_whitespace``, else
+        ``constrained_json_whitespace_pattern`` (a regex between tokens), else None: the
+        default style ``{"a": 1, "b": 2}``, which spends no model decision on whitespace
+        (jump-forward skips every separator) and keeps the space a chat model's natural
+        token after ``"key":`` starts with."""
+        if self.constrained_json_disable_any_whitespace:
+            return ""
+        return self.constrained_json_whitespace_pattern
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):

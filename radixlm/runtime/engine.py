@@ -234,11 +234,9 @@ class Engine:
             return None
         if self.grammar_backend is None:
             raise ValueError(f"constraints are unavailable: {self._grammar_error}")
-        from radixlm.constraints.specs import default_whitespace, spec_from_sampling_params
+        from radixlm.constraints import spec_from_sampling_params
 
-        cfg = self.config
-        spec = spec_from_sampling_params(params, default_whitespace(
-            cfg.constrained_json_whitespace_pattern, cfg.constrained_json_disable_any_whitespace))
+        spec = spec_from_sampling_params(params, self.config.json_whitespace)
         self.grammar_backend.validate(spec)
         return spec
 
