@@ -127,8 +127,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from radixlm.runtime.server.launch import serve, setup_logging
-    from radixlm.runtime.server.state import ServerSettings
+    from radixlm.server.launch import serve, setup_logging
+    from radixlm.server.state import ServerSettings
 
     log_level = args.log_level
     if log_level is None:
@@ -151,7 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
         if code is not None:
             return code
     if dp_size > 1:
-        from radixlm.runtime.server import data_parallel as dp
+        from radixlm.server import data_parallel as dp
 
         if args.router_policy not in dp.ROUTER_POLICIES:
             print(f"radixlm serve: --router-policy must be one of "
@@ -198,7 +198,7 @@ def _check_nodes(args: argparse.Namespace) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `radixlm` argument parser."""
-    from radixlm.runtime.server import bench
+    from radixlm.server import bench
 
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)

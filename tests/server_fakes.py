@@ -329,8 +329,8 @@ _SERVE_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from server_fakes import FakeEngine
-from radixlm.runtime.server.launch import serve
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.launch import serve
+from radixlm.server.state import ServerSettings
 {preamble}
 sys.exit(serve({{}}, ServerSettings(port={port}{settings}), {log_level!r},
                engine_factory=lambda **kw: {engine}))

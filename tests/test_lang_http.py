@@ -14,8 +14,8 @@ from server_fakes import FakeEngine, ThreadServer
 import radixlm as sgl
 from radixlm.lang.backend.base import BackendError
 from radixlm.lang.chat_template import ChatTemplateError
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings
 
 
 @pytest.fixture

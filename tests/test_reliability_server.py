@@ -21,8 +21,8 @@ from server_fakes import (
     wait_until,
 )
 
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings
 
 ONE = {"max_new_tokens": 1}
 

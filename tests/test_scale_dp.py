@@ -21,7 +21,7 @@ import pytest
 from server_fakes import free_port, pid_alive, wait_until
 
 import radixlm as sgl
-from radixlm.runtime.server.data_parallel import replica_command, router_available
+from radixlm.server.data_parallel import replica_command, router_available
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -198,8 +198,8 @@ def test_tp2_prefix_cache_and_constraints_run_on_rank0(engine_tp2) -> None:
 
 
 def test_worker_killed_mid_request_fails_it_and_health(engine_tp2) -> None:
-    from radixlm.runtime.server.app import create_app
-    from radixlm.runtime.server.state import ServerSettings
+    from radixlm.server.app import create_app
+    from radixlm.server.state import ServerSettings
 
     server = ThreadServer(create_app(engine_tp2, ServerSettings())).start()
     try:

@@ -68,7 +68,7 @@ def test_bench_serving_arguments() -> None:
 
 
 def test_shared_prefix_dataset_shares_prefixes() -> None:
-    from radixlm.runtime.server.bench import make_dataset
+    from radixlm.server.bench import make_dataset
 
     reqs = make_dataset("shared-prefix", 6, input_len=40, output_len=3, seed=1, num_groups=2)
     heads = {r.prompt.split("\n")[0] for r in reqs}
@@ -84,7 +84,7 @@ def test_bench_against_the_fake_server(backend: str, tmp_path) -> None:
     from server_fakes import FakeEngine, ThreadServer
 
     from radixlm.cli import main
-    from radixlm.runtime.server.app import create_app
+    from radixlm.server.app import create_app
 
     fake = FakeEngine(context_len=4096, step_delay=0.001)
     server = ThreadServer(create_app(fake)).start()

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from server_fakes import FakeEngine
 
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings
 
 
 @pytest.fixture

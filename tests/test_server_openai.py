@@ -10,7 +10,7 @@ import openai
 import pytest
 from server_fakes import FakeEngine, ThreadServer
 
-from radixlm.runtime.server.app import create_app
+from radixlm.server.app import create_app
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from server_fakes import FakeEngine, ThreadServer, free_port, wait_until
 from server_fakes import fake_server_process as serve_fake_process
 
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings
 
 LONG = {"max_new_tokens": 100_000}
 
@@ -239,7 +239,7 @@ def test_non_streamed_ttft_comes_from_the_engine_and_requests_are_logged(
 
 
 def test_bad_engine_option_exits_2() -> None:
-    from radixlm.runtime.server.launch import serve
+    from radixlm.server.launch import serve
 
     def bad(**_: object) -> FakeEngine:
         raise ValueError("context_length must be >= 2")

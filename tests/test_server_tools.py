@@ -17,7 +17,7 @@ import openai
 import pytest
 from server_fakes import ThreadServer
 
-from radixlm.runtime.server.app import create_app
+from radixlm.server.app import create_app
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -212,7 +212,7 @@ def test_bad_tool_definitions_are_400(client: openai.OpenAI, kwargs: dict, needl
 
 
 def test_generic_format_round_trip_without_a_model() -> None:
-    from radixlm.runtime.server.tool_calls import (
+    from radixlm.server.tool_calls import (
         parse_output,
         parse_tools,
         render_messages,

@@ -101,7 +101,7 @@ def test_http_fields_reach_the_engine() -> None:
     from fastapi.testclient import TestClient
     from server_fakes import FakeEngine, ThreadServer
 
-    from radixlm.runtime.server.app import create_app
+    from radixlm.server.app import create_app
 
     fake = FakeEngine(context_len=256)
     app = create_app(fake)

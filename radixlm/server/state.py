@@ -1,4 +1,4 @@
-"""Server settings, the per-app state object, and the one error type routes raise."""
+"""Server settings and the per-app state object routes read."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+
+from radixlm.server.validation import max_prompt_bytes
 
 logger = logging.getLogger("radixlm.server")
 
@@ -41,33 +43,6 @@ class ServerSettings:
             raise ValueError("stream_stall_timeout must be > 0")
 
 
-class ApiError(Exception):
-    """An error answered as `{"error": {"message", "type", "param", "code"}}` (OpenAI shape,
-    which also satisfies SGLang clients that read `error.message`)."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    @property
-    def type(self) -> str:
-        """OpenAI's error type for the status code."""
-        return {400: "invalid_request_error", 401: "authentication_error",
-                404: "not_found_error", 413: "invalid_request_error",
-                429: "rate_limit_error", 504: "timeout_error"}.get(
-                    self.status, "server_error" if self.status >= 500 else "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body of the error response."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code if self.code is not None else self.status}}
-
-
 @dataclass
 class ServerState:
     """Everything a route needs; stored on `app.state.server`."""
@@ -91,7 +66,6 @@ class ServerState:
     def max_prompt_bytes(self) -> int:
         """No prompt longer than this in UTF-8 bytes fits the context (computed once)."""
         if self._max_prompt_bytes is None:
-            from radixlm.runtime.server.validation import max_prompt_bytes
             self._max_prompt_bytes = max_prompt_bytes(self.engine.tokenizer, self.context_len)
         return self._max_prompt_bytes
 

@@ -13,7 +13,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from radixlm.runtime.server.generation import (
+from radixlm.server.errors import ApiError
+from radixlm.server.generation import (
     GenCall,
     abandon,
     admit,
@@ -22,10 +23,10 @@ from radixlm.runtime.server.generation import (
     open_streams,
     run_calls,
 )
-from radixlm.runtime.server.protocol import GenerateRequest
-from radixlm.runtime.server.state import ApiError, ServerState, get_state
-from radixlm.runtime.server.streaming import SSEResponse
-from radixlm.runtime.server.validation import check_text
+from radixlm.server.protocol import GenerateRequest
+from radixlm.server.state import ServerState, get_state
+from radixlm.server.streaming import SSEResponse
+from radixlm.server.validation import check_text
 
 router = APIRouter()
 

@@ -4,7 +4,7 @@
 `radixlm serve` does). See README.md in this folder.
 """
 
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings
 
 __all__ = ["ServerSettings", "create_app"]

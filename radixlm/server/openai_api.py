@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.runtime.server.generation import (
+from radixlm.server.errors import ApiError
+from radixlm.server.generation import (
     GenCall,
     abandon,
     admit,
@@ -25,24 +26,24 @@ from radixlm.runtime.server.generation import (
     open_streams,
     run_calls,
 )
-from radixlm.runtime.server.protocol import (
+from radixlm.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     _OpenAIBase,
 )
-from radixlm.runtime.server.state import ApiError, ServerState, get_state
-from radixlm.runtime.server.streaming import SSEResponse
-from radixlm.runtime.server.tool_calls import (
+from radixlm.server.state import ServerState, get_state
+from radixlm.server.streaming import SSEResponse
+from radixlm.server.tool_calls import (
     ToolSetup,
     parse_tools,
     render_messages,
     streamable_prefix,
     template_reads_tools,
 )
-from radixlm.runtime.server.tool_calls import constraint as tool_constraint
-from radixlm.runtime.server.tool_calls import parse_output as parse_tool_output
-from radixlm.runtime.server.validation import check_text
+from radixlm.server.tool_calls import constraint as tool_constraint
+from radixlm.server.tool_calls import parse_output as parse_tool_output
+from radixlm.server.validation import check_text
 
 router = APIRouter(prefix="/v1")
 

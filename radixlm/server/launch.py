@@ -14,8 +14,8 @@ from typing import Any
 
 import uvicorn
 
-from radixlm.runtime.server.app import create_app
-from radixlm.runtime.server.state import ServerSettings, ServerState
+from radixlm.server.app import create_app
+from radixlm.server.state import ServerSettings, ServerState
 
 logger = logging.getLogger("radixlm.server")
 

@@ -10,7 +10,8 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixlm.runtime.server.state import ApiError, logger
+from radixlm.server.errors import ApiError
+from radixlm.server.state import logger
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

@@ -23,11 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.runtime.server import native, openai_api
-from radixlm.runtime.server.generation import ClientDisconnected
-from radixlm.runtime.server.metrics import ServerMetrics
-from radixlm.runtime.server.state import ApiError, ServerSettings, ServerState, get_state, logger
-from radixlm.runtime.server.validation import PrepPool
+from radixlm.server import native, openai_api
+from radixlm.server.errors import ApiError
+from radixlm.server.generation import ClientDisconnected
+from radixlm.server.metrics import ServerMetrics
+from radixlm.server.state import ServerSettings, ServerState, get_state, logger
+from radixlm.server.validation import PrepPool
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key
 

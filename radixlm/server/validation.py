@@ -30,7 +30,7 @@ from radixlm.runtime.sampling_params import (
     SamplingParams,
     check_top_logprobs_num,
 )
-from radixlm.runtime.server.state import ApiError
+from radixlm.server.errors import ApiError
 
 T = TypeVar("T")
 

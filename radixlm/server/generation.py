@@ -30,8 +30,9 @@ from typing import Any
 
 from fastapi import Request
 
-from radixlm.runtime.server.state import ApiError, ServerState, logger
-from radixlm.runtime.server.validation import prepare_sync
+from radixlm.server.errors import ApiError
+from radixlm.server.state import ServerState, logger
+from radixlm.server.validation import prepare_sync
 
 DEFAULT_MAX_NEW_TOKENS = 128  # the engine's default (docs/ENGINE_API.md)
 

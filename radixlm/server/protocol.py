@@ -21,7 +21,7 @@ from radixlm.runtime.sampling_params import (
     REPETITION_PENALTY_RANGE,
     check_logit_bias,
 )
-from radixlm.runtime.server.validation import (
+from radixlm.server.validation import (
     Prob,
     SamplingParamsBody,
     StopList,
