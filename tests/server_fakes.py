@@ -28,6 +28,14 @@ from radixlm.runtime.sampling_params import SamplingParams
 SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)} | set(SAMPLING_ALIASES)
 
 
+def given_fields(params: SamplingParams) -> dict[str, Any]:
+    """The fields of a SamplingParams that differ from the defaults: the dict a client sent
+    to get it (what the fake records and reads; the server hands over validated objects)."""
+    default = SamplingParams()
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+            if getattr(params, f.name) != getattr(default, f.name)}
+
+
 class QueueFullError(RuntimeError):
     """Stands in for radixlm.runtime.engine.QueueFullError (matched by name)."""
 
@@ -140,12 +148,14 @@ class FakeEngine:
         pass
 
     async def async_generate(self, prompt: str | None = None,
-                             sampling_params: dict[str, Any] | None = None,
+                             sampling_params: dict[str, Any] | SamplingParams | None = None,
                              input_ids: list[int] | None = None, return_logprob: bool = False,
                              logprob_start_len: int = -1, top_logprobs_num: int = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | None = None, priority: int | None = None,
                              admission: FakeAdmission | None = None) -> Any:
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = given_fields(sampling_params)
         kwargs = dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num,

@@ -190,7 +190,7 @@ class Engine:
                 sub_rid = base_rid if params.n == 1 else f"{base_rid}-{j}"
                 sub = params
                 if params.n > 1 and params.seed is not None:
-                    sub = SamplingParams.from_dict({**params.__dict__, "seed": params.seed + j})
+                    sub = params.with_seed(params.seed + j)
                 prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio))
         return prepared, single and len(prepared) == 1
 

@@ -1,8 +1,11 @@
-"""Per-request sampling parameters, validated before a request is queued.
+"""Per-request sampling parameters: the one `SamplingParams` and its validation.
 
-The bounds below are the one place where limits on sampling parameters live: the engine
-checks them here, and the HTTP server's request models (`server/validation.py`) are built
-from the same numbers so /openapi.json states them.
+Every entry point builds one `SamplingParams` per request and validates it once: the engine
+from a dict (`from_dict`), the HTTP server from a request body (it hands the validated
+object to the engine, which takes it as it is). The bounds below and each field's metadata
+(`accepts`: what `from_dict` takes for it besides None; `bounds`: its numeric and length
+limits) are the one statement of the contract: the server's request models are derived
+from them, so /openapi.json states what `validate` enforces.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-_CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
+from annotated_types import Len, MaxLen
+
+CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
 # SGLang sampling parameters this engine cannot honour: a 400 / ValueError naming them.
 UNSUPPORTED = {
     "custom_params": "custom logit processors are not supported",
@@ -33,45 +38,77 @@ PENALTY_RANGE = (-2.0, 2.0)  # frequency_penalty, presence_penalty
 # repetition_penalty divides or multiplies logits: near 0 they overflow to inf
 REPETITION_PENALTY_RANGE = (0.01, 2.0)
 
+# A stop string, and a list of them, as `from_dict` accepts them (the list arm's limits
+# are checked by `validate` on the normalized list either way).
+StopText = Annotated[str, Len(1, MAX_STOP_LEN)]
+StopTexts = Annotated[list[StopText], MaxLen(MAX_STOP)]
+
+
+def within(lo_hi: tuple[float, float]) -> dict[str, Any]:
+    """`bounds` of a finite number in the closed range `lo_hi`."""
+    return {"ge": lo_hi[0], "le": lo_hi[1], "finite": True}
+
+
+def param(default: Any = None, *, accepts: Any, factory: Any = None, **bounds: Any) -> Any:
+    """A SamplingParams field. `accepts`: the type `from_dict` takes for it besides None
+    (None means the default); `bounds`: its limits (`ge`, `gt`, `le`, `min_length`, and
+    `finite` for numbers that must not be inf or nan), stated as data so request models can
+    be derived from them. `validate` enforces them (with its own messages)."""
+    meta = {"accepts": accepts, "bounds": bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    stop_regex: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    no_stop_trim: bool = False
-    n: int = 1
-    seed: int | None = None
+    """One request's sampling parameters (SGLang's names and defaults).
+
+    Build it with `from_dict` (or construct it and call `validate`). An instance that
+    `validate` passed is taken by the engine as it is, without checking it again: change a
+    field afterwards and call `validate` again."""
+
+    max_new_tokens: int = param(128, accepts=int, ge=0)
+    min_new_tokens: int = param(0, accepts=int, ge=0)
+    temperature: float = param(1.0, accepts=float, **within(TEMPERATURE_RANGE))
+    top_p: float = param(1.0, accepts=float, gt=0, le=1, finite=True)
+    top_k: int = param(-1, accepts=int, ge=-1)
+    min_p: float = param(0.0, accepts=float, ge=0, le=1, finite=True)
+    frequency_penalty: float = param(0.0, accepts=float, **within(PENALTY_RANGE))
+    presence_penalty: float = param(0.0, accepts=float, **within(PENALTY_RANGE))
+    repetition_penalty: float = param(1.0, accepts=float, **within(REPETITION_PENALTY_RANGE))
+    stop: list[str] = param(factory=list, accepts=StopText | StopTexts)
+    stop_token_ids: list[int] = param(factory=list, accepts=int | list[int])
+    stop_regex: list[str] = param(factory=list, accepts=str | StopTexts)
+    ignore_eos: bool = param(False, accepts=bool)
+    skip_special_tokens: bool = param(True, accepts=bool)
+    spaces_between_special_tokens: bool = param(True, accepts=bool)
+    no_stop_trim: bool = param(False, accepts=bool)
+    n: int = param(1, accepts=int, ge=1, le=MAX_N)
+    seed: int | None = param(None, accepts=int)
+    regex: str | None = param(None, accepts=str)
+    json_schema: Any = param(None, accepts=str | dict[str, Any])
+    choices: list[str] | None = param(None, accepts=list[str], min_length=1)
+    dtype: str | None = param(None, accepts=str)
+    whitespace_pattern: str | None = param(None, accepts=str)
     # token id (as a string, as in JSON, or an int) -> value added to its logit
-    logit_bias: dict[str, float] | None = None
-    stream_interval: int | None = None  # stream every this many tokens (None: every token)
-    regex: str | None = None
-    json_schema: Any = None
-    choices: list[str] | None = None
-    dtype: str | None = None
-    whitespace_pattern: str | None = None
-    ebnf: str | None = None  # GBNF or Lark grammar (llguidance backend)
-    structural_tag: Any = None  # SGLang's {"structures": [...], "triggers": [...]}
+    logit_bias: dict[str, float] | None = param(None, accepts=dict[str, float])
+    # stream every this many tokens (None: every token)
+    stream_interval: int | None = param(None, accepts=int, ge=1)
+    # GBNF or Lark grammar (llguidance backend); any value reaches `validate`, which names
+    # what is wrong with it
+    ebnf: str | None = param(None, accepts=Any)
+    structural_tag: Any = param(None, accepts=Any)  # {"structures": [...], "triggers": [...]}
 
     @classmethod
-    def from_dict(cls, params: dict | None) -> SamplingParams:
-        """Build and validate; ``None`` values mean default; unknown keys are an error."""
+    def from_dict(cls, params: dict | SamplingParams | None) -> SamplingParams:
+        """Build and validate; ``None`` values mean default; unknown keys are an error. An
+        instance is validated unless `validate` passed it already, and returned itself."""
         if params is None:
             params = {}
         if isinstance(params, SamplingParams):
-            params.validate()
+            if not params.validated:
+                params.validate()
             return params
         if not isinstance(params, dict):
             raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
@@ -105,10 +142,31 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def validated(self) -> bool:
+        """True once `validate` has passed this instance."""
+        return self.__dict__.get("_validated", False)
+
     def constraint_kinds(self) -> list[str]:
-        return [k for k in _CONSTRAINT_KEYS if getattr(self, k) is not None]
+        return [k for k in CONSTRAINT_KEYS if getattr(self, k) is not None]
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        """A copy with another seed (sample j of n), valid if this one is."""
+        copy = dataclasses.replace(self, seed=seed)
+        copy._validated = self.validated
+        return copy
 
     def validate(self) -> None:
+        """Raise ValueError naming the first value out of bounds (counts, then numbers,
+        then flags and stops, then constraints); normalizes `logit_bias` keys to strings."""
+        self._validated = False
+        self._check_counts()
+        self._check_numbers()
+        self._check_flags_and_stops()
+        self._check_constraints()
+        self._validated = True
+
+    def _check_counts(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("min_new_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
@@ -117,6 +175,8 @@ class SamplingParams:
         _check_int("top_k", self.top_k, -1)
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (off) or >= 1, got 0")
+
+    def _check_numbers(self) -> None:
         _check_range("temperature", self.temperature, TEMPERATURE_RANGE)
         _check_num("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
@@ -131,6 +191,8 @@ class SamplingParams:
             _check_int("stream_interval", self.stream_interval, 1)
         if self.logit_bias is not None:
             self.logit_bias = check_logit_bias(self.logit_bias)
+
+    def _check_flags_and_stops(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
@@ -156,6 +218,8 @@ class SamplingParams:
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {e}") from None
+
+    def _check_constraints(self) -> None:
         kinds = self.constraint_kinds()
         if len(kinds) > 1:
             raise ValueError(f"at most one constraint per request, got {', '.join(kinds)}")

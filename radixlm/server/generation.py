@@ -3,11 +3,11 @@
 Every route turns its body into `GenCall`s (one per prompt and sample: the server fans out
 batches and `n` itself so each engine request has a rid it can abort), then:
 
-- `admit(state, calls)` validates and tokenizes them off the event loop
-  (`validation.prepare_calls`), checks prompt length against the context (400 when the
-  prompt alone does not fit; `max_new_tokens` is clamped to what is left otherwise) and
-  takes one place per call in the engine's waiting queue, all or none (429 with
-  Retry-After when full);
+- `admit(state, calls)` validates them (once, into the `SamplingParams` the engine takes)
+  and tokenizes them off the event loop (`validation.prepare_sync`), checks prompt length
+  against the context (400 when the prompt alone does not fit; `max_new_tokens` is clamped
+  to what is left otherwise) and takes one place per call in the engine's waiting queue,
+  all or none (429 with Retry-After when full);
 - `run_calls(...)` awaits the results, aborting every unfinished rid when the client
   disconnects, the request times out (504) or the handler is cancelled (shutdown);
 - `open_streams(...)` submits streamed calls before any byte is sent (so a refusal is still
@@ -30,11 +30,10 @@ from typing import Any
 
 from fastapi import Request
 
+from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.server.errors import ApiError
 from radixlm.server.state import ServerState, logger
 from radixlm.server.validation import prepare_sync
-
-DEFAULT_MAX_NEW_TOKENS = 128  # the engine's default (docs/ENGINE_API.md)
 
 
 class ClientDisconnected(Exception):
@@ -43,7 +42,9 @@ class ClientDisconnected(Exception):
 
 @dataclass
 class GenCall:
-    """One engine request: a prompt (text or token ids), sampling params, logprob options."""
+    """One engine request: a prompt (text or token ids), sampling params, logprob options.
+    `sampling` holds the parameters as the body gave them; `admit` validates them once into
+    `params`, the object the engine takes."""
 
     text: str | None
     input_ids: list[int] | None
@@ -57,11 +58,13 @@ class GenCall:
     log_metrics: bool = True  # False: not counted in /metrics nor logged (health checks)
     prompt_len: int = 0  # filled by admit()
     admission: Any = None  # the engine's reservation this call takes its place from
+    params: SamplingParams | None = None  # `sampling` validated, filled by admit()
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for engine.generate / async_generate (token ids once admit()
         has tokenized the text, so the engine does not tokenize on the event loop)."""
-        kw: dict[str, Any] = {"sampling_params": dict(self.sampling), "rid": self.rid}
+        sampling = self.params if self.params is not None else dict(self.sampling)
+        kw: dict[str, Any] = {"sampling_params": sampling, "rid": self.rid}
         if self.input_ids is not None:
             kw["input_ids"] = self.input_ids
         else:
@@ -104,12 +107,9 @@ async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
             raise ApiError(400, f"the prompt has {call.prompt_len} tokens but the context length "
                                 f"is {ctx} (prompt + at least one new token must fit)",
                            param="prompt", code="context_length_exceeded")
-        max_new = call.sampling.get("max_new_tokens")
         room = ctx - call.prompt_len
-        if max_new is None and DEFAULT_MAX_NEW_TOKENS > room:
-            call.sampling["max_new_tokens"] = room
-        elif isinstance(max_new, int) and max_new > room:
-            call.sampling["max_new_tokens"] = room  # clamp, as SGLang does
+        if call.params.max_new_tokens > room:  # given or the default: clamp, as SGLang does
+            call.params.max_new_tokens = room
     reserve = getattr(state.engine, "reserve", None)
     if reserve is None:
         return

@@ -27,6 +27,8 @@ from radixlm.server.generation import (
     run_calls,
 )
 from radixlm.server.protocol import (
+    OPENAI_CONSTRAINTS,
+    OPENAI_SAMPLING,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
@@ -61,17 +63,10 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 def openai_sampling(req: _OpenAIBase, max_new_tokens: int | None) -> dict[str, Any]:
-    """Engine sampling params for an OpenAI request (None values dropped)."""
-    s: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "top_k": req.top_k, "min_p": req.min_p, "frequency_penalty": req.frequency_penalty,
-        "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
-        "stop": req.stop, "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
-        "skip_special_tokens": req.skip_special_tokens, "no_stop_trim": req.no_stop_trim,
-        "min_new_tokens": req.min_tokens, "seed": req.seed, "regex": req.regex,
-        "choices": req.choices, "json_schema": req.json_schema, "ebnf": req.ebnf,
-        "logit_bias": req.logit_bias,
-    }
+    """Engine sampling params for an OpenAI request (None values dropped): each field of
+    `OPENAI_SAMPLING` under its SamplingParams name, and `response_format` as a constraint."""
+    s: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    s.update({field: getattr(req, name) for name, field in OPENAI_SAMPLING.items()})
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         s["json_schema"] = json.dumps({"type": "object"})
@@ -302,7 +297,7 @@ def _tool_setup(body: ChatCompletionRequest) -> ToolSetup | None:
         setup = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="tools") from exc
-    other = [k for k in ("regex", "choices", "json_schema", "ebnf") if getattr(body, k)]
+    other = [k for k in OPENAI_CONSTRAINTS if getattr(body, k)]
     if body.response_format is not None and body.response_format.type != "text":
         other.append("response_format")
     if setup is not None and setup.active and other:

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from radixlm.runtime.sampling_params import (
+    CONSTRAINT_KEYS,
     MAX_N,
     MAX_TOP_LOGPROBS,
     OPENAI_TEMPERATURE_RANGE,
-    PENALTY_RANGE,
-    REPETITION_PENALTY_RANGE,
     check_logit_bias,
+    within,
 )
-from radixlm.server.validation import (
-    Prob,
-    SamplingParamsBody,
-    StopList,
-    StopString,
-    bounded,
-)
+from radixlm.server.sampling_body import SamplingParamsBody, sampling_field
 
 # SGLang GenerateReqInput fields we cannot serve: a value other than the default is a 400.
 NATIVE_UNSUPPORTED: dict[str, Any] = {
@@ -154,57 +148,84 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class _OpenAIBase(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (incl. our extras)."""
+class _SamplingName:
+    """An OpenAI body field that is SamplingParams field `field` under the OpenAI name;
+    its type and bounds are the field's, but for what `override` replaces."""
+
+    def __init__(self, field: str, **override: Any) -> None:
+        self.field = field
+        self.spec = sampling_field(field, **override)
+
+
+# The fields shared by /v1/completions and /v1/chat/completions, in the document's order:
+# the ones that are SamplingParams fields (the one table the routes map names through), and
+# OpenAI's own.
+_OPENAI_FIELDS: dict[str, Any] = {
+    "model": (str | None, None),
+    "temperature": _SamplingName("temperature", bounds=within(OPENAI_TEMPERATURE_RANGE)),
+    "top_p": _SamplingName("top_p"),
+    "n": (int, Field(default=1, ge=1, le=MAX_N)),  # fanned out by the server
+    "stream": (bool, False),
+    "stream_options": (StreamOptions | None, None),
+    "stop": _SamplingName("stop"),
+    "presence_penalty": _SamplingName("presence_penalty"),
+    "frequency_penalty": _SamplingName("frequency_penalty"),
+    "logit_bias": _SamplingName("logit_bias"),
+    "seed": _SamplingName("seed"),
+    "user": (str | None, None),
+    "response_format": (ResponseFormat | None, None),
+    # extras (SGLang / vLLM style), passed via the client's extra_body
+    "regex": _SamplingName("regex"),
+    "choices": _SamplingName("choices", bounds={}),
+    "json_schema": _SamplingName("json_schema"),
+    "ebnf": _SamplingName("ebnf", accepts=str),
+    "top_k": _SamplingName("top_k"),
+    "min_p": _SamplingName("min_p"),
+    "repetition_penalty": _SamplingName("repetition_penalty"),
+    "min_tokens": _SamplingName("min_new_tokens"),
+    "ignore_eos": _SamplingName("ignore_eos"),
+    "stop_token_ids": _SamplingName("stop_token_ids", accepts=list[int]),
+    "skip_special_tokens": _SamplingName("skip_special_tokens"),
+    "no_stop_trim": _SamplingName("no_stop_trim"),
+    "rid": (str | None, None),
+    "priority": (int | None, None),  # SGLang: scheduling priority (--schedule-policy priority)
+    # SGLang fields its router writes into every forwarded request (at these defaults)
+    "return_hidden_states": (bool, False),
+}
+# OpenAI name -> SamplingParams field, for the body fields that are sampling parameters
+OPENAI_SAMPLING = {name: spec.field for name, spec in _OPENAI_FIELDS.items()
+                   if isinstance(spec, _SamplingName)}
+# the constraint fields among them, in the order an error lists them
+OPENAI_CONSTRAINTS = tuple(name for name, field in OPENAI_SAMPLING.items()
+                           if field in CONSTRAINT_KEYS)
+
+
+class _OpenAIChecks(BaseModel):
+    """The checks of the fields shared by both OpenAI routes (`_OpenAIBase`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    temperature: float | None = bounded(OPENAI_TEMPERATURE_RANGE)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: StopString | StopList | None = None
-    presence_penalty: float | None = bounded(PENALTY_RANGE)
-    frequency_penalty: float | None = bounded(PENALTY_RANGE)
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    user: str | None = None
-    response_format: ResponseFormat | None = None
-    # extras (SGLang / vLLM style), passed via the client's extra_body
-    regex: str | None = None
-    choices: list[str] | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: Prob | None = None
-    repetition_penalty: float | None = bounded(REPETITION_PENALTY_RANGE)
-    min_tokens: int | None = Field(default=None, ge=0)
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    rid: str | None = None
-    priority: int | None = None  # SGLang: scheduling priority (--schedule-policy priority)
-    # SGLang fields its router writes into every forwarded request (at these defaults)
-    return_hidden_states: bool = False
-
     @model_validator(mode="after")
-    def _check_base(self) -> _OpenAIBase:
+    def _check_base(self) -> _OpenAIChecks:
         if self.logit_bias is not None:
             self.logit_bias = check_logit_bias(self.logit_bias)
         if self.return_hidden_states:
             raise ValueError("'return_hidden_states' is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
-        constraints = [k for k in ("regex", "choices", "json_schema", "ebnf")
-                       if getattr(self, k)]
+        constraints = [k for k in OPENAI_CONSTRAINTS if getattr(self, k)]
         if self.response_format is not None and self.response_format.type != "text":
             constraints.append("response_format")
         if len(constraints) > 1:
             raise ValueError(f"at most one constraint may be given, got {', '.join(constraints)}")
         return self
+
+
+_OpenAIBase: Any = create_model(
+    "_OpenAIBase", __base__=_OpenAIChecks, __module__=__name__,
+    __doc__="Fields shared by /v1/completions and /v1/chat/completions (incl. our extras).",
+    **{name: spec.spec if isinstance(spec, _SamplingName) else spec
+       for name, spec in _OPENAI_FIELDS.items()})
 
 
 class CompletionRequest(_OpenAIBase):

@@ -1,14 +1,12 @@
 """One validation of generation requests for every route, run off the event loop.
 
-- `SamplingParamsBody`: the pydantic model of `sampling_params` on /generate, built from the
-  bounds in `runtime/sampling_params.py` (the OpenAI models in `protocol.py` use the same
-  numbers), so /openapi.json states what the server enforces.
-- `prepare_calls(state, calls)`: for each call, refuses text that is not valid UTF-8 (lone
-  surrogates) or longer in bytes than any prompt that fits the context, tokenizes it, and
-  validates its sampling parameters and logprob options exactly as the engine will
-  (`SamplingParams.from_dict`), so bad input is a 400 before admission. It runs in a
-  bounded thread pool (`PrepPool`): a 5 MB prompt never stalls /health, and a flood of
-  them is refused (429) instead of queueing without bound.
+`prepare_sync(calls, ...)` (run by `generation.admit` in a bounded thread pool, `PrepPool`):
+for each call, refuses text that is not valid UTF-8 (lone surrogates) or longer in bytes
+than any prompt that fits the context, tokenizes it, and validates its sampling parameters
+and logprob options into the `SamplingParams` the engine then takes as it is (parsed once,
+here), so bad input is a 400 before admission. A 5 MB prompt never stalls /health, and a
+flood of them is refused (429) instead of queueing without bound. The request models of
+`sampling_params` are in `sampling_body.py`.
 """
 
 from __future__ import annotations
@@ -16,69 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-
-from radixlm.runtime.sampling_params import (
-    MAX_N,
-    MAX_STOP,
-    MAX_STOP_LEN,
-    PENALTY_RANGE,
-    REPETITION_PENALTY_RANGE,
-    TEMPERATURE_RANGE,
-    SamplingParams,
-    check_top_logprobs_num,
-)
+from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
 from radixlm.server.errors import ApiError
 
 T = TypeVar("T")
-
-StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LEN)]
-StopList = Annotated[list[StopString], Field(max_length=MAX_STOP)]
-Prob = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-
-
-def bounded(lo_hi: tuple[float, float], **kw: Any) -> Any:
-    """A pydantic Field for a finite float in the closed range `lo_hi`."""
-    return Field(default=None, ge=lo_hi[0], le=lo_hi[1], allow_inf_nan=False, **kw)
-
-
-class SamplingParamsBody(BaseModel):
-    """`sampling_params` of /generate (SGLang's SamplingParams; None means the default)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_new_tokens: int | None = Field(default=None, ge=0)
-    min_new_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = bounded(TEMPERATURE_RANGE)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: Prob | None = None
-    frequency_penalty: float | None = bounded(PENALTY_RANGE)
-    presence_penalty: float | None = bounded(PENALTY_RANGE)
-    repetition_penalty: float | None = bounded(REPETITION_PENALTY_RANGE)
-    stop: StopString | StopList | None = None
-    stop_token_ids: int | list[int] | None = None
-    stop_regex: str | StopList | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
-    seed: int | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    choices: list[str] | None = Field(default=None, min_length=1)
-    dtype: str | None = None
-    whitespace_pattern: str | None = None
-    sampling_seed: int | None = None  # SGLang's spelling of seed
-    logit_bias: dict[str, float] | None = None
-    stream_interval: int | None = Field(default=None, ge=1)
-    # SGLang keys this engine cannot serve: accepted here so the engine refuses them by name
-    ebnf: Any = None
-    structural_tag: Any = None
-    custom_params: Any = None
 
 
 class PrepPool:
@@ -133,23 +74,24 @@ def max_prompt_bytes(tokenizer: Any, context_len: int) -> int:
     return context_len * max(longest, 4)
 
 
-def validate_call_params(sampling: dict[str, Any], top_logprobs_num: int) -> None:
-    """The engine's own checks on one call's parameters; ApiError 400 naming the problem."""
+def parse_call_params(sampling: dict[str, Any], top_logprobs_num: int) -> SamplingParams:
+    """One call's parameters validated into the SamplingParams handed to the engine (the
+    engine's own checks); ApiError 400 naming the problem."""
     try:
-        SamplingParams.from_dict(dict(sampling))
+        params = SamplingParams.from_dict(dict(sampling))
         check_top_logprobs_num(top_logprobs_num)
     except (ValueError, TypeError) as exc:
         raise ApiError(400, str(exc), param="sampling_params") from exc
+    return params
 
 
 def prepare_sync(calls: Sequence[Any], tokenizer: Any, max_bytes: int) -> None:
     """Check and tokenize the text of `calls` in place (each distinct text once), and
-    validate their parameters. Runs on a pool worker."""
+    validate their parameters into `call.params`. Runs on a pool worker."""
     ids_of: dict[int, list[int]] = {}
     for call in calls:
-        validate_call_params(call.sampling, call.top_logprobs_num)
-        stops = call.sampling.get("stop") or ()
-        for s in [stops] if isinstance(stops, str) else stops:
+        call.params = parse_call_params(call.sampling, call.top_logprobs_num)
+        for s in call.params.stop:
             check_text(s, "stop")
         if call.text is None:
             continue
