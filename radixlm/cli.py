@@ -15,8 +15,27 @@ IGNORED_PREFIX = "ignored_"
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     """`serve` options. SGLang's names are aliases of ours (`--model-path` = `--model`);
-    SGLang flags without meaning here are accepted and warned about (server_args.py)."""
+    SGLang flags without meaning here are accepted and warned about (server_args.py).
+    The help lists them in the order added: the engine group (model, memory, scheduling,
+    decoding, parallel), then the server group."""
     e = p.add_argument_group("engine (None/unset means the engine's default)")
+    _add_model_args(e)
+    _add_memory_args(e)
+    _add_scheduling_args(e)
+    _add_decoding_args(e)
+    _add_parallel_args(e)
+    _add_server_args(p.add_argument_group("server"))
+    for name, takes_value in IGNORED.items():  # SGLang flags with no meaning here
+        flag, dest = "--" + name.replace("_", "-"), IGNORED_PREFIX + name
+        if takes_value:
+            p.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, dest=dest, action="store_true", default=None,
+                           help=argparse.SUPPRESS)
+
+
+def _add_model_args(e: argparse._ArgumentGroup) -> None:
+    """Which model, tokenizer and template, and how it runs."""
     e.add_argument("--model", "--model-path", dest="model", default=DEFAULT_MODEL,
                    help="model alias, local HF directory or .gguf file")
     e.add_argument("--tokenizer-path", help="tokenizer directory (default: the model's)")
@@ -26,9 +45,17 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--device", help="auto | cpu | cuda")
     e.add_argument("--attention-backend", help="auto | torch | triton")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
+
+
+def _add_memory_args(e: argparse._ArgumentGroup) -> None:
+    """The KV pool's size."""
     e.add_argument("--max-total-tokens", type=int, help="KV pool capacity in tokens")
     e.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float,
                    help="memory share for the KV pool")
+
+
+def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
+    """Batch and queue sizes, the scheduling policy, priorities and the prefix cache."""
     e.add_argument("--max-running-requests", type=int)
     e.add_argument("--max-queued-requests", type=int,
                    help="waiting-queue bound; further requests get 429")
@@ -45,6 +72,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    dest="priority_preemption_threshold", type=int,
                    help="preempt only when priorities differ by more than this")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
+
+
+def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
+    """Constrained decoding (jump-forward, grammar backend, JSON whitespace) and the seed."""
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
@@ -54,6 +85,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    default=None, help="JSON output with no whitespace between tokens "
                                       "(compact), where a request names no pattern")
     e.add_argument("--random-seed", type=int)
+
+
+def _add_parallel_args(e: argparse._ArgumentGroup) -> None:
+    """Tensor parallel ranks (over hosts) and data parallel replicas."""
     e.add_argument("--tp-size", "--tp", dest="tp_size", type=int,
                    help="tensor-parallel ranks (torch.distributed)")
     e.add_argument("--dp-size", "--dp", dest="dp_size", type=int,
@@ -68,7 +103,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--router-policy", default="cache_aware",
                    help="sglang-router policy with --dp-size > 1: cache_aware | round_robin | "
                         "random | power_of_two")
-    s = p.add_argument_group("server")
+
+
+def _add_server_args(s: argparse._ArgumentGroup) -> None:
+    """The HTTP layer: address, key, timeouts, body size, model name, logging."""
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (all but /health)")
@@ -83,13 +121,6 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     s.add_argument("--log-level", default=None, help="debug|info|warning|error")
-    for name, takes_value in IGNORED.items():  # SGLang flags with no meaning here
-        flag, dest = "--" + name.replace("_", "-"), IGNORED_PREFIX + name
-        if takes_value:
-            p.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
-        else:
-            p.add_argument(flag, dest=dest, action="store_true", default=None,
-                           help=argparse.SUPPRESS)
 
 
 def ignored_flags(args: argparse.Namespace) -> list[str]:

@@ -57,54 +57,64 @@ def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any,
                 parallel_tool_calls: bool | None) -> ToolSetup | None:
     """Validate the request's tool fields (ValueError naming the problem; the API answers 400).
     None when the request has no tools and no tool_choice."""
-    from radixlm.constraints.schema import check_schema
-
     if not tools:
         if tool_choice not in (None, "none"):
             raise ValueError("'tool_choice' needs 'tools'")
         if tools is not None:
             raise ValueError("'tools' must not be empty")
         return None
-    functions = []
+    functions: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise ValueError(f"{where}.type must be 'function'")
-        extra = sorted(set(tool) - {"type", "function"})
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {extra}")
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise ValueError(f"{where}.function must be an object")
-        unknown = set(fn) - {"name", "description", "parameters", "strict"}
-        if unknown:
-            raise ValueError(f"{where}.function: unknown field(s) {sorted(unknown)}")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{where}.function.name must match ^[A-Za-z0-9_-]{{1,64}}$, "
-                             f"got {name!r}")
-        if any(f["name"] == name for f in functions):
-            raise ValueError(f"{where}.function.name {name!r} is given twice")
-        if "description" in fn and not isinstance(fn["description"], str):
-            raise ValueError(f"{where}.function.description must be a string")
-        if "strict" in fn and not isinstance(fn["strict"], bool | type(None)):
-            raise ValueError(f"{where}.function.strict must be a bool")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise ValueError(f"{where}.function.parameters must be a JSON schema object")
-        try:
-            check_schema(params)
-        except ValueError as exc:
-            raise ValueError(f"{where}.function.parameters: {exc}") from None
-        functions.append({"name": name, "parameters": params,
-                          **({"description": fn["description"]} if fn.get("description")
-                             else {})})
-    named = None
+        functions.append(_parse_function(f"tools[{i}]", tool, functions))
+    choice, named = _parse_tool_choice(tool_choice, functions)
+    return ToolSetup(functions, choice, parallel_tool_calls is not False, named, list(tools))
+
+
+def _parse_function(where: str, tool: Any, functions: list[dict[str, Any]]) -> dict[str, Any]:
+    """One entry of `tools` (at `where`) as {"name", "parameters", "description"?}; the
+    name must not be among `functions`, the ones before it."""
+    from radixlm.constraints.schema import check_schema
+
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise ValueError(f"{where}.type must be 'function'")
+    extra = sorted(set(tool) - {"type", "function"})
+    if extra:
+        raise ValueError(f"{where}: unknown field(s) {extra}")
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise ValueError(f"{where}.function must be an object")
+    unknown = set(fn) - {"name", "description", "parameters", "strict"}
+    if unknown:
+        raise ValueError(f"{where}.function: unknown field(s) {sorted(unknown)}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{where}.function.name must match ^[A-Za-z0-9_-]{{1,64}}$, "
+                         f"got {name!r}")
+    if any(f["name"] == name for f in functions):
+        raise ValueError(f"{where}.function.name {name!r} is given twice")
+    if "description" in fn and not isinstance(fn["description"], str):
+        raise ValueError(f"{where}.function.description must be a string")
+    if "strict" in fn and not isinstance(fn["strict"], bool | type(None)):
+        raise ValueError(f"{where}.function.strict must be a bool")
+    params = fn.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}.function.parameters must be a JSON schema object")
+    try:
+        check_schema(params)
+    except ValueError as exc:
+        raise ValueError(f"{where}.function.parameters: {exc}") from None
+    return {"name": name, "parameters": params,
+            **({"description": fn["description"]} if fn.get("description") else {})}
+
+
+def _parse_tool_choice(tool_choice: Any,
+                       functions: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """(choice, named function or None) of `tool_choice` over the parsed `functions`."""
     if tool_choice is None or tool_choice == "auto":
-        choice = "auto"
-    elif tool_choice in ("none", "required"):
-        choice = tool_choice
-    elif isinstance(tool_choice, dict):
+        return "auto", None
+    if tool_choice in ("none", "required"):
+        return tool_choice, None
+    if isinstance(tool_choice, dict):
         fn = tool_choice.get("function")
         if (tool_choice.get("type") != "function" or not isinstance(fn, dict)
                 or set(tool_choice) - {"type", "function"} or set(fn) - {"name"}):
@@ -113,11 +123,9 @@ def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any,
         named = fn.get("name")
         if named not in [f["name"] for f in functions]:
             raise ValueError(f"'tool_choice' names function {named!r}, which is not in 'tools'")
-        choice = "named"
-    else:
-        raise ValueError(f"'tool_choice' must be 'none', 'auto', 'required' or a named "
-                         f"function, got {tool_choice!r}")
-    return ToolSetup(functions, choice, parallel_tool_calls is not False, named, list(tools))
+        return "named", named
+    raise ValueError(f"'tool_choice' must be 'none', 'auto', 'required' or a named "
+                     f"function, got {tool_choice!r}")
 
 
 # ------------------------------------------------------------------------------- prompt
