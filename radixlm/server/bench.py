@@ -80,59 +80,80 @@ async def _sse_lines(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         yield event
 
 
+class _TokenClock:
+    """TTFT and inter-token latencies of one streamed request into `res`, from the count of
+    tokens seen so far (an event that brings k tokens adds k gaps of a k-th of its wait)."""
+
+    def __init__(self, res: RequestResult) -> None:
+        self.res, self.t0 = res, time.perf_counter()
+        self.last_t: float | None = None
+        self.last_n = 0
+
+    def seen(self, now: float, n: int) -> None:
+        """`n` tokens have arrived by `now`."""
+        if n <= self.last_n:
+            return
+        if self.last_t is None:
+            self.res.ttft = now - self.t0
+        else:
+            gaps = n - self.last_n
+            self.res.itl.extend([(now - self.last_t) / gaps] * gaps)
+        self.last_t, self.last_n = now, n
+
+
+async def _refusal(resp: httpx.Response) -> RequestResult | None:
+    """The failed result of a non-200 response, else None."""
+    if resp.status_code == 200:
+        return None
+    return RequestResult(error=f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+
+
 async def send_native(client: httpx.AsyncClient, req: BenchRequest,
                       opts: argparse.Namespace) -> RequestResult:
     """One streamed radixlm/SGLang /generate request."""
     body = {"text": req.prompt, "stream": True,
             "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0.0,
                                 "ignore_eos": not opts.no_ignore_eos}}
-    res, t0 = RequestResult(), time.perf_counter()
-    last_t, last_n = None, 0
+    res = RequestResult()
+    clock = _TokenClock(res)
     async with client.stream("POST", "/generate", json=body) as resp:
-        if resp.status_code != 200:
-            return RequestResult(error=f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+        if (refused := await _refusal(resp)) is not None:
+            return refused
         async for event in _sse_lines(resp):
-            now, n = time.perf_counter(), len(event.get("output_ids") or ())
-            if n > last_n:
-                if last_t is None:
-                    res.ttft = now - t0
-                else:
-                    res.itl.extend([(now - last_t) / (n - last_n)] * (n - last_n))
-                last_t, last_n = now, n
+            n = len(event.get("output_ids") or ())
+            clock.seen(time.perf_counter(), n)
             meta = event.get("meta_info", {})
             res.prompt_tokens = int(meta.get("prompt_tokens", 0))
             res.output_tokens = int(meta.get("completion_tokens", n))
-    res.e2e, res.ok = time.perf_counter() - t0, True
+    res.e2e, res.ok = time.perf_counter() - clock.t0, True
     return res
 
 
 async def send_openai(client: httpx.AsyncClient, req: BenchRequest,
                       opts: argparse.Namespace) -> RequestResult:
-    """One streamed OpenAI /v1/completions request (usage from the final chunk)."""
+    """One streamed OpenAI /v1/completions request (usage from the final chunk); each chunk
+    with text counts as one token."""
     body: dict[str, Any] = {"model": opts.model, "prompt": req.prompt, "stream": True,
                             "max_tokens": req.output_len, "temperature": 0.0,
                             "stream_options": {"include_usage": True}}
     if not opts.no_ignore_eos:
         body["ignore_eos"] = True
-    res, t0 = RequestResult(), time.perf_counter()
-    last_t, chunks = None, 0
+    res = RequestResult()
+    clock = _TokenClock(res)
+    chunks = 0
     async with client.stream("POST", "/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            return RequestResult(error=f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+        if (refused := await _refusal(resp)) is not None:
+            return refused
         async for event in _sse_lines(resp):
             now = time.perf_counter()
             if any(c.get("text") for c in event.get("choices") or ()):
                 chunks += 1
-                if last_t is None:
-                    res.ttft = now - t0
-                else:
-                    res.itl.append(now - last_t)
-                last_t = now
+                clock.seen(now, chunks)
             if event.get("usage"):
                 res.prompt_tokens = int(event["usage"].get("prompt_tokens", 0))
                 res.output_tokens = int(event["usage"].get("completion_tokens", 0))
     res.output_tokens = res.output_tokens or chunks
-    res.e2e, res.ok = time.perf_counter() - t0, True
+    res.e2e, res.ok = time.perf_counter() - clock.t0, True
     return res
 
 
