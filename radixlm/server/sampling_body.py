@@ -23,19 +23,18 @@ _FIELDS = {f.name: f for f in dataclasses.fields(SamplingParams)}
 _ALIASES_BEFORE = "logit_bias"
 
 
-def sampling_field(name: str, *, accepts: Any = None, bounds: dict[str, Any] | None = None,
-                   default: Any = None, nullable: bool = True) -> tuple[Any, Any]:
-    """(annotation, Field) of SamplingParams field `name` in a body; `accepts` / `bounds`
-    replace the field's own where given; `nullable=False` with a `default` for a body that
-    states the default instead of null."""
+def sampling_field(name: str, *, accepts: Any = None,
+                   bounds: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(annotation, Field) of SamplingParams field `name` in a body, null by default;
+    `accepts` / `bounds` replace the field's own where given."""
     meta = _FIELDS[name].metadata
     accepts = meta["accepts"] if accepts is None else accepts
     bounds = meta["bounds"] if bounds is None else bounds
     limits = {k: v for k, v in bounds.items() if k != "finite"}
     if bounds.get("finite"):
         limits["allow_inf_nan"] = False
-    annotation = accepts if accepts is Any or not nullable else accepts | None
-    return annotation, Field(default=default, **limits)
+    annotation = accepts if accepts is Any else accepts | None
+    return annotation, Field(default=None, **limits)
 
 
 def _body_fields() -> dict[str, Any]:
