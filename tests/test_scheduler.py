@@ -141,7 +141,7 @@ def test_queue_limit(tiny_model_dir):
 def test_failure_in_one_request_spares_its_neighbours(tiny_model_dir):
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 log_level="critical") as engine:
-        sched = engine.scheduler
+        sched = engine.scheduler.postprocessor  # the part that applies sampled tokens
         original = sched._on_token
 
         def flaky(req, token, logprob):

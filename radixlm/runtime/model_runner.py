@@ -11,6 +11,7 @@ import torch
 
 from radixlm.runtime.attention.base import create_attention_backend, resolve_backend_name
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.device import cpu_has_native_bf16, pick_device_dtype  # noqa: F401 (re-export)
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.kv_pool import KVPool
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
@@ -21,6 +22,7 @@ from radixlm.runtime.parallel import (
     check_tp_size,
     local_hf_config,
     shard_state_dict,
+    start_group,
 )
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampler import Sampler, SamplingInputs
@@ -81,23 +83,6 @@ class StepOutput:
     fill_logprobs: dict[int, list[tuple[int, float, list]]]
 
 
-def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if config.device == "auto" else config.device))
-    if config.dtype != "auto":
-        return device, getattr(torch, config.dtype)
-    if device.type == "cuda":
-        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return device, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-
-
-def cpu_has_native_bf16() -> bool:
-    from radixlm.native.build import cpu_flags  # (RADIXLM_CPU_ISA may cap the host's)
-
-    flags = set(cpu_flags())
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def mix_seed(seed: int) -> int:
     """splitmix64 of ``seed``: the first draws of Mersenne Twister generators seeded with
     neighbouring integers are correlated (seeds 1234, 1235, 1236 all start below 0.17), and
@@ -153,7 +138,7 @@ class ModelRunner:
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
-            self.tp = TPGroup.start(worker_config, self.device, model_dir, context_len)
+            self.tp = start_group(worker_config, self.device, model_dir, context_len, ModelRunner)
         lib = native_library(config, self.device)  # None under TP
         try:
             self._load(config, model_dir, hf_config, model_hf, lib)

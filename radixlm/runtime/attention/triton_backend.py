@@ -49,14 +49,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_extend = max(batch.extend_lens_cpu) if batch.extend_lens_cpu else 0
             batch.attn_metadata = TritonExtendMetadata(max_extend)
 
-    def forward(
-        self,
-        q: torch.Tensor,  # [T, H, D]
-        k: torch.Tensor,  # [T, Hkv, D]
-        v: torch.Tensor,  # [T, Hkv, D]
-        layer_id: int,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         k_cache = self.pool.k_buffer[layer_id]
         v_cache = self.pool.v_buffer[layer_id]
         store_kv(k_cache, v_cache, batch.out_cache_loc, k, v)

@@ -1,8 +1,8 @@
 """The tensor-parallel process group as one rank sees it.
 
-Rank 0 (the engine's process) calls `TPGroup.start`, which spawns its node's other ranks
-with torch.multiprocessing (spawn; a free local port unless a rendezvous address is
-configured), joins the group with them (and with the ranks other nodes start, see
+Rank 0 (the engine's process) spawns its node's other ranks (`worker.start_group`:
+torch.multiprocessing spawn; a free local port unless a rendezvous address is configured),
+then `TPGroup.form` joins the group with them (and with the ranks other nodes start, see
 `node.py`) and sends every rank the engine settings. Every step rank 0 broadcasts the
 step's plan (plain Python, see `ModelRunner.run_plan`); all ranks then run the same
 forward, whose collectives are `all_reduce` (after the row-parallel o/down projections and
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from radixlm import envs
@@ -69,22 +68,15 @@ class TPGroup:
 
     # ------------------------------------------------------------------ rank 0 lifecycle
     @classmethod
-    def start(cls, config: EngineConfig, device: torch.device, model_dir,
-              context_len: int) -> TPGroup:
-        """Rank 0: spawn this node's other ranks (1..tp_per_node-1; each runs
-        `worker.run_worker`), join the group (waiting for the other nodes' ranks when
-        ``config.nnodes > 1``) and send every rank the engine settings (`config` with the
-        KV pool size fixed, `context_len`) so that all ranks build the same pool."""
-        from radixlm.runtime.parallel.worker import run_worker
-
+    def form(cls, config: EngineConfig, device: torch.device, context_len: int, procs: list,
+             rendezvous: tuple[str, int]) -> TPGroup:
+        """Rank 0, once this node's other ranks are spawned (``procs``, see
+        `worker.start_group`): join the group on ``rendezvous`` (waiting for the other
+        nodes' ranks when ``config.nnodes > 1``) and send every rank the engine settings
+        (`config` with the KV pool size fixed, `context_len`) so that all ranks build the
+        same pool."""
         size = config.tp_size
-        addr, port = config.rendezvous or ("127.0.0.1", free_port())
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=run_worker, args=(r, size, addr, port, config, model_dir),
-                             name=f"radixlm-tp{r}", daemon=True)
-                 for r in range(1, config.tp_per_node)]
-        for p in procs:
-            p.start()
+        addr, port = rendezvous
         group = cls(0, size, procs)
         if config.nnodes > 1:
             logger.info("tensor parallel over %d nodes: waiting on %s:%d for ranks %d..%d of "

@@ -31,7 +31,8 @@ def node_ranks(config: EngineConfig) -> range:
 
 
 def _rank_main(parent_pid: int, *worker_args) -> None:
-    """A rank of this node: dies with the node process (Linux), then `run_worker`."""
+    """A rank of this node: dies with the node process (Linux), then `run_worker` (with
+    the `ModelRunner` class to build)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -39,15 +40,16 @@ def _rank_main(parent_pid: int, *worker_args) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
         if os.getppid() != parent_pid:  # the node died before prctl took effect
             os._exit(1)
+    from radixlm.runtime.model_runner import ModelRunner
     from radixlm.runtime.parallel.worker import run_worker
 
-    run_worker(*worker_args)
+    run_worker(*worker_args, ModelRunner)
 
 
 def run_node(config: EngineConfig) -> int:
     """Run this node's ranks until they end or a signal arrives; return the exit code.
     Bad settings raise ValueError before any process starts."""
-    from radixlm.runtime.model_runner import pick_device_dtype
+    from radixlm.runtime.device import pick_device_dtype
     from radixlm.runtime.parallel.sharding import check_tp_size
     from radixlm.runtime.weights import load_hf_config, resolve_model
 
