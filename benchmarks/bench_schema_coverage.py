@@ -8,7 +8,7 @@ inflate) and mask time per token p50/p99 (the walks' mask fills). llguidance is
 measured through its real token matcher on SmolLM2's tokenizer. outlines is checked on the
 byte-level index of its regex (same language; compile time = translate + byte index) unless
 ``--token-index``, which builds the real token index (budgets on; p99 in the tens of
-seconds) and times its masks too. See ``radixlm.constraints.conformance``.
+seconds) and times its masks too. See ``constraint_conformance.py``.
 
     .venv/bin/python benchmarks/bench_schema_coverage.py [--backends llguidance,outlines]
         [--token-index] [--walks 2] [--limit N] [--json out.json]
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from radixlm.constraints.conformance import check_row, llguidance_checker, outlines_checker
+from constraint_conformance import check_row, llguidance_checker, outlines_checker
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench_sample.jsonl"
 

@@ -23,6 +23,10 @@ from server_fakes import free_port, wait_until
 
 from radixlm.runtime.weights import load_tokenizer, resolve_model
 
+# The grammar walks and schema conformance checks live beside the benchmark that reports them
+# (benchmarks/bench_schema_coverage.py); the tests import them from there.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _parse_each_gguf_once():

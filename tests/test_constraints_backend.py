@@ -11,10 +11,10 @@ import jsonschema
 import llguidance as llg
 import numpy as np
 import pytest
+from constraint_walks import accepts_text, allowed_ids, random_walk
 
 from radixlm.constraints import ConstraintSpec, create_grammar_backend, spec_from_sampling_params
 from radixlm.constraints.outlines_backend import OutlinesGrammarBackend
-from radixlm.constraints.walk import accepts_text, allowed_ids, random_walk
 
 PAD = 96  # logits wider than the tokenizer, like a padded embedding
 
@@ -398,7 +398,7 @@ def test_llguidance_unrewritable_forms_still_rejected_by_name(llguidance_backend
 def test_oneof_proofs_are_bounded(monkeypatch):
     """The disjointness prover has a step budget per schema: a oneOf it cannot finish within
     it stays oneOf (for the compiler to refuse), so no schema holds the request thread."""
-    from radixlm.constraints import llg_schema
+    from radixlm.constraints.schema import llg_rewrite as llg_schema
 
     branches = [{"type": "object", "required": ["k"], "properties": {"k": {"const": i}}}
                 for i in range(40)]
@@ -411,7 +411,7 @@ def test_python_whitespace_class_list():
     import re
     import sys
 
-    from radixlm.constraints.llg_schema import _PY_SPACE
+    from radixlm.constraints.schema.llg_negation import _PY_SPACE
 
     assert _PY_SPACE == [c for c in range(sys.maxunicode + 1) if re.fullmatch(r"\s", chr(c))]
 

@@ -2,7 +2,7 @@
 in shared/data: every compiled schema accepts no schema-invalid test instance and every
 random walk through the grammar validates under ``jsonschema`` (format checker on); coverage
 and completeness (valid instances accepted) stay at or above the measured floors. Rejections
-name a keyword or the schema problem. See ``radixlm.constraints.conformance``."""
+name a keyword or the schema problem. See ``benchmarks/constraint_conformance.py``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+from constraint_conformance import check_row, llguidance_checker, outlines_checker
 
 from radixlm.constraints import create_grammar_backend
-from radixlm.constraints.conformance import check_row, llguidance_checker, outlines_checker
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench_sample.jsonl"
 # backend -> (min schemas compiled of 200, min share of valid instances accepted)

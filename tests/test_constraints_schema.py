@@ -12,17 +12,19 @@ import uuid
 
 import jsonschema
 import pytest
+from constraint_walks import byte_random_walk, index_accepts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixlm.constraints import spec_from_sampling_params
+from radixlm.constraints.outlines_index import byte_index
 from radixlm.constraints.regex_parts import (
     int_range_regex,
     number_bounded_regex,
     pattern_to_json_string_regex,
 )
-from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
-from radixlm.constraints.walk import byte_index, byte_random_walk, index_accepts
+from radixlm.constraints.schema.metaschema import check_schema, check_whitespace_pattern
+from radixlm.constraints.schema.regex_translator import SchemaTranslator
 
 SEEDS = range(6)
 

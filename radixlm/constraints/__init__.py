@@ -3,18 +3,28 @@ compiled by a grammar backend (llguidance by default, outlines-core selectable),
 grammar state, bitmask fill and jump-forward.
 
 Entry points for the runtime: ``spec_from_sampling_params`` and ``create_grammar_backend``.
+Importing the package loads no grammar engine: the names below load their module on first
+use, and ``specs`` (what the frontend imports) is plain Python.
 """
 
-from radixlm.constraints.base import (
-    CONSTRAINT_KINDS,
-    ConstraintSpec,
-    Grammar,
-    GrammarBackend,
-    JumpForward,
-)
-from radixlm.constraints.specs import spec_from_sampling_params
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixlm.constraints.base import GrammarBackend
 
 GRAMMAR_BACKENDS = ("llguidance", "outlines")
+
+_EXPORTS = {
+    "CONSTRAINT_KINDS": "specs",
+    "ConstraintSpec": "specs",
+    "spec_from_sampling_params": "specs",
+    "Grammar": "base",
+    "GrammarBackend": "base",
+    "JumpForward": "base",
+}
 
 
 def create_grammar_backend(tokenizer, vocab_size: int, eos_token_ids,
@@ -31,6 +41,19 @@ def create_grammar_backend(tokenizer, vocab_size: int, eos_token_ids,
         return OutlinesGrammarBackend(tokenizer, vocab_size, eos_token_ids, **options)
     raise ValueError(f"grammar backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
                      f"got {backend!r}")
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
 __all__ = [

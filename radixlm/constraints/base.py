@@ -35,33 +35,25 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from radixlm.constraints.cache import LRUCache
+
+# The spec types are defined with the specs (plain Python, the frontend imports them) and
+# are importable from here as well.
+from radixlm.constraints.specs import (  # noqa: F401
+    CONSTRAINT_KINDS,
+    DEFAULT_SEPARATORS,
+    ConstraintSpec,
+)
+from radixlm.constraints.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
-
-CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
-
-
-# JSON text by default: ", " between items, ": " after keys, no other whitespace (what
-# json.dumps writes, and xgrammar's separators without flexible whitespace).
-DEFAULT_SEPARATORS = (", ", ": ")
-
-
-@dataclass(frozen=True)
-class ConstraintSpec:
-    """One constraint. ``value`` is a regex str, a JSON-schema str (already serialized,
-    canonical), a tuple of choice strings, a dtype name ("int", "float", "bool", "str"), a
-    GBNF/Lark grammar str (``ebnf``) or SGLang's structural-tag object as JSON text.
-    ``whitespace_pattern`` applies to JSON schemas only: a regex allowed between any two
-    JSON tokens (``""``: none), or None for the DEFAULT_SEPARATORS style."""
-
-    kind: str
-    value: Any
-    whitespace_pattern: str | None = None
 
 
 @dataclass
@@ -177,11 +169,39 @@ class Deadlines:
 DEADLINES = Deadlines()
 
 
-class CompileBookkeeping:
-    """The compile-future bookkeeping both backends share. The class using it holds
-    ``_lock``, ``_inflight`` (key -> build future), ``_memory`` (an LRU with ``get`` and
-    ``put``), ``_pool`` (an executor), ``_stats`` (``failures`` and ``memory_hits``
-    counts) and ``compile_timeout_s``."""
+class CompilingBackend(GrammarBackend):
+    """What both backends share: one tokenizer's vocabulary checked against the width of the
+    logits (``vocab_size``), the EOS ids inside it, a compile thread pool, the ``memory``
+    cache of compiled grammars, one build per key however many requests wait for it, a
+    time budget per request, and counters (``counters``, then ``compile_time_s``)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int,
+                 compile_timeout_s: float, max_regex_chars: int, enable_jump_forward: bool,
+                 memory: LRUCache, counters: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = TokenVocab.from_tokenizer(tokenizer)
+        self.vocab_size = int(vocab_size)
+        if self.vocab.id_to_bytes and max(self.vocab.id_to_bytes) >= self.vocab_size:
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's vocabulary")
+        self.eos_ids = tuple(sorted({int(e) for e in eos_token_ids if 0 <= e < self.vocab_size}))
+        if not self.eos_ids:
+            raise ValueError("need at least one EOS token id inside vocab_size")
+        self.words = (self.vocab_size + 31) // 32  # int32 words of one bitmask row
+        self.compile_timeout_s = compile_timeout_s
+        self.max_regex_chars = max_regex_chars
+        self.enable_jump_forward = enable_jump_forward
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
+        self._memory = memory
+        self._inflight: dict[str, Future] = {}  # key -> the build in flight for it
+        self._lock = threading.Lock()
+        self._stats: dict[str, float] = {**dict.fromkeys(counters, 0), "compile_time_s": 0.0}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {**self._stats, "memory_cache_size": len(self._memory)}
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _serve(self, out: Future, key: str, build: Callable[[], Any],
                make: Callable[[Any], Any]) -> Future:

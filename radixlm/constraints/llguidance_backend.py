@@ -8,92 +8,46 @@ lazily by the matcher (no per-state tables), for the whole batch at once by an
 bytes (``compute_ff_bytes``), spliced in with the same canonical retokenization of the boundary
 as the outlines backend.
 
-Schemas first go through ``llg_schema.prepare_schema``: objects that list ``properties`` are
-closed unless the schema says otherwise, as xgrammar's strict mode does in SGLang, and
-keywords llguidance refuses but that have exact (or sound-subset) rewrites are rewritten
-(disjoint ``oneOf``, simple ``not`` forms, ``dependencies``, formats). Strict JSON Schema: the
-compiler runs with ``lenient: false``, so a keyword it does not implement (other ``not``
-forms, ``if``/``then``, ``contains``, overlapping ``oneOf``, ...) is an error naming it; such
-a schema then goes through the project's regex translator instead.
-llguidance does not know the draft-3 keywords (``disallow``, ``extends``, ``divisibleBy``)
-at all and would ignore them as annotations: those are rejected
-here by name (``unenforced_keywords``). Budgets: ``compile_timeout_s`` per compile,
-``LLParserLimits`` (lexer fuel and Earley items per mask, grammar size) per request; a mask
-that runs out of fuel leaves the matcher in an error state and the request is aborted with
-its message, never continued unconstrained.
+Schemas first go through ``schema.llg_rewrite.prepare_schema``: objects that list
+``properties`` are closed unless the schema says otherwise, as xgrammar's strict mode does in
+SGLang, and keywords llguidance refuses but that have exact (or sound-subset) rewrites are
+rewritten (disjoint ``oneOf``, simple ``not`` forms, ``dependencies``, formats). Strict JSON
+Schema: the compiler runs with ``lenient: false``, so a keyword it does not implement (other
+``not`` forms, ``if``/``then``, ``contains``, overlapping ``oneOf``, ...) is an error naming
+it; such a schema then goes through the project's regex translator instead. llguidance does
+not know the draft-3 keywords (``disallow``, ``extends``, ``divisibleBy``) at all and would
+ignore them as annotations: those are rejected here by name (``unenforced_keywords``).
+Budgets: ``compile_timeout_s`` per compile, ``LLParserLimits`` (lexer fuel and Earley items
+per mask, grammar size) per request; a mask that runs out of fuel leaves the matcher in an
+error state and the request is aborted with its message, never continued unconstrained.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import jsonschema
-import jsonschema_rs
 import llguidance as llg
 import llguidance.hf
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixlm.constraints import specs
-from radixlm.constraints.base import (
-    DEFAULT_SEPARATORS,
-    CompileBookkeeping,
-    ConstraintSpec,
-    Grammar,
-    GrammarBackend,
-    JumpForward,
-)
+from radixlm.constraints.base import CompilingBackend, Grammar, JumpForward
 from radixlm.constraints.cache import LRUCache, cache_key
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
-from radixlm.constraints.llg_schema import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, prepare_schema
-from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
-from radixlm.constraints.vocab import TokenVocab
-
-# Keywords that assert something but that llguidance neither implements nor reports.
-UNREPORTED_KEYWORDS = ("disallow", "extends", "divisibleBy")
-
-
-def unenforced_keywords(schema: Any, ptr: str = "") -> list[str]:
-    """``keyword at JSON pointer`` for every keyword in schema positions llguidance would
-    silently ignore."""
-    if not isinstance(schema, dict):
-        return []
-    out = [f"'{k}' at JSON pointer '{ptr or '/'}'" for k in UNREPORTED_KEYWORDS if k in schema]
-    for key in SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                out += unenforced_keywords(sub, f"{ptr}/{key}/{name}")
-    for key in SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                out += unenforced_keywords(sub, f"{ptr}/{key}/{i}")
-    for key in SCHEMA_ONE:
-        out += unenforced_keywords(schema.get(key), f"{ptr}/{key}")
-    items = schema.get("items")
-    if isinstance(items, list):
-        for i, sub in enumerate(items):
-            out += unenforced_keywords(sub, f"{ptr}/items/{i}")
-    else:
-        out += unenforced_keywords(items, f"{ptr}/items")
-    return out
-
-
-def meta_check(schema: Any) -> None:
-    """The schema is a valid JSON Schema (its ``$schema`` draft, else 2020-12): checked by
-    jsonschema-rs (~1000x faster than ``jsonschema`` on large schemas, whose metaschema walk
-    took up to a second), falling back to ``jsonschema`` for what jsonschema-rs can't load.
-    ValueError names the first problem."""
-    try:
-        jsonschema_rs.meta.validate(schema)
-    except jsonschema_rs.ValidationError as exc:
-        raise ValueError(f"invalid JSON schema: {str(exc).splitlines()[0]}") from None
-    except Exception:  # noqa: BLE001 - e.g. an unknown $schema: let jsonschema decide
-        check_schema(schema)
+from radixlm.constraints.schema.llg_rewrite import (
+    UNREPORTED_KEYWORDS,
+    prepare_schema,
+    unenforced_keywords,
+)
+from radixlm.constraints.schema.metaschema import check_whitespace_pattern, meta_check
+from radixlm.constraints.schema.regex_translator import SchemaTranslator
+from radixlm.constraints.specs import DEFAULT_SEPARATORS, ConstraintSpec
 
 
 def structural_tag_grammar(value: Any) -> str:
@@ -226,7 +180,7 @@ class LLGuidanceGrammar(Grammar):
         return None
 
 
-class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
+class LLGuidanceBackend(CompilingBackend):
     """Compiles specs to llguidance matchers for one tokenizer (HF fast tokenizers).
 
     ``max_workers`` compile threads; ``mask_threads`` threads of the batch mask executor;
@@ -241,31 +195,19 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
                  compile_timeout_s: float = 30.0, enable_jump_forward: bool = True,
                  memory_cache_size: int = 256, mask_threads: int = 2,
                  limits: llg.LLParserLimits | None = None, max_regex_chars: int = 100_000):
-        self.tokenizer = tokenizer
-        self.vocab = TokenVocab.from_tokenizer(tokenizer)
-        self.vocab_size = int(vocab_size)
-        if self.vocab.id_to_bytes and max(self.vocab.id_to_bytes) >= self.vocab_size:
-            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's vocabulary")
-        self.eos_ids = tuple(sorted({int(e) for e in eos_token_ids if 0 <= e < self.vocab_size}))
-        if not self.eos_ids:
-            raise ValueError("need at least one EOS token id inside vocab_size")
+        super().__init__(
+            tokenizer, vocab_size, eos_token_ids, max_workers=max_workers,
+            compile_timeout_s=compile_timeout_s, max_regex_chars=max_regex_chars,
+            enable_jump_forward=enable_jump_forward, memory=LRUCache(memory_cache_size),
+            counters=("compiles", "memory_hits", "failures"))
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
                                                          eos_token=list(self.eos_ids))
-        self.words = (self.vocab_size + 31) // 32
         bits = np.zeros(self.words * 32, dtype=np.bool_)
         bits[list(self.eos_ids)] = True
         self.eos_row = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
-        self.enable_jump_forward = enable_jump_forward
-        self.compile_timeout_s = compile_timeout_s
         self.limits = limits
         self._executor = llg.LLExecutor(max(1, mask_threads))
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
-        self._memory = LRUCache(memory_cache_size)
         self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
-        self.max_regex_chars = max_regex_chars
-        self._inflight: dict[str, Future] = {}
-        self._lock = threading.Lock()
-        self._stats = {"compiles": 0, "memory_hits": 0, "failures": 0, "compile_time_s": 0.0}
 
     # ------------------------------------------------------------------- spec -> grammar
 
@@ -317,8 +259,9 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
 
     def _translated(self, spec: ConstraintSpec, why: str) -> str:
         """Where llguidance refuses a schema (non-disjoint ``oneOf``, ``not``,
-        ``dependencies``, ...): the project's sound schema -> regex translator (``schema.py``,
-        the outlines backend's) as a regex grammar. Runs on a compile worker."""
+        ``dependencies``, ...): the project's sound schema -> regex translator
+        (``schema.regex_translator``, the outlines backend's) as a regex grammar. Runs on a
+        compile worker."""
         schema = specs.load_json_schema(spec.value)
         ws = spec.whitespace_pattern
         try:
@@ -407,13 +350,6 @@ class LLGuidanceBackend(CompileBookkeeping, GrammarBackend):
             for g, row in live:  # out of budget: let sampling run; accept_token then fails
                 if g.m.is_error():
                     bitmask[row] = -1
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {**self._stats, "memory_cache_size": len(self._memory)}
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _short(msg: str, limit: int = 600) -> str:

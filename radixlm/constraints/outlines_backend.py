@@ -14,22 +14,15 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 import outlines_core
 
 from radixlm.constraints import specs
-from radixlm.constraints.base import (
-    CompileBookkeeping,
-    ConstraintSpec,
-    Grammar,
-    GrammarBackend,
-    JumpForward,
-)
+from radixlm.constraints.base import CompilingBackend, Grammar, JumpForward
 from radixlm.constraints.cache import DiskCache, LRUCache, cache_key
 from radixlm.constraints.jump_forward import (
     ForcedTextFinder,
@@ -37,10 +30,11 @@ from radixlm.constraints.jump_forward import (
     retokenize,
     utf8_prefix,
 )
-from radixlm.constraints.regex_parts import build_index
-from radixlm.constraints.schema import SchemaTranslator, check_schema, check_whitespace_pattern
+from radixlm.constraints.outlines_index import build_index, byte_index, outlines_vocabulary
+from radixlm.constraints.schema.metaschema import check_schema, check_whitespace_pattern
+from radixlm.constraints.schema.regex_translator import SchemaTranslator
+from radixlm.constraints.specs import ConstraintSpec
 from radixlm.constraints.vocab import TokenVocab
-from radixlm.constraints.walk import byte_index
 
 
 @dataclass
@@ -179,9 +173,7 @@ def _clear_errors(build, regex: str, *args) -> outlines_core.Index:
         raise ValueError(f"cannot compile regex {regex[:200]!r}: {msg}") from None
 
 
-class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
-    name = "outlines"
-
+class OutlinesGrammarBackend(CompilingBackend):
     """Compiles specs for one tokenizer on a thread pool, with memory and disk caches.
 
     Budgets per compile: ``compile_timeout_s`` (the request's future fails; the worker
@@ -191,40 +183,29 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
     The in-memory cache holds at most ``memory_cache_size`` grammars and
     ``memory_cache_mb`` of (estimated) index memory."""
 
+    name = "outlines"
+
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids, *, max_workers: int = 2,
                  compile_timeout_s: float = 30.0, max_regex_chars: int = 100_000,
                  max_index_mb: float = 512.0, enable_jump_forward: bool = True,
                  disk_cache: bool = True, memory_cache_size: int = 64,
                  strict_schema: bool = True, max_ref_depth: int = 3, max_states: int = 30_000,
                  memory_cache_mb: float = 2048.0):
-        self.tokenizer = tokenizer
-        self.vocab = TokenVocab.from_tokenizer(tokenizer)
-        self.vocab_size = int(vocab_size)
-        if self.vocab.id_to_bytes and max(self.vocab.id_to_bytes) >= self.vocab_size:
-            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's vocabulary")
-        self.eos_ids = tuple(sorted({int(e) for e in eos_token_ids if 0 <= e < self.vocab_size}))
-        if not self.eos_ids:
-            raise ValueError("need at least one EOS token id inside vocab_size")
+        super().__init__(
+            tokenizer, vocab_size, eos_token_ids, max_workers=max_workers,
+            compile_timeout_s=compile_timeout_s, max_regex_chars=max_regex_chars,
+            enable_jump_forward=enable_jump_forward,
+            memory=LRUCache(memory_cache_size, memory_cache_mb * (1 << 20), lambda c: c.nbytes),
+            counters=("compiles", "memory_hits", "disk_hits", "failures"))
         self.outlines_eos = self.eos_ids[0]
-        self._ov = self.vocab.outlines_vocabulary(self.outlines_eos)
+        self._ov = outlines_vocabulary(self.vocab.id_to_bytes, self.outlines_eos)
         self._byte_tables = byte_tables(self.vocab.id_to_bytes, self.outlines_eos)
-        self.words = (self.vocab_size + 31) // 32
-        self.compile_timeout_s = compile_timeout_s
-        self.max_regex_chars = max_regex_chars
         self.max_index_bytes = int(max_index_mb * (1 << 20))
         self.max_states = max_states
-        self.enable_jump_forward = enable_jump_forward
         self.strict_schema = strict_schema
         self.max_ref_depth = max_ref_depth
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
-        self._memory = LRUCache(memory_cache_size, memory_cache_mb * (1 << 20),
-                                lambda c: c.nbytes)
         self._disk = DiskCache() if disk_cache else None
-        self._inflight: dict[str, Future] = {}
         self._regexes = LRUCache(256)  # spec -> regex, filled by validate()
-        self._lock = threading.Lock()
-        self._stats = {"compiles": 0, "memory_hits": 0, "disk_hits": 0, "failures": 0,
-                       "compile_time_s": 0.0}
 
     # ----------------------------------------------------------------------- spec -> regex
 
@@ -333,10 +314,3 @@ class OutlinesGrammarBackend(CompileBookkeeping, GrammarBackend):
         key = self._key(regex)
         return self._serve(out, key, lambda: self._build(regex, key),
                            lambda compiled: compiled.new_grammar())
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {**self._stats, "memory_cache_size": len(self._memory)}
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -13,8 +13,6 @@ import re
 import re._constants as sre_c
 import re._parser as sre_parse
 
-import outlines_core
-
 # One character inside a JSON string: anything but quote, backslash and control characters,
 # or a two-character escape (each counts as one character after decoding).
 STRING_CHAR = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])'
@@ -58,21 +56,6 @@ for _alias in ("url", "uri-reference", "iri", "iri-reference"):
     FORMATS[_alias] = FORMATS["uri"]
 
 _META = set("\\.+*?()|[]{}^$#&-~")
-
-
-def build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
-    """outlines-core index of ``(?:regex)$``. outlines-core 0.2.14 builds its DFA with
-    leftmost-first match semantics, so once an earlier alternative has matched the whole
-    regex, later ones die: ``a|ab`` would never accept "ab", ``-[1-9]|-1[0-5]`` never "-15".
-    With the end anchor a match only happens at end of input and the index accepts exactly
-    the regex's language. outlines-core refuses the anchor on regexes that match the empty
-    string; those are built as given."""
-    try:
-        return outlines_core.Index(f"(?:{regex})$", vocabulary)
-    except ValueError as exc:
-        if "universal start state" not in str(exc):
-            raise
-    return outlines_core.Index(regex, vocabulary)
 
 
 def escape_char(cp: int) -> str:

@@ -1,14 +1,35 @@
-"""Constraint specs from sampling parameters: exactly one of ``regex``, ``json_schema``,
-``choices``, ``dtype``, ``ebnf``, ``structural_tag`` per request, normalized into a hashable
-``ConstraintSpec``."""
+"""What a constraint is (``ConstraintSpec``: exactly one of ``regex``, ``json_schema``,
+``choices``, ``dtype``, ``ebnf``, ``structural_tag`` per request, normalized and hashable) and
+how one is read from sampling parameters. Plain Python (no grammar engine): the frontend
+imports it too."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from radixlm.constraints import regex_parts as rp
-from radixlm.constraints.base import CONSTRAINT_KINDS, ConstraintSpec
+
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structural_tag")
+
+# JSON text by default: ", " between items, ": " after keys, no other whitespace (what
+# json.dumps writes, and xgrammar's separators without flexible whitespace).
+DEFAULT_SEPARATORS = (", ", ": ")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One constraint. ``value`` is a regex str, a JSON-schema str (already serialized,
+    canonical), a tuple of choice strings, a dtype name ("int", "float", "bool", "str"), a
+    GBNF/Lark grammar str (``ebnf``) or SGLang's structural-tag object as JSON text.
+    ``whitespace_pattern`` applies to JSON schemas only: a regex allowed between any two
+    JSON tokens (``""``: none), or None for the DEFAULT_SEPARATORS style."""
+
+    kind: str
+    value: Any
+    whitespace_pattern: str | None = None
+
 
 # dtype -> regex of the whole output. "str" is a JSON string literal (quotes included).
 # Numbers may end in one space or newline (as in SGLang): without a way to say "done" other

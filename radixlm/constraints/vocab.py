@@ -1,4 +1,4 @@
-"""The tokenizer's vocabulary as raw bytes, and an outlines-core ``Vocabulary`` built from it.
+"""The tokenizer's vocabulary as raw bytes (``TokenVocab``), what both backends build on.
 
 Tokens are mapped to the exact bytes they spell, never through a lossy string round trip:
 byte-level BPE tokens (GPT-2, Llama 3, SmolLM2) go through the inverse of GPT-2's
@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
-
-import outlines_core
 
 
 @lru_cache(maxsize=1)
@@ -77,10 +75,3 @@ class TokenVocab:
             h.update(tid.to_bytes(4, "little") + len(id_to_bytes[tid]).to_bytes(2, "little"))
             h.update(id_to_bytes[tid])
         return cls(id_to_bytes, frozenset(special), h.hexdigest()[:16])
-
-    def outlines_vocabulary(self, eos_token_id: int) -> outlines_core.Vocabulary:
-        """outlines-core needs an EOS id; we give one and strip it from masks ourselves."""
-        by_bytes: dict[bytes, list[int]] = {}
-        for tid, b in self.id_to_bytes.items():
-            by_bytes.setdefault(b, []).append(tid)
-        return outlines_core.Vocabulary(eos_token_id, by_bytes)

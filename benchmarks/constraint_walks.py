@@ -1,8 +1,9 @@
-"""Drive a grammar without a model: random walks (tests, benchmarks) and acceptance checks.
+"""Drive a grammar without a model (for the tests and ``bench_schema_coverage.py``): random
+walks and acceptance checks, through a grammar's token masks or a byte-level index.
 
 ``random_walk`` samples uniformly among allowed tokens for a while, then prefers tokens that
 close things (quotes, brackets, EOS) so that walks end; it returns the token ids and whether
-the grammar terminated. ``accepts_text`` tokenizes a string canonically and asks the index.
+the grammar terminated. ``accepts_text`` tokenizes a string canonically and asks the grammar.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import numpy as np
 import outlines_core
 
 from radixlm.constraints.base import Grammar
-from radixlm.constraints.regex_parts import build_index
 
 _CLOSERS = ['"}', '"]', '"', "}", "]", "},", "],", ",", "0", "1", "true", "null", "a"]
 
@@ -76,16 +76,11 @@ def accepts_text(grammar: Grammar, tokenizer, text: str) -> bool:
 
 # ------------------------------------------------------------------ byte-level (regex) checks
 # An index over a 256-token vocabulary of single bytes has the same language as the real one
-# (same regex, same Rust DFA) but builds ~100x faster: what the soundness checks walk.
+# (same regex, same Rust DFA) but builds ~100x faster (``outlines_index.byte_index``): what
+# the soundness checks walk.
 
-_BYTE_EOS = 256
+_BYTE_EOS = 256  # the byte-level index's EOS id (outlines_index.byte_index)
 _BYTE_CLOSERS = b'"}],0a1'
-
-
-def byte_index(regex: str) -> outlines_core.Index:
-    """outlines-core index of ``regex`` over single-byte tokens (token id = byte value)."""
-    vocab = outlines_core.Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
-    return build_index(regex, vocab)
 
 
 def index_accepts(index: outlines_core.Index, data: bytes) -> bool:

@@ -1,5 +1,5 @@
 """JSON-schema conformance of a grammar backend on JSONSchemaBench rows (shared by the test
-suite and ``benchmarks/bench_schema_coverage.py``).
+suite and ``bench_schema_coverage.py``).
 
 For one schema: compile it (or record why not), check every test instance serialized
 compactly (a schema-invalid instance the grammar accepts is a *silent violation*; a valid one
@@ -21,6 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
+from constraint_walks import accepts_text, byte_random_walk, index_accepts, random_walk
+
+from radixlm.constraints.outlines_index import byte_index
+from radixlm.constraints.schema.metaschema import check_schema
+from radixlm.constraints.schema.regex_translator import SchemaTranslator
+from radixlm.constraints.specs import ConstraintSpec
+
 WHITESPACE = r"[ ]?"
 
 
@@ -36,9 +44,6 @@ class Checker:
 
 def outlines_checker(schema: Any) -> Checker:
     """The outlines backend's language (schema -> regex translator, byte-level index)."""
-    from radixlm.constraints.schema import SchemaTranslator, check_schema
-    from radixlm.constraints.walk import byte_index, byte_random_walk, index_accepts
-
     cls = check_schema(schema)
     index = byte_index(SchemaTranslator(schema, cls, WHITESPACE).translate())
 
@@ -51,9 +56,6 @@ def outlines_checker(schema: Any) -> Checker:
 
 def llguidance_checker(backend, schema: Any) -> Checker:
     """The llguidance backend's language, through its token matcher."""
-    from radixlm.constraints.base import ConstraintSpec
-    from radixlm.constraints.walk import accepts_text, random_walk
-
     spec = ConstraintSpec("json_schema", json.dumps(schema), WHITESPACE)
     backend.validate(spec)
     grammar = backend.compile_async(spec).result(timeout=60)
@@ -88,8 +90,6 @@ def reason(msg: str) -> str:
 
 def check_row(row: dict, make: Callable[[Any], Checker], walks: int) -> dict:
     """Compile one JSONSchemaBench row's schema with ``make`` and check it (see module doc)."""
-    import jsonschema
-
     schema = row["schema"]
     res: dict[str, Any] = {"id": row["unique_id"], "subset": row["subset"], "compiled": False}
     t0, c0 = time.perf_counter(), time.process_time()
