@@ -11,37 +11,8 @@ from radixlm import envs as _envs
 _envs.configure_openmp()  # before anything imports torch
 _envs.cap_cpu_isa()
 
-from radixlm.lang import (  # noqa: E402
-    Backend,
-    BackendError,
-    ProgramError,
-    ProgramState,
-    assistant,
-    assistant_begin,
-    assistant_end,
-    flush_cache,
-    function,
-    gen,
-    gen_int,
-    gen_string,
-    get_default_backend,
-    get_server_info,
-    global_config,
-    greedy_token_selection,
-    image,
-    select,
-    separate_reasoning,
-    set_default_backend,
-    system,
-    system_begin,
-    system_end,
-    token_length_normalized,
-    unconditional_likelihood_normalized,
-    user,
-    user_begin,
-    user_end,
-    video,
-)
+from radixlm.lang import *  # noqa: E402, F403 (the DSL: every name in radixlm.lang.__all__)
+from radixlm.lang import __all__ as _LANG_NAMES  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -64,12 +35,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")
 
 
-__all__ = [
-    "Backend", "BackendError", "Engine", "OpenAI", "ProgramError", "ProgramState", "Runtime",
-    "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end", "flush_cache",
-    "function", "gen", "gen_int", "gen_string", "get_default_backend", "get_server_info",
-    "global_config", "greedy_token_selection", "image", "select", "separate_reasoning",
-    "set_default_backend", "system", "system_begin",
-    "system_end", "token_length_normalized", "unconditional_likelihood_normalized", "user",
-    "user_begin", "user_end", "video",
-]
+__all__ = [*_LANG_NAMES, *_LAZY]

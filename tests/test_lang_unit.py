@@ -29,7 +29,7 @@ from radixlm.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixlm.lang.ir import SamplingParams
+from radixlm.lang.gen_args import GenArgs as SamplingParams
 
 SMOL_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -476,7 +476,7 @@ def test_backend_failure_goes_to_state_error_without_hang():
 
 def test_no_backend_is_a_clear_error():
     sgl.set_default_backend(FakeBackend())
-    import radixlm.lang.api as api
+    import radixlm.lang.backend.default as api
 
     api._default_backend = None
     with pytest.raises(RuntimeError, match="set_default_backend"):

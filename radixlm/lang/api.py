@@ -19,8 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from radixlm.lang.backend.base import Backend
+from radixlm.lang.backend.default import (  # the default backend lives there; public here
+    as_backend,  # noqa: F401
+    backend_or_default,
+    get_default_backend,  # noqa: F401
+    set_default_backend,  # noqa: F401
+)
 from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixlm.lang.gen_args import GenArgs
 from radixlm.lang.ir import (
     Argument,
     Expr,
@@ -29,18 +35,12 @@ from radixlm.lang.ir import (
     Media,
     RoleBegin,
     RoleEnd,
-    SamplingParams,
     Select,
     SeparateReasoning,
-    normalize_dtype,
-    normalize_json_schema,
     to_expr,
-    validate_regex,
 )
 from radixlm.lang.program import SglFunction
 from radixlm.lang.reasoning import check_model_type
-
-_default_backend: Backend | None = None
 
 
 def function(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
@@ -50,49 +50,13 @@ def function(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return SglFunction(func, **kwargs)
 
 
-def as_backend(backend: Any) -> Backend:
-    """Accept a Backend, or an in-process Engine (wrapped in a Runtime that does not own it)."""
-    if isinstance(backend, Backend):
-        return backend
-    if type(backend).__name__ == "Engine" and hasattr(backend, "generate"):
-        from radixlm.lang.backend.runtime_engine import Runtime
-
-        return Runtime(backend)
-    raise TypeError(f"not a backend: {type(backend).__name__} (use radixlm.Runtime, "
-                    "RuntimeEndpoint, OpenAI or an Engine)")
-
-
-def set_default_backend(backend: Any) -> None:
-    """Backend used by programs run without `backend=`."""
-    global _default_backend
-    _default_backend = as_backend(backend)
-
-
-def get_default_backend() -> Backend | None:
-    return _default_backend
-
-
-def _backend_or_default(backend: Any) -> Backend:
-    if backend is not None:
-        return as_backend(backend)
-    if _default_backend is None:
-        raise RuntimeError("no backend: call radixlm.set_default_backend(...) or pass backend=")
-    return _default_backend
-
-
 def flush_cache(backend: Any = None) -> bool:
     """Empty the backend's prefix cache; False if it could not (requests running)."""
-    return _backend_or_default(backend).flush_cache()
+    return backend_or_default(backend).flush_cache()
 
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:
-    return _backend_or_default(backend).get_server_info()
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < minimum):
-        raise ValueError(f"gen: {name} must be an int >= {minimum}, got {value!r}")
+    return backend_or_default(backend).get_server_info()
 
 
 def gen(
@@ -138,29 +102,14 @@ def gen(
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method or token_length_normalized)
-    _check_int("max_tokens", max_tokens, 0)
-    _check_int("min_tokens", min_tokens, 0)
-    _check_int("n", n, 1)
-    if isinstance(stop_regex, str):
-        stop_regex = [stop_regex]
-    for pattern in stop_regex or ():
-        validate_regex(pattern)
-    if temperature is not None and temperature < 0:
-        raise ValueError(f"gen: temperature must be >= 0, got {temperature}")
-    if isinstance(stop, str):
-        stop = [stop]
-    params = SamplingParams(
+    return Gen(name, GenArgs(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
         stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature,
-        top_p=top_p, top_k=top_k,
-        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, return_logprob=return_logprob,
+        top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs, dtype=normalize_dtype(dtype),
-        regex=validate_regex(regex) if regex is not None else None,
-        json_schema=normalize_json_schema(json_schema) if json_schema is not None else None,
-    )
-    return Gen(name, params)
+        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
+        json_schema=json_schema).checked())
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

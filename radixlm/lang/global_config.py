@@ -10,11 +10,15 @@
 - `enable_parallel_encoding`: SGLang joins `concate_and_append` forks by concatenating their
   K/V where the backend can; radixlm's backends join them by text (as SGLang does on
   backends without that support), so this setting changes nothing here.
+
+The default backend itself is kept in `backend/default.py`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from radixlm.lang.backend import default
 
 
 class GlobalConfig:
@@ -29,18 +33,14 @@ class GlobalConfig:
 
     @property
     def default_backend(self) -> Any:
-        from radixlm.lang.api import get_default_backend
-
-        return get_default_backend()
+        return default.get_default_backend()
 
     @default_backend.setter
     def default_backend(self, backend: Any) -> None:
-        from radixlm.lang import api
-
         if backend is None:
-            api._default_backend = None
+            default.clear_default_backend()
         else:
-            api.set_default_backend(backend)
+            default.set_default_backend(backend)
 
 
 global_config = GlobalConfig()

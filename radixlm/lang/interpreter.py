@@ -17,6 +17,7 @@ from typing import Any
 
 from radixlm.lang.backend.base import Backend, Prompt
 from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.gen_args import GenArgs
 from radixlm.lang.ir import (
     CommitLazy,
     ConstantText,
@@ -26,7 +27,6 @@ from radixlm.lang.ir import (
     Media,
     RoleBegin,
     RoleEnd,
-    SamplingParams,
     Select,
     SeparateReasoning,
     VarScopeBegin,
@@ -48,7 +48,7 @@ class StreamExecutor:
     Text, variables and messages are written only by the worker (or before it starts, by fork).
     """
 
-    def __init__(self, backend: Backend, default_params: SamplingParams, stream: bool = False,
+    def __init__(self, backend: Backend, default_params: GenArgs, stream: bool = False,
                  chat_template: ChatTemplate | None = None) -> None:
         self.backend = backend
         self.default_params = default_params

@@ -6,13 +6,15 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from radixlm.lang.backend.base import BackendError
-from radixlm.lang.ir import SamplingParams, normalize_dtype
+from radixlm.lang.backend.default import backend_or_default
+from radixlm.lang.gen_args import GenArgs, normalize_dtype
+from radixlm.lang.global_config import global_config
 from radixlm.lang.state import ProgramState, run_program
-from radixlm.lang.tracer import MIN_PREFIX_CHARS, extract_prefix
+from radixlm.lang.tracer import MIN_PREFIX_CHARS, TracerState, extract_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ class SglFunction:
         return tuple(bound.args[1:]), dict(bound.kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from radixlm.lang.tracer import TracerState
-
         if args and isinstance(args[0], (ProgramState, TracerState)):
             state = args[0]
             call_args, call_kwargs = self._call_kwargs(args[1:], kwargs)
@@ -83,9 +83,7 @@ class SglFunction:
         With `stream=True` returns at once; read it with `state.text_iter()`. Failures of
         backend calls are in `state.error()`; errors in the program's own code are raised.
         """
-        from radixlm.lang.api import _backend_or_default
-
-        defaults = SamplingParams(
+        defaults = GenArgs(
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
             stop=[stop] if isinstance(stop, str) else stop, stop_token_ids=stop_token_ids,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -95,7 +93,7 @@ class SglFunction:
             return_text_in_logprobs=return_text_in_logprobs, dtype=normalize_dtype(dtype))
         self._arguments(args, kwargs)  # clear TypeError for bad arguments before running
         call_args, call_kwargs = self._call_kwargs(args, kwargs)
-        return run_program(self.func, _backend_or_default(backend), call_args, call_kwargs,
+        return run_program(self.func, backend_or_default(backend), call_args, call_kwargs,
                            defaults, stream)
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple], *,
@@ -105,9 +103,6 @@ class SglFunction:
         """Run once per item of `batch_kwargs` (dicts of arguments, or tuples of positional
         ones), concurrently. The program's constant prefix is traced and cached first
         (`precache`; default: `global_config.enable_precache_with_tracing`)."""
-        from radixlm.lang.api import _backend_or_default
-        from radixlm.lang.global_config import global_config
-
         if precache is None:
             precache = global_config.enable_precache_with_tracing
         if not isinstance(batch_kwargs, (list, tuple)):
@@ -124,7 +119,7 @@ class SglFunction:
                 calls.append((tuple(item), {}))
             else:
                 raise TypeError(f"run_batch: each item must be a dict or tuple, got {item!r}")
-        backend = _backend_or_default(backend)
+        backend = backend_or_default(backend)
         if precache and len(calls) > 1:
             self.precache(backend)
         if num_threads == "auto":
@@ -137,8 +132,6 @@ class SglFunction:
         with ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch") as pool:
             futures = [pool.submit(one, call) for call in calls]
             if progress_bar:
-                from concurrent.futures import as_completed
-
                 from tqdm.auto import tqdm
 
                 for _ in tqdm(as_completed(futures), total=len(futures), desc=self.__name__):
@@ -147,9 +140,7 @@ class SglFunction:
 
     def trace_prefix(self, backend: Any = None) -> str:
         """The constant text every run of this program starts with."""
-        from radixlm.lang.api import _backend_or_default
-
-        backend = _backend_or_default(backend)
+        backend = backend_or_default(backend)
         return extract_prefix(self.func, self.arg_names, self.bind_arguments,
                               backend.get_chat_template)
 

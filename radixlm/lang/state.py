@@ -13,34 +13,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from radixlm.lang.backend.base import Backend
+from radixlm.lang.gen_args import GenArgs
+from radixlm.lang.global_config import global_config
 from radixlm.lang.interpreter import _POLL_S, ProgramError, StreamExecutor
-from radixlm.lang.ir import (
-    Expr,
-    ExprList,
-    RoleBegin,
-    RoleEnd,
-    SamplingParams,
-    VarScopeBegin,
-    VarScopeEnd,
-    to_expr,
-)
+from radixlm.lang.ir import Expr, ExprScope, RoleMethods, VarScopeBegin, VarScopeEnd, to_expr
 
 
-class _RoleScope:
-    def __init__(self, state: ProgramState, begin: Expr, end: Expr) -> None:
-        self.state, self.begin, self.end = state, begin, end
-
-    def __enter__(self) -> ProgramState:
-        self.state.executor.submit(self.begin)
-        return self.state
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.state.executor.submit(self.end)
-
-
-class ProgramState:
-    """The `s` of a program: append with `+=`, read variables with `s["name"]`."""
+class ProgramState(RoleMethods):
+    """The `s` of a program: append with `+=`, read variables with `s["name"]`, open roles
+    with `s.user(...)` (or `with s.user(): ...`)."""
 
     def __init__(self, executor: StreamExecutor) -> None:
         self.executor = executor
@@ -100,25 +81,9 @@ class ProgramState:
         finally:
             group.join()
 
-    def _role(self, role: str, expr: Any) -> Any:
-        if expr is None:
-            return _RoleScope(self, RoleBegin(role), RoleEnd(role))
-        self.executor.submit(ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)]))
-        return None
-
-    def system(self, expr: Any = None) -> Any:
-        """Append a system message, or with no argument, a `with` scope for one."""
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
-
-    def var_scope(self, name: str) -> _RoleScope:
+    def var_scope(self, name: str) -> ExprScope:
         """`with s.var_scope("x"): ...` sets `s["x"]` to the text appended inside."""
-        return _RoleScope(self, VarScopeBegin(name), VarScopeEnd(name))
+        return ExprScope(self, VarScopeBegin(name), VarScopeEnd(name))
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Yield new text as it is produced (of the whole state or of one variable).
@@ -235,7 +200,7 @@ class ProgramStateGroup:
 
 
 def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs: dict,
-                default_params: SamplingParams, stream: bool) -> ProgramState:
+                default_params: GenArgs, stream: bool) -> ProgramState:
     """Run `func(state, *args, **kwargs)`; with `stream` return at once, the program running
     in a background thread."""
     state = ProgramState(StreamExecutor(backend, default_params, stream=stream))
@@ -251,8 +216,6 @@ def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs:
             state.executor.error_ = state.executor.error_ or e
         finally:
             state.executor.end()
-        from radixlm.lang.global_config import global_config
-
         if global_config.verbosity >= 2:  # SGLang: print the final text of every run
             print(state.executor.text_)
 

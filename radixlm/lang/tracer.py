@@ -13,7 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.lang.chat_template import ChatTemplate
-from radixlm.lang.ir import Argument, ConstantText, Expr, ExprList, RoleBegin, RoleEnd, to_expr
+from radixlm.lang.ir import (
+    Argument,
+    ConstantText,
+    Expr,
+    RoleBegin,
+    RoleEnd,
+    RoleMethods,
+    StopTracing,
+    to_expr,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -21,24 +30,7 @@ logger = logging.getLogger(__name__)
 MIN_PREFIX_CHARS = 64
 
 
-class StopTracing(Exception):
-    """Raised where the program stops being constant."""
-
-
-class _Scope:
-    def __init__(self, tracer: TracerState, begin: Expr, end: Expr) -> None:
-        self.tracer, self.begin, self.end = tracer, begin, end
-
-    def __enter__(self) -> TracerState:
-        self.tracer += self.begin
-        return self.tracer
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.tracer += self.end
-
-
-class TracerState:
+class TracerState(RoleMethods):
     """Stands in for ProgramState while tracing; records the constant expressions."""
 
     def __init__(self) -> None:
@@ -50,21 +42,6 @@ class TracerState:
                 raise StopTracing(type(leaf).__name__)
             self.nodes.append(leaf)
         return self
-
-    def _role(self, role: str, expr: Any = None) -> Any:
-        if expr is None:
-            return _Scope(self, RoleBegin(role), RoleEnd(role))
-        self += ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)])
-        return None
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
 
     def __getitem__(self, name: str) -> Any:
         raise StopTracing(f"read of {name!r}")

@@ -11,11 +11,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
-from radixlm.lang.ir import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports backends
+    from radixlm.lang.gen_args import GenArgs
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -43,12 +45,25 @@ class ChoiceScores:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class ChoiceLogprobs:
+    """What a backend read for one prompt+choice, before the choice's own tokens are picked
+    out (see `Backend.score_choices`)."""
+
+    entries: list  # (logprob, token_id, text) of the last tokens of prompt+choice, in order
+    # The choice's own token ids, where the backend tokenized prompt and prompt+choice
+    # itself (they are the last of `entries`); None: found from the token texts.
+    choice_ids: list[int] | None = None
+    meta_info: dict[str, Any] | None = None  # the server's meta_info of the request
+
+
 class Backend:
     """Base class of frontend backends.
 
-    Subclasses implement `generate`, `generate_stream`, `score_choices`, `cache_prefix` and
-    `get_chat_template`; the rest have working defaults. Every call either returns or raises
-    `BackendError` within the backend's timeout.
+    Subclasses implement `generate`, `generate_stream`, `cache_prefix`, `get_chat_template`
+    and, for `select`, `choice_logprobs` (with `unconditional_logprobs` where the server can
+    score tokens without context); the rest have working defaults. Every call either returns
+    or raises `BackendError` within the backend's timeout.
     """
 
     timeout: float = DEFAULT_TIMEOUT_S
@@ -57,21 +72,47 @@ class Backend:
         """The model's chat template (used to render roles)."""
         raise NotImplementedError
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, prompt: Prompt, params: GenArgs) -> tuple[str, dict[str, Any]]:
         """Continue `prompt.text`; return (generated text, meta_info), or with `params.n`
         > 1 a list of n texts and a list of n meta_infos."""
         raise NotImplementedError
 
     def generate_stream(self, prompt: Prompt,
-                        params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:
+                        params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
         """Like `generate`, yielding (new text piece, meta_info so far) as it is produced."""
         text, meta = self.generate(prompt, params)
         yield text, meta
 
+    def choice_logprobs(self, prompt: str, choices: list[str]) -> list[ChoiceLogprobs]:
+        """Logprobs of the last tokens of each `prompt + choice` (at least the choice's own),
+        read in one batched request."""
+        raise NotImplementedError
+
+    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list] | None:
+        """Logprob entries of each token list scored on its own (no prompt before it); None
+        where the server cannot."""
+        return None
+
     def score_choices(self, prompt: Prompt, choices: list[str],
                       need_unconditional: bool) -> ChoiceScores:
-        """Logprobs of each choice's tokens after `prompt.text`, in one batched request."""
-        raise NotImplementedError
+        """Logprobs of each choice's tokens after `prompt.text`, in one batched request.
+
+        Read the last tokens of every prompt+choice (`choice_logprobs`), keep the choice's own
+        (by token ids where the backend knows them, else by the token texts), and for methods
+        that need it score those tokens again without the prompt (`unconditional_logprobs`).
+        """
+        read = self.choice_logprobs(prompt.text, choices)
+        scored = [[tuple(e) for e in _own_tokens(prompt.text, c, r)]
+                  for c, r in zip(choices, read, strict=True)]
+        uncond = None
+        if need_unconditional:
+            entries = self.unconditional_logprobs([[e[1] for e in s] for s in scored])
+            if entries is not None:
+                uncond = [[tuple(e) for e in u] for u in entries]
+        metas = [r.meta_info for r in read if r.meta_info is not None]
+        meta = {"prompt_tokens": [m["prompt_tokens"] for m in metas],
+                "cached_tokens": [m.get("cached_tokens", 0) for m in metas]} if metas else {}
+        return ChoiceScores(scored, uncond, meta)
 
     def select(self, prompt: Prompt, choices: list[str], temperature: float,
                method: ChoicesSamplingMethod) -> ChoicesDecision:
@@ -102,6 +143,17 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def _own_tokens(prompt: str, choice: str, read: ChoiceLogprobs) -> list:
+    """The entries of `read` that are `choice`'s own tokens."""
+    if read.choice_ids is None:
+        return split_choice_logprobs(prompt, prompt + choice, read.entries)
+    tail = read.entries[len(read.entries) - len(read.choice_ids):]
+    if [e[1] for e in tail] != read.choice_ids:
+        raise BackendError("engine input logprobs do not line up with the choice's tokens: "
+                           f"{[e[1] for e in tail]} vs {read.choice_ids}")
+    return tail
 
 
 def split_choice_logprobs(prompt: str, full: str, entries: list) -> list:

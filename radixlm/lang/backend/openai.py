@@ -19,13 +19,12 @@ from radixlm.lang.backend.base import (
     DEFAULT_TIMEOUT_S,
     Backend,
     BackendError,
-    ChoiceScores,
+    ChoiceLogprobs,
     Prompt,
-    split_choice_logprobs,
 )
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
-from radixlm.lang.ir import SamplingParams
+from radixlm.lang.gen_args import GenArgs, constraint_regex
 
 # Only used to show chat programs as text; the server applies the model's real template.
 _DISPLAY_TEMPLATE = (
@@ -54,33 +53,6 @@ class OpenAI(Backend):
     def get_chat_template(self) -> ChatTemplate:
         return self._chat_template
 
-    def _request_kwargs(self, params: SamplingParams) -> dict[str, Any]:
-        kw: dict[str, Any] = {"model": self.model, "max_tokens": params.max_new_tokens}
-        for name in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
-            if getattr(params, name) is not None:
-                kw[name] = getattr(params, name)
-        if params.stop:
-            kw["stop"] = params.stop
-        if params.stop_regex:
-            raise BackendError("stop_regex is not supported by the OpenAI backend")
-        if params.n is not None and params.n != 1:
-            kw["n"] = params.n
-        extra: dict[str, Any] = {}
-        if params.top_k is not None and params.top_k > 0:
-            extra["top_k"] = params.top_k
-        if params.min_p:
-            extra["min_p"] = params.min_p
-        if params.ignore_eos:
-            extra["ignore_eos"] = True
-        if params.json_schema is not None:
-            kw["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "output", "schema": json.loads(params.json_schema)}}
-        elif params.constraint_regex() is not None:
-            extra["regex"] = params.constraint_regex()
-        if extra:
-            kw["extra_body"] = extra
-        return kw
-
     def _messages(self, prompt: Prompt) -> list[dict[str, str]]:
         if prompt.cur_role != "assistant" or prompt.role_content:
             raise BackendError("with a chat model, gen must come right after an assistant "
@@ -98,19 +70,20 @@ class OpenAI(Backend):
             raise BackendError(f"OpenAI request failed with HTTP {e.status_code}: "
                                f"{e.message}") from e
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
-        kw = self._request_kwargs(params)
+    def generate(self, prompt: Prompt, params: GenArgs) -> tuple[Any, Any]:
+        wire = params.wire_request()
+        kw = openai_request(self.model, wire)
         if self.is_chat_model:
-            if params.return_logprob:
+            if wire.get("return_logprob"):
                 kw["logprobs"] = True
-                if params.top_logprobs_num:
-                    kw["top_logprobs"] = params.top_logprobs_num
+                if wire.get("top_logprobs_num"):
+                    kw["top_logprobs"] = wire["top_logprobs_num"]
             resp = self._call(self.client.chat.completions.create,
                               messages=self._messages(prompt), **kw)
             texts = [c.message.content or "" for c in resp.choices]
         else:
-            if params.return_logprob:
-                kw["logprobs"] = params.top_logprobs_num or 1
+            if wire.get("return_logprob"):
+                kw["logprobs"] = wire.get("top_logprobs_num") or 1
             resp = self._call(self.client.completions.create, prompt=prompt.text, **kw)
             texts = [c.text for c in resp.choices]
         metas = []
@@ -127,8 +100,8 @@ class OpenAI(Backend):
         return texts[0], metas[0]
 
     def generate_stream(self, prompt: Prompt,
-                        params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:
-        kw = self._request_kwargs(params)
+                        params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
+        kw = openai_request(self.model, params.wire_request())
         if self.is_chat_model:
             stream = self._call(self.client.chat.completions.create,
                                 messages=self._messages(prompt), stream=True, **kw)
@@ -145,21 +118,20 @@ class OpenAI(Backend):
         except self._openai.APIError as e:
             raise BackendError(f"OpenAI stream failed: {e}") from e
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      need_unconditional: bool) -> ChoiceScores:
-        """Completion models: echo the prompt+choice with logprobs, one batched request."""
+    def choice_logprobs(self, prompt: str, choices: list[str]) -> list[ChoiceLogprobs]:
+        """Completion models: echo the prompt+choice with logprobs, one batched request (the
+        entries' token ids are positions: the API returns token texts only)."""
         resp = self._call(self.client.completions.create, model=self.model,
-                          prompt=[prompt.text + c for c in choices], max_tokens=0, echo=True,
+                          prompt=[prompt + c for c in choices], max_tokens=0, echo=True,
                           logprobs=0, temperature=0)
-        scored = []
-        for c, choice in zip(choices, resp.choices, strict=True):
+        read = []
+        for choice in resp.choices:
             lp = choice.logprobs
             if lp is None or not lp.tokens:
                 raise BackendError("the server returned no echoed logprobs")
-            entries = list(zip(lp.token_logprobs, range(len(lp.tokens)), lp.tokens,
-                               strict=True))
-            scored.append(split_choice_logprobs(prompt.text, prompt.text + c, entries))
-        return ChoiceScores(scored, None)
+            read.append(ChoiceLogprobs(list(zip(lp.token_logprobs, range(len(lp.tokens)),
+                                                lp.tokens, strict=True))))
+        return read
 
     def select(self, prompt: Prompt, choices: list[str], temperature: float,
                method: ChoicesSamplingMethod) -> ChoicesDecision:
@@ -173,7 +145,7 @@ class OpenAI(Backend):
     def _select_by_answer(self, prompt: Prompt, choices: list[str]) -> ChoicesDecision:
         """Ask for a short greedy answer with first-token logprobs; score each choice by the
         logprob of a top first token that starts it, tie-broken by the answer's text."""
-        params = SamplingParams(max_new_tokens=16, temperature=0.0, return_logprob=True,
+        params = GenArgs(max_new_tokens=16, temperature=0.0, return_logprob=True,
                                 top_logprobs_num=20)
         try:
             text, meta = self.generate(prompt, params)
@@ -191,6 +163,40 @@ class OpenAI(Backend):
         return ChoicesDecision(choices[best], {"answer": text,
                                                "first_token_logprobs": first_top,
                                                "scores": scores})
+
+
+# SGLang sampling parameters the OpenAI API takes under the same name, when set.
+_OPENAI_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
+
+
+def openai_request(model: str, wire: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI request for a native request (`GenArgs.wire_request()`): OpenAI's own
+    fields, SGLang's extras (`top_k`, `min_p`, `ignore_eos`, `regex`; a `dtype` as its regex)
+    in `extra_body`, a JSON schema as `response_format`. Logprob options are the caller's."""
+    sp = wire["sampling_params"]
+    kw: dict[str, Any] = {"model": model, "max_tokens": sp.get("max_new_tokens")}
+    kw.update({name: sp[name] for name in _OPENAI_FIELDS if name in sp})
+    if sp.get("stop"):
+        kw["stop"] = sp["stop"]
+    if sp.get("stop_regex"):
+        raise BackendError("stop_regex is not supported by the OpenAI backend")
+    if "n" in sp:
+        kw["n"] = sp["n"]
+    extra: dict[str, Any] = {}
+    if sp.get("top_k") is not None and sp["top_k"] > 0:
+        extra["top_k"] = sp["top_k"]
+    if sp.get("min_p"):
+        extra["min_p"] = sp["min_p"]
+    if sp.get("ignore_eos"):
+        extra["ignore_eos"] = True
+    if "json_schema" in sp:
+        kw["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": json.loads(sp["json_schema"])}}
+    elif constraint_regex(sp) is not None:
+        extra["regex"] = constraint_regex(sp)
+    if extra:
+        kw["extra_body"] = extra
+    return kw
 
 
 def _first_top_logprobs(logprobs: Any) -> dict[str, float]:

@@ -18,12 +18,11 @@ from radixlm.lang.backend.base import (
     DEFAULT_TIMEOUT_S,
     Backend,
     BackendError,
-    ChoiceScores,
+    ChoiceLogprobs,
     Prompt,
-    split_choice_logprobs,
 )
 from radixlm.lang.chat_template import ChatTemplate, ChatTemplateError
-from radixlm.lang.ir import SamplingParams
+from radixlm.lang.gen_args import GenArgs
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -109,19 +108,16 @@ class RuntimeEndpoint(Backend):
         self.model_info.setdefault("eos_token", tok.eos_token)
         return tok.chat_template
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
-        out = self._generate({"text": prompt.text,
-                              "sampling_params": params.engine_sampling_params(),
-                              **params.logprob_kwargs()})
+    def generate(self, prompt: Prompt, params: GenArgs) -> tuple[Any, Any]:
+        out = self._generate({"text": prompt.text, **params.wire_request()})
         if isinstance(out, list):  # n > 1: one result per sample
             return [o["text"] for o in out], [o["meta_info"] for o in out]
         return out["text"], out["meta_info"]
 
     def generate_stream(self, prompt: Prompt,
-                        params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:
+                        params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
         resp = self._request("POST", "/generate", {
-            "text": prompt.text, "sampling_params": params.engine_sampling_params(),
-            "stream": True, **params.logprob_kwargs()}, stream=True)
+            "text": prompt.text, **params.wire_request(), "stream": True}, stream=True)
         sent = ""
         try:
             for line in resp.iter_lines(decode_unicode=True):
@@ -141,32 +137,24 @@ class RuntimeEndpoint(Backend):
         finally:
             resp.close()
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      need_unconditional: bool) -> ChoiceScores:
-        """Prefill the prompt (caching it and learning its token count), then score all
+    def choice_logprobs(self, prompt: str, choices: list[str]) -> list[ChoiceLogprobs]:
+        """Prefill the prompt (caching it and learning its token count), then read all
         choices in one batched request whose logprobs start two tokens before the choice."""
-        first = self._generate({"text": prompt.text, "sampling_params": {"max_new_tokens": 0}})
+        first = self._generate({"text": prompt, "sampling_params": {"max_new_tokens": 0}})
         start = max(first["meta_info"]["prompt_tokens"] - 2, 0)
         outs = self._generate({
-            "text": [prompt.text + c for c in choices],
+            "text": [prompt + c for c in choices],
             "sampling_params": {"max_new_tokens": 0},
             "return_logprob": True, "logprob_start_len": start,
             "return_text_in_logprobs": True})
-        scored = [
-            [tuple(e) for e in split_choice_logprobs(
-                prompt.text, prompt.text + c, out["meta_info"]["input_token_logprobs"])]
-            for c, out in zip(choices, outs, strict=True)]
-        uncond = None
-        if need_unconditional:
-            outs_u = self._generate({
-                "input_ids": [[e[1] for e in entries] for entries in scored],
-                "sampling_params": {"max_new_tokens": 0},
-                "return_logprob": True, "logprob_start_len": 0})
-            uncond = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]]
-                      for o in outs_u]
-        meta = {"prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
-                "cached_tokens": [o["meta_info"].get("cached_tokens", 0) for o in outs]}
-        return ChoiceScores(scored, uncond, meta)
+        return [ChoiceLogprobs(o["meta_info"]["input_token_logprobs"], meta_info=o["meta_info"])
+                for o in outs]
+
+    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list]:
+        outs = self._generate({
+            "input_ids": token_ids, "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": 0})
+        return [o["meta_info"]["input_token_logprobs"] for o in outs]
 
     def cache_prefix(self, prefix: str) -> None:
         self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}})

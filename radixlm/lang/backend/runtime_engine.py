@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.lang.backend.base import (
     DEFAULT_TIMEOUT_S,
     Backend,
     BackendError,
-    ChoiceScores,
+    ChoiceLogprobs,
     Prompt,
     call_with_timeout,
     common_prefix_len,
     iter_with_timeout,
 )
 from radixlm.lang.chat_template import ChatTemplate
-from radixlm.lang.ir import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports this
+    from radixlm.lang.gen_args import GenArgs
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -85,10 +87,9 @@ class Runtime(Backend):
             except Exception:  # best effort: the request may already be gone
                 pass
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> tuple[Any, Any]:
+    def generate(self, prompt: Prompt, params: GenArgs) -> tuple[Any, Any]:
         out = self._call("generate", samples=params.n or 1, prompt=prompt.text,
-                         sampling_params=params.engine_sampling_params(),
-                         **params.logprob_kwargs())
+                         **params.wire_request())
         if isinstance(out, list):  # n > 1: one result per sample
             outs = [_check_finished(o) for o in out]
             return [o["text"] for o in outs], [o["meta_info"] for o in outs]
@@ -96,12 +97,11 @@ class Runtime(Backend):
         return out["text"], out["meta_info"]
 
     def generate_stream(self, prompt: Prompt,
-                        params: SamplingParams) -> Iterator[tuple[str, dict[str, Any]]]:
+                        params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
         rid = f"lang-{uuid.uuid4().hex}"
         chunks = iter_with_timeout(
-            lambda: self.engine.generate(prompt=prompt.text,
-                                         sampling_params=params.engine_sampling_params(),
-                                         stream=True, rid=rid, **params.logprob_kwargs()),
+            lambda: self.engine.generate(prompt=prompt.text, **params.wire_request(),
+                                         stream=True, rid=rid),
             self.timeout, "generate (stream)", on_timeout=lambda: self._abort(rid))
         sent = ""
         for chunk in chunks:
@@ -110,13 +110,12 @@ class Runtime(Backend):
             yield text[len(sent):], chunk["meta_info"]
             sent = text
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      need_unconditional: bool) -> ChoiceScores:
+    def choice_logprobs(self, prompt: str, choices: list[str]) -> list[ChoiceLogprobs]:
         """One batched prefill of prompt+choice_i; logprobs only from the first token where
         the tokenizations of the prompt and prompt+choice differ."""
         tok = self.engine.tokenizer
-        prompt_ids = tok.encode(prompt.text, add_special_tokens=False)
-        full_ids = [tok.encode(prompt.text + c, add_special_tokens=False) for c in choices]
+        prompt_ids = tok.encode(prompt, add_special_tokens=False)
+        full_ids = [tok.encode(prompt + c, add_special_tokens=False) for c in choices]
         bounds = [common_prefix_len(prompt_ids, ids) for ids in full_ids]
         bounds = [min(b, len(ids) - 1) for b, ids in zip(bounds, full_ids, strict=True)]
         start = min(bounds)
@@ -127,27 +126,17 @@ class Runtime(Backend):
                                          return_logprob=True, logprob_start_len=start,
                                          return_text_in_logprobs=True, rid=rids),
             self.timeout, "select", on_timeout=lambda: [self._abort(r) for r in rids])
-        scored = []
-        for out, ids, b in zip(outs, full_ids, bounds, strict=True):
-            _check_finished(out)
-            entries = out["meta_info"]["input_token_logprobs"][b - start:]
-            if [e[1] for e in entries] != ids[b:]:
-                raise BackendError("engine input logprobs do not line up with the choice's "
-                                   f"tokens: {[e[1] for e in entries]} vs {ids[b:]}")
-            scored.append([tuple(e) for e in entries])
-        uncond = None
-        if need_unconditional:
-            outs_u = call_with_timeout(
-                lambda: self.engine.generate(input_ids=[ids[b:] for ids, b in
-                                                        zip(full_ids, bounds, strict=True)],
-                                             sampling_params={"max_new_tokens": 0},
-                                             return_logprob=True, logprob_start_len=0),
-                self.timeout, "select (unconditional)")
-            uncond = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]]
-                      for o in outs_u]
-        meta = {"prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
-                "cached_tokens": [o["meta_info"].get("cached_tokens", 0) for o in outs]}
-        return ChoiceScores(scored, uncond, meta)
+        return [ChoiceLogprobs(_check_finished(out)["meta_info"]["input_token_logprobs"],
+                               ids[b:], out["meta_info"])
+                for out, ids, b in zip(outs, full_ids, bounds, strict=True)]
+
+    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list]:
+        outs = call_with_timeout(
+            lambda: self.engine.generate(input_ids=token_ids,
+                                         sampling_params={"max_new_tokens": 0},
+                                         return_logprob=True, logprob_start_len=0),
+            self.timeout, "select (unconditional)")
+        return [o["meta_info"]["input_token_logprobs"] for o in outs]
 
     def cache_prefix(self, prefix: str) -> None:
         call_with_timeout(
