@@ -78,6 +78,13 @@ static void store_transposed(const float *c, int nt, int rows, float *y, int64_t
     for (int i = 0; i < nt; i++) _mm512_mask_storeu_ps(y + (int64_t)i * ldy, m, v[i]);
 }
 
+/* Rows of k bf16 values dequantized at a time: ~256 KB (L2), a multiple of `unit` rows
+ * from `unit` to 128. */
+static inline int block_rows(int k, int unit) {
+    int block = (int)((256 * 1024) / ((int64_t)k * 2)) / unit * unit;
+    return block < unit ? unit : (block > 128 ? 128 : block);
+}
+
 /* Rows [nblk, nblk + brows) of w dequantized to bf16 into wb (row stride k), and zero rows
  * up to bpad. */
 static inline __attribute__((always_inline)) void dequant_block_bf16(
@@ -147,8 +154,7 @@ static inline __attribute__((always_inline)) void amx_store(int c, float *out, i
 static void qgemv_rows_amx(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nkb = k / 32, groups = (T + 15) / 16;
-    int block = (int)((256 * 1024) / ((int64_t)k * 2)) / 16 * 16;
-    block = block < 16 ? 16 : (block > 128 ? 128 : block);
+    const int block = block_rows(k, 16);
     uint16_t *wb = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2);
     float cbuf[16 * 16] __attribute__((aligned(64)));
     if (!wb) abort(); /* no memory for 256 KB: nothing sensible left to do */
@@ -197,8 +203,7 @@ static void transpose_pairs16(const uint16_t *src, int64_t src_stride, uint16_t 
 static void qgemm_amx_large(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                             int64_t ldy) {
     const int k = w->k, nkb = k / 32, groups = (T + 15) / 16;
-    int block = (int)((256 * 1024) / ((int64_t)k * 2)) / 32 * 32;
-    block = block < 32 ? 32 : (block > 128 ? 128 : block);
+    const int block = block_rows(k, 32);
     uint16_t *wb = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2);
     uint16_t *bt = (uint16_t *)aligned_alloc(64, (size_t)block * k * 2); /* B tiles */
     float cbuf[16 * 16] __attribute__((aligned(64)));

@@ -56,28 +56,8 @@ static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-
-/* One vector width for the attention group loop: 16 floats on AVX-512, 8 on AVX2. */
-#define AV_W 16
-typedef __m512 avec;
-#define AV_LOADU _mm512_loadu_ps
-#define AV_MUL _mm512_mul_ps
-#define AV_FMA _mm512_fmadd_ps
-#define AV_SET1 _mm512_set1_ps
-#define AV_ZERO _mm512_setzero_ps
-#define AV_STOREU _mm512_storeu_ps
-#define AV_SUM _mm512_reduce_add_ps
-#define AV_LOAD_KV load16_kv
+#define AV_LOAD_KV load16_kv /* AV_W K/V values as fp32 */
 #elif defined(RLM_AVX2)
-#define AV_W 8
-typedef __m256 avec;
-#define AV_LOADU _mm256_loadu_ps
-#define AV_MUL _mm256_mul_ps
-#define AV_FMA _mm256_fmadd_ps
-#define AV_SET1 _mm256_set1_ps
-#define AV_ZERO _mm256_setzero_ps
-#define AV_STOREU _mm256_storeu_ps
-#define AV_SUM hsum256
 #define AV_LOAD_KV load8_kv
 #endif
 

@@ -180,6 +180,20 @@ int32_t rlm_profile(double *out, int32_t reset) {
 #endif
 }
 
+/* y [T, m->n] = m x for the team: each thread prepares its rows of x [T, k] as `mode` reads
+ * them (see prep_rows), all meet, each computes its rows of m, all meet. Profile stage
+ * `stage` ends between the two. */
+static inline __attribute__((always_inline)) void matmul_stage(
+    const QMat *m, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
+    int tid, int nth) {
+    Act a = prep_rows(x, T, k, w, mode, tid, nth);
+    barrier(nth);
+    PROF(stage)
+    gemv(m, T, &a, y, tid, nth);
+    barrier(nth);
+    (void)stage;
+}
+
 /* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
  * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
  * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
@@ -194,11 +208,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
     PROF_START()
     for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
                                               w.x + (int64_t)t * H);
-    Act a = prep_rows(w.x, T, H, &w, S->act_mode, tid, nth);
-    barrier(nth);
-    PROF(0)
-    gemv(&L->qkv, T, &a, w.qkv, tid, nth);
-    barrier(nth);
+    matmul_stage(&L->qkv, w.x, T, H, w.qkv, S->act_mode, &w, 0, tid, nth);
     PROF(1)
     for (int t = lo; t < hi; t++) {
         float *r = w.qkv + (int64_t)t * qkvn;
@@ -225,11 +235,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
                      w.attn + (int64_t)t * q + h0 * D);
     }
     barrier(nth);
-    a = prep_rows(w.attn, T, q, &w, S->act_mode, tid, nth);
-    barrier(nth);
-    PROF(3)
-    gemv(&L->o, T, &a, w.tmp, tid, nth);
-    barrier(nth);
+    matmul_stage(&L->o, w.attn, T, q, w.tmp, S->act_mode, &w, 3, tid, nth);
     PROF(4)
     for (int t = lo; t < hi; t++) {
         float *r = res + (int64_t)t * H;
@@ -237,22 +243,14 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
         for (int i = 0; i < H; i++) r[i] += o[i];
         rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
     }
-    a = prep_rows(w.x, T, H, &w, S->act_mode, tid, nth);
-    barrier(nth);
-    PROF(5)
-    gemv(&L->gate_up, T, &a, w.gu, tid, nth);
-    barrier(nth);
+    matmul_stage(&L->gate_up, w.x, T, H, w.gu, S->act_mode, &w, 5, tid, nth);
     PROF(6)
     for (int t = lo; t < hi; t++) {
         const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
         float *ac = w.act + (int64_t)t * I;
         silu_mul(g, u, I, ac);
     }
-    a = prep_rows(w.act, T, I, &w, S->act_mode, tid, nth);
-    barrier(nth);
-    PROF(7)
-    gemv(&L->down, T, &a, w.tmp, tid, nth);
-    barrier(nth);
+    matmul_stage(&L->down, w.act, T, I, w.tmp, S->act_mode, &w, 7, tid, nth);
     for (int t = lo; t < hi; t++) {
         float *r = res + (int64_t)t * H;
         const float *o = w.tmp + (int64_t)t * H;

@@ -83,32 +83,19 @@ static inline float qdot_f32(const QMat *w, const uint8_t *wq, const f16 *wd, co
 
 /* y[t] = dot(wf, x[t]) for 4 tokens at once (wf: a dequantized row). */
 static inline void dot4_f32(const float *wf, const float *x, int64_t ldx, int k, float *out) {
-#if defined(RLM_AVX2) && defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int j = 0; j < k; j += 16) {
-        __m512 wv = _mm512_loadu_ps(wf + j);
-        a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j), a0);
-        a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + ldx + j), a1);
-        a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * ldx + j), a2);
-        a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * ldx + j), a3);
+#ifdef AV_W
+    avec a0 = AV_ZERO(), a1 = a0, a2 = a0, a3 = a0;
+    for (int j = 0; j < k; j += AV_W) {
+        avec wv = AV_LOADU(wf + j);
+        a0 = AV_FMA(wv, AV_LOADU(x + j), a0);
+        a1 = AV_FMA(wv, AV_LOADU(x + ldx + j), a1);
+        a2 = AV_FMA(wv, AV_LOADU(x + 2 * ldx + j), a2);
+        a3 = AV_FMA(wv, AV_LOADU(x + 3 * ldx + j), a3);
     }
-    out[0] = _mm512_reduce_add_ps(a0);
-    out[1] = _mm512_reduce_add_ps(a1);
-    out[2] = _mm512_reduce_add_ps(a2);
-    out[3] = _mm512_reduce_add_ps(a3);
-#elif defined(RLM_AVX2)
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int j = 0; j < k; j += 8) {
-        __m256 wv = _mm256_loadu_ps(wf + j);
-        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j), a0);
-        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + ldx + j), a1);
-        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * ldx + j), a2);
-        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * ldx + j), a3);
-    }
-    out[0] = hsum256(a0);
-    out[1] = hsum256(a1);
-    out[2] = hsum256(a2);
-    out[3] = hsum256(a3);
+    out[0] = AV_SUM(a0);
+    out[1] = AV_SUM(a1);
+    out[2] = AV_SUM(a2);
+    out[3] = AV_SUM(a3);
 #else
     for (int i = 0; i < 4; i++) {
         float s = 0.f;
@@ -119,42 +106,26 @@ static inline void dot4_f32(const float *wf, const float *x, int64_t ldx, int k,
 }
 
 /* RT dequantized rows (row stride ldw) x 4 tokens (row stride ldx): out[r * 4 + i]. Rows of
- * weights and tokens both reused from registers: FMA-bound instead of load-bound. */
-#if defined(RLM_AVX2) && defined(__AVX512F__)
-#define RT 4
+ * weights and tokens both reused from registers: FMA-bound instead of load-bound. RT: 4
+ * rows on AVX-512, 2 on AVX2 (accumulators, x and w vectors within the 32 zmm or 16 ymm
+ * registers). */
+#ifdef AV_W
+#define RT (AV_W == 16 ? 4 : 2)
 static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
                                int k, float *out) {
-    __m512 acc[RT][4];
+    avec acc[RT][4];
     for (int r = 0; r < RT; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
-    for (int j = 0; j < k; j += 16) {
-        __m512 xv[4];
-        for (int i = 0; i < 4; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + j);
+        for (int i = 0; i < 4; i++) acc[r][i] = AV_ZERO();
+    for (int j = 0; j < k; j += AV_W) {
+        avec xv[4];
+        for (int i = 0; i < 4; i++) xv[i] = AV_LOADU(x + i * ldx + j);
         for (int r = 0; r < RT; r++) {
-            __m512 wv = _mm512_load_ps(wf + r * ldw + j);
-            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+            avec wv = AV_LOAD(wf + r * ldw + j);
+            for (int i = 0; i < 4; i++) acc[r][i] = AV_FMA(wv, xv[i], acc[r][i]);
         }
     }
     for (int r = 0; r < RT; r++)
-        for (int i = 0; i < 4; i++) out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]);
-}
-#elif defined(RLM_AVX2)
-#define RT 2
-static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int64_t ldx,
-                               int k, float *out) {
-    __m256 acc[RT][4];
-    for (int r = 0; r < RT; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
-    for (int j = 0; j < k; j += 8) {
-        __m256 xv[4];
-        for (int i = 0; i < 4; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + j);
-        for (int r = 0; r < RT; r++) {
-            __m256 wv = _mm256_load_ps(wf + r * ldw + j);
-            for (int i = 0; i < 4; i++) acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
-        }
-    }
-    for (int r = 0; r < RT; r++)
-        for (int i = 0; i < 4; i++) out[r * 4 + i] = hsum256(acc[r][i]);
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = AV_SUM(acc[r][i]);
 }
 #else
 #define RT 1
@@ -166,14 +137,15 @@ static inline void dot_rt4_f32(const float *wf, int64_t ldw, const float *x, int
 #endif
 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
-/* Four Q4 rows at once against one fp32 activation row: x loads shared by the rows and
- * one horizontal reduction for the four (rows of ~576 columns are short: per-row
- * reductions were a third of the time). out[r] = row n0 + r. */
-static inline __attribute__((always_inline)) void qdot_f32_q4x4(
-    const int NT, const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb, int nb,
-    const float *x, int64_t ldx, const float *xs, float *out) {
-    /* NT (1-3) tokens share each row's unpacked nibbles: a batch of 2 or 3 costs little
-     * more than one token (the step streams the same weights). out[i * 4 + r]. */
+/* Four rows at once against NT (1-3) fp32 activation rows: x loads shared by the rows and
+ * one horizontal reduction for each (rows of ~576 columns are short: per-row reductions
+ * were a third of the time); the tokens share each row's unpacked block, so a batch of 2
+ * or 3 costs little more than one token (the step streams the same weights). Q4 (W =
+ * d q + m, xs: the tokens' block sums for the m term) or Q8 (W = d q) and NT are constants
+ * where it is inlined. out[i * 4 + r]: row r, token i. */
+static inline __attribute__((always_inline)) void qdot_f32_x4(
+    const int Q4, const int NT, const uint8_t *wq, const f16 *wd, const f16 *wm, int64_t rb,
+    int nb, const float *x, int64_t ldx, const float *xs, float *out) {
     const __m128i mask = _mm_set1_epi8(0x0f);
     __m512 acc[4][3];
     for (int r = 0; r < 4; r++)
@@ -185,10 +157,18 @@ static inline __attribute__((always_inline)) void qdot_f32_q4x4(
             x1[i] = _mm512_loadu_ps(x + i * ldx + b * 32 + 16);
         }
         for (int r = 0; r < 4; r++) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
-            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+            __m512 lo, hi;
+            if (Q4) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(wq + r * rb * 16 + b * 16));
+                lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+                hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                    _mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+            } else {
+                const uint8_t *q = wq + r * rb * 32 + b * 32;
+                lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+                hi = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+            }
             __m512 d = _mm512_set1_ps(H(wd[r * rb + b]));
             for (int i = 0; i < NT; i++)
                 acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, x1[i], _mm512_mul_ps(lo, x0[i])),
@@ -197,40 +177,14 @@ static inline __attribute__((always_inline)) void qdot_f32_q4x4(
     }
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < NT; i++) {
+            if (!Q4) {
+                out[i * 4 + r] = _mm512_reduce_add_ps(acc[r][i]);
+                continue;
+            }
             float m = 0.f;
             for (int b = 0; b < nb; b++) m += H(wm[r * rb + b]) * xs[i * nb + b];
             out[i * 4 + r] = _mm512_reduce_add_ps(acc[r][i]) + m;
         }
-}
-#endif
-
-#if defined(RLM_AVX2) && defined(__AVX512F__)
-/* The Q8 twin of qdot_f32_q4x4 (W = d q): 4 rows x NT (1-3) tokens, out[i * 4 + r]. */
-static inline __attribute__((always_inline)) void qdot_f32_q8x4(
-    const int NT, const uint8_t *wq, const f16 *wd, int64_t rb, int nb, const float *x,
-    int64_t ldx, float *out) {
-    __m512 acc[4][3];
-    for (int r = 0; r < 4; r++)
-        for (int i = 0; i < NT; i++) acc[r][i] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m512 x0[3], x1[3];
-        for (int i = 0; i < NT; i++) {
-            x0[i] = _mm512_loadu_ps(x + i * ldx + b * 32);
-            x1[i] = _mm512_loadu_ps(x + i * ldx + b * 32 + 16);
-        }
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *q = wq + r * rb * 32 + b * 32;
-            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-            __m512 hi = _mm512_cvtepi32_ps(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
-            __m512 d = _mm512_set1_ps(H(wd[r * rb + b]));
-            for (int i = 0; i < NT; i++)
-                acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, x1[i], _mm512_mul_ps(lo, x0[i])),
-                                            d, acc[r][i]);
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        for (int i = 0; i < NT; i++) out[i * 4 + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 #endif
 
@@ -385,9 +339,9 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
             float out[12];
             const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
             const f16 *wd = w->d + (int64_t)n * nb;
-            if (T == 1) qdot_f32_q8x4(1, wq, wd, nb, nb, a->xf, k, out);
-            else if (T == 2) qdot_f32_q8x4(2, wq, wd, nb, nb, a->xf, k, out);
-            else qdot_f32_q8x4(3, wq, wd, nb, nb, a->xf, k, out);
+            if (T == 1) qdot_f32_x4(0, 1, wq, wd, NULL, nb, nb, a->xf, k, NULL, out);
+            else if (T == 2) qdot_f32_x4(0, 2, wq, wd, NULL, nb, nb, a->xf, k, NULL, out);
+            else qdot_f32_x4(0, 3, wq, wd, NULL, nb, nb, a->xf, k, NULL, out);
             for (int t = 0; t < T; t++)
                 for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[t * 4 + r];
         }
@@ -398,9 +352,9 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
             float out[12];
             const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
             const f16 *wd = w->d + (int64_t)n * nb, *wm = w->m + (int64_t)n * nb;
-            if (T == 1) qdot_f32_q4x4(1, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
-            else if (T == 2) qdot_f32_q4x4(2, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
-            else qdot_f32_q4x4(3, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            if (T == 1) qdot_f32_x4(1, 1, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            else if (T == 2) qdot_f32_x4(1, 2, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
+            else qdot_f32_x4(1, 3, wq, wd, wm, nb, nb, a->xf, k, a->xs, out);
             for (int t = 0; t < T; t++)
                 for (int r = 0; r < 4; r++) y[(int64_t)t * ldy + n + r] = out[t * 4 + r];
         }

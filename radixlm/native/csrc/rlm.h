@@ -176,6 +176,41 @@ static inline __m256 load8_kv(const void *base, int64_t off, int32_t dtype) {
 }
 #endif
 
+/* One vector of floats at the build's width (16 lanes on AVX-512, 8 on AVX2): the loops
+ * that are the same at both widths (fp32 dot tiles, exp, attention) are written once in
+ * these names. */
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+#define AV_W 16
+typedef __m512 avec;
+#define AV_LOAD _mm512_load_ps
+#define AV_LOADU _mm512_loadu_ps
+#define AV_ADD _mm512_add_ps
+#define AV_SUB _mm512_sub_ps
+#define AV_MUL _mm512_mul_ps
+#define AV_MAX _mm512_max_ps
+#define AV_FMA _mm512_fmadd_ps
+#define AV_FNMADD _mm512_fnmadd_ps
+#define AV_SET1 _mm512_set1_ps
+#define AV_ZERO _mm512_setzero_ps
+#define AV_STOREU _mm512_storeu_ps
+#define AV_SUM _mm512_reduce_add_ps
+#elif defined(RLM_AVX2)
+#define AV_W 8
+typedef __m256 avec;
+#define AV_LOAD _mm256_load_ps
+#define AV_LOADU _mm256_loadu_ps
+#define AV_ADD _mm256_add_ps
+#define AV_SUB _mm256_sub_ps
+#define AV_MUL _mm256_mul_ps
+#define AV_MAX _mm256_max_ps
+#define AV_FMA _mm256_fmadd_ps
+#define AV_FNMADD _mm256_fnmadd_ps
+#define AV_SET1 _mm256_set1_ps
+#define AV_ZERO _mm256_setzero_ps
+#define AV_STOREU _mm256_storeu_ps
+#define AV_SUM hsum256
+#endif
+
 /* A prepared activation matrix [T, k]: fp32 rows (+ per-block sums), or int8 blocks. */
 typedef struct {
     int f32;                   /* fp32 rows (ACT_F32, and ACT_BF16 where it runs as fp32) */
