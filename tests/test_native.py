@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import types
 
+import native_ref as ref
 import numpy as np
 import pytest
 import torch
 
-from radixlm.native import build, ops, ref
+from radixlm.native import build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
     FMT_Q4,
