@@ -29,8 +29,8 @@
  * They are compiled as one translation unit: cpu_ops.c includes them in this order, with
  * the flags build.py picks per ISA. So the functions shared between parts stay static
  * (declared below) and the compiler inlines across parts exactly as within one file: the
- * same code, the same fused multiply-adds (gcc contracts a * b + c after inlining), the
- * same bits as a separate compilation could not promise.
+ * same code and the same fused multiply-adds (gcc contracts a * b + c after inlining), so
+ * the same bits, which separately compiled units could not promise.
  */
 #ifndef RLM_H
 #define RLM_H
