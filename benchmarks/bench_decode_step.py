@@ -120,9 +120,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from radixlm.hostinfo import host_info, host_line
     from radixlm.native import build
-    from radixlm.native.build import ACT_F32
+    from radixlm.native.build import ACT_F32, host_info, host_line
     from radixlm.runtime.engine import Engine
 
     host = host_info()

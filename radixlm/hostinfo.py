@@ -1,19 +1,64 @@
-"""What machine a benchmark ran on: CPU model, cores, and the ISA features that decide the
-CPU paths (every benchmark prints this and puts it in its JSON)."""
+"""What machine this is: CPU model, cores, and the ISA features that decide the CPU paths.
+
+The CPU flags are read here, at the bottom of the package, for everyone who chooses a path
+from them (the native library's build, the runtime's dtype). ``host_info`` is the report
+every benchmark prints and puts in its JSON; the native library's own line in it is probed
+one layer up (``radixlm.native.build.host_info``), since this module imports nothing above
+``radixlm.envs``.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 
+from radixlm import envs
+
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16",
              "amx_int8")
 
+# flags a CPU capped at RADIXLM_CPU_ISA does not have (prefixes)
+_ABOVE = {"avx2": ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert"),
+          "generic": ("avx", "amx", "fma", "f16c")}
 
-def host_info() -> dict:
-    from radixlm import envs
-    from radixlm.native.build import cpu_flags, host_cpu_flags
 
+def _cpuinfo(*keys: str) -> str:
+    """The value of the first /proc/cpuinfo line starting with one of ``keys`` ("" where
+    there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(keys):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def host_cpu_flags() -> list[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    return sorted(set(_cpuinfo("flags", "Features").split()))
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (AuthenticAMD, GenuineIntel, ...; empty where none)."""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_flags() -> list[str]:
+    """The flags the paths are chosen from: the host's, less what ``RADIXLM_CPU_ISA``
+    caps away."""
+    isa = envs.cpu_isa()
+    flags = host_cpu_flags()
+    if isa == "native":
+        return flags
+    return [f for f in flags if not f.startswith(_ABOVE[isa])]
+
+
+def host_info(native: str | None = None) -> dict:
+    """CPU model, cores, ISA (and the real host's under ``RADIXLM_CPU_ISA``), torch's
+    version and threads; ``native``: the native library's line (what
+    ``radixlm.native.build.host_info`` passes)."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -35,13 +80,8 @@ def host_info() -> dict:
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:
         pass
-    try:
-        from radixlm.native.build import load
-
-        lib = load()
-        info["native"] = lib.rlm_isa().decode() if lib is not None else "unavailable"
-    except Exception as exc:  # noqa: BLE001 - a report, never a failure
-        info["native"] = f"unavailable ({exc})"
+    if native is not None:
+        info["native"] = native
     return info
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from radixlm.kernels.testing import enable_interpreter_without_cuda
+from kernel_testing import enable_interpreter_without_cuda
 
 enable_interpreter_without_cuda()
 

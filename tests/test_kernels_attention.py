@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from radixlm.kernels.testing import enable_interpreter_without_cuda
+from kernel_testing import enable_interpreter_without_cuda
 
 enable_interpreter_without_cuda()
 

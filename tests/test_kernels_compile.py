@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = ("from radixlm.kernels.testing import compile_kernels_for_gpu\n"
+SCRIPT = ("from kernel_testing import compile_kernels_for_gpu\n"
           "print('\\n'.join(compile_kernels_for_gpu(arch=90, dtypes=('bf16',))))")
 
 
@@ -24,7 +24,8 @@ SCRIPT = ("from radixlm.kernels.testing import compile_kernels_for_gpu\n"
                     reason="triton without its NVIDIA backend")
 def test_all_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    paths = [str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]  # kernel_testing
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

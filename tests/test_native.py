@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import types
 
+import native_ref as ref
 import numpy as np
 import pytest
 import torch
 
-from radixlm.native import build, ops, ref
+from radixlm.native import build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
     FMT_Q4,
@@ -318,6 +319,25 @@ def test_fallback_when_the_library_is_unavailable(monkeypatch, caplog, tiny_mode
         assert len(messages) == 1 and "no C compiler" in messages[0]
     finally:
         build.load.cache_clear()
+
+
+def test_build_key_covers_every_source_file(tmp_path, monkeypatch):
+    """The cache key of a build covers the unit, every part and the header: editing any of
+    them rebuilds."""
+    import shutil
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(build.CSRC, csrc)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    files = build.sources()
+    assert {"cpu_ops.c", "rlm.h", "amx.c", "layer.c"} <= {p.name for p in files}
+    key = build.build_key("cc", ["cc 1.0"])
+    for path in files:
+        text = path.read_text()
+        path.write_text(text + "\n")
+        assert build.build_key("cc", ["cc 1.0"]) != key, path.name
+        path.write_text(text)
+    assert build.build_key("cc", ["cc 1.0"]) == key
 
 
 def test_native_off_by_environment(monkeypatch):

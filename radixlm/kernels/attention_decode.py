@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.kernels.attention_common import kv_block, online_softmax_step
 from radixlm.kernels.triton_utils import dot_precision
 
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
@@ -76,23 +77,13 @@ def _decode_stage1_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
-        slots = tl.load(req_to_token_ptr + row * r2t_stride + n, mask=n_mask, other=0)
-        kv_off = (slots.to(tl.int64)[:, None] * cache_stride_s + kv_head * cache_stride_h
-                  + d[None, :])
-        if EVEN_D:  # a row mask only, so whole rows load as vectors
-            kv_mask = n_mask[:, None]
-        else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
+        kv_off, kv_mask = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask, kv_head,
+                                   cache_stride_s, cache_stride_h, d, d_mask, EVEN_D)
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
         qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
+                                            DOT_PRECISION)
 
     if end > start:
         o_off = (b.to(tl.int64) * mid_o_stride_b + heads[:, None] * mid_o_stride_h

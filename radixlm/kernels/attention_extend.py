@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.kernels.attention_common import kv_block, online_softmax_step
 from radixlm.kernels.triton_utils import dot_precision
 
 
@@ -57,23 +58,13 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
-        slots = tl.load(req_to_token_ptr + row * r2t_stride + n, mask=n_mask, other=0)
-        kv_off = (slots.to(tl.int64)[:, None] * cache_stride_s + kv_head * cache_stride_h
-                  + d[None, :])
-        if EVEN_D:  # a row mask only, so whole rows load as vectors
-            kv_mask = n_mask[:, None]
-        else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
+        kv_off, kv_mask = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask, kv_head,
+                                   cache_stride_s, cache_stride_h, d, d_mask, EVEN_D)
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
         qk = tl.where(n_mask[None, :] & (n[None, :] <= q_pos[:, None]), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
+                                            DOT_PRECISION)
 
     out = acc / l_i[:, None]
     o_off = (first_row + i)[:, None] * out_stride_t + head * out_stride_h + d[None, :]

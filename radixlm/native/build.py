@@ -1,12 +1,14 @@
-"""Compile ``cpu_ops.c`` for this host on first use and load it with ctypes.
+"""Compile the C library (``csrc/``) for this host on first use and load it with ctypes.
 
 The library is built with ``-march=native`` on the machine that runs it, so the kernels
 use what this CPU has (AVX-512 VNNI, AVX-VNNI, AVX2, or plain C elsewhere): the choice is
-made at run time, per host. The shared object is cached under the user cache dir, keyed by
-the source, the compiler and the CPU's feature flags (a cache dir shared between different
-hosts never hands one host another's build). No compiler, a failed build or
-``RADIXLM_NATIVE=0``: ``load()`` returns None and the engine runs the reference torch path;
-the reason is logged once.
+made at run time, per host. ``csrc/cpu_ops.c`` includes the parts (one translation unit,
+see ``csrc/rlm.h``), so one compiler call builds it. The shared object is cached under the
+user cache dir, keyed by every source file and the header, the compiler and the CPU's
+feature flags (a cache dir shared between different hosts never hands one host another's
+build; editing any source rebuilds). No compiler, a failed build or ``RADIXLM_NATIVE=0``:
+``load()`` returns None and the engine runs the reference torch path; the reason is logged
+once.
 """
 
 from __future__ import annotations
@@ -23,32 +25,19 @@ import tempfile
 from pathlib import Path
 
 from radixlm import envs
+from radixlm.hostinfo import cpu_flags, cpu_vendor
+from radixlm.hostinfo import host_cpu_flags as host_cpu_flags  # (re-exported)
+from radixlm.hostinfo import host_info as _cpu_host_info
+from radixlm.hostinfo import host_line as host_line  # (re-exported, beside host_info)
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("cpu_ops.c")
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "cpu_ops.c"  # the unit the compiler is given; it includes the others
 
 
-def _cpuinfo(*keys: str) -> str:
-    """The value of the first /proc/cpuinfo line starting with one of ``keys`` ("" where
-    there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(keys):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def host_cpu_flags() -> list[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
-    return sorted(set(_cpuinfo("flags", "Features").split()))
-
-
-def cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id (AuthenticAMD, GenuineIntel, ...; empty where none)."""
-    return _cpuinfo("vendor_id")
+def sources() -> list[Path]:
+    """Every file the library is built from (the unit, its parts and the header)."""
+    return sorted(p for p in CSRC.iterdir() if p.suffix in (".c", ".h"))
 
 
 def int8_decode_preferred() -> bool:
@@ -60,20 +49,7 @@ def int8_decode_preferred() -> bool:
     return cpu_vendor() == "AuthenticAMD" and "avx512_vnni" in cpu_flags()
 
 
-# flags a CPU capped at RADIXLM_CPU_ISA does not have (prefixes)
-_ABOVE = {"avx2": ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert"),
-          "generic": ("avx", "amx", "fma", "f16c")}
 _ARCH = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "generic": ["-mno-avx"]}
-
-
-def cpu_flags() -> list[str]:
-    """The flags the paths are chosen from: the host's, less what ``RADIXLM_CPU_ISA``
-    caps away."""
-    isa = envs.cpu_isa()
-    flags = host_cpu_flags()
-    if isa == "native":
-        return flags
-    return [f for f in flags if not f.startswith(_ABOVE[isa])]
 
 
 def _compiler() -> str | None:
@@ -124,6 +100,14 @@ def load_variant(arch: list[str], directory: Path) -> ctypes.CDLL:
     return lib
 
 
+def build_key(cc: str, version: list[str]) -> str:
+    """The cache key of this host's build: every source file (name and text), the compiler
+    and its version, the machine and the CPU flags the paths are chosen from."""
+    texts = [f"{p.name}\n{p.read_text()}" for p in sources()]
+    return hashlib.sha256("\n".join([*texts, cc, *version, platform.machine(),
+                                     *cpu_flags()]).encode()).hexdigest()[:20]
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The native library, built for this host if needed; None (logged once) when it
@@ -139,9 +123,7 @@ def load() -> ctypes.CDLL | None:
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                                  timeout=30).stdout.splitlines()[:1]
-        key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, *version, platform.machine(),
-                                        *cpu_flags()]).encode()).hexdigest()[:20]
-        target = envs.cache_dir() / "native" / f"cpu_ops-{key}.so"
+        target = envs.cache_dir() / "native" / f"cpu_ops-{build_key(cc, version)}.so"
         if not target.exists():
             logger.info("building native CPU ops for this host (once)")
             _build(cc, target)
@@ -169,7 +151,7 @@ class Layer(ctypes.Structure):
                 ("qkv", QMat), ("o", QMat), ("gate_up", QMat), ("down", QMat)]
 
 
-ACT_INT8, ACT_F32, ACT_BF16 = 0, 1, 2  # Step.act_mode (see cpu_ops.c)
+ACT_INT8, ACT_F32, ACT_BF16 = 0, 1, 2  # Step.act_mode (see csrc/rlm.h)
 
 
 class Step(ctypes.Structure):
@@ -203,3 +185,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_quantize_rows.restype = None
     lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p]
     lib.rlm_attention.restype = None
+
+
+def host_info() -> dict:
+    """The host report every benchmark prints (``radixlm.hostinfo.host_info``) with the
+    native library's line: the ISA of this host's build, or why there is none."""
+    try:
+        lib = load()
+        native = lib.rlm_isa().decode() if lib is not None else "unavailable"
+    except Exception as exc:  # noqa: BLE001 - a report, never a failure
+        native = f"unavailable ({exc})"
+    return _cpu_host_info(native)

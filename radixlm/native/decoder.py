@@ -10,6 +10,7 @@ is read by the torch path's next extend step and the other way round. Larger ste
 from __future__ import annotations
 
 import ctypes
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -17,7 +18,30 @@ import torch
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, int8_decode_preferred
 from radixlm.native.ops import KV_DTYPES, Arena
 from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
-from radixlm.runtime.forward_batch import ForwardBatch
+
+
+class StepBatch(Protocol):
+    """What the decoder reads of a step: the runtime's ``ForwardBatch`` is one as it is
+    (passed through, no copy), and so is any object with these fields. T tokens of B
+    requests, back to back; tensors on the CPU, int64 unless noted.
+
+    ``num_tokens`` T; ``input_ids``, ``positions``, ``out_cache_loc`` (the pool slot that
+    receives each token's K/V): [T]; ``req_pool_indices`` (rows of the pool's
+    ``req_to_token``) and ``extend_lens`` (new tokens per request): [B], with
+    ``extend_lens_cpu`` and ``seq_lens_cpu`` (tokens with K/V after the step) the same as
+    lists; ``logits_indices``: the rows of T whose logits are returned."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_pool_indices: torch.Tensor
+    extend_lens: torch.Tensor
+    logits_indices: torch.Tensor
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+
+    @property
+    def num_tokens(self) -> int: ...
 
 _FUSED = {
     "qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
@@ -139,7 +163,7 @@ class NativeDecoder:
                      mats["down"])
 
     # ------------------------------------------------------------------ the step
-    def accepts(self, batch: ForwardBatch) -> bool:
+    def accepts(self, batch: StepBatch) -> bool:
         """Steps of up to ``max_rows`` tokens; larger ones (prefill chunks, a batch's
         jump-forward steps) when they run bf16 (up to LARGE_MAX_ROWS tokens on AMX tiles,
         BF16_LARGE_MAX_ROWS with bf16 dot products) and attend to short contexts (see
@@ -175,7 +199,7 @@ class NativeDecoder:
         return ws
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), V]`` in fp32 (the K/V of every token of
         the step written to the pool)."""
         model, lib, pool = self.model, self.lib, self.pool

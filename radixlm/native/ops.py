@@ -72,7 +72,8 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
                 norm: torch.Tensor | None = None, eps: float = 1e-5,
                 threads: int | None = None) -> torch.Tensor:
     """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32, with the
-    activations read as ``act`` (fp32 | int8 | bf16; see ``ref.qmatmul``)."""
+    activations read as ``act`` (fp32 | int8 | bf16; the twin: ``qmatmul`` of
+    tests/native_ref.py)."""
     keep: list = []
     m = qmat(w, keep)
     x = x.float().contiguous()
@@ -108,7 +109,8 @@ def quantize_act(lib, x: torch.Tensor):
 def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
               req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """The layer's attention on its own (see ``ref.attention`` for the contract)."""
+    """The layer's attention on its own (the contract: ``attention`` of
+    tests/native_ref.py)."""
     q = q.float().contiguous()
     t, heads, dim = q.shape
     out = torch.empty_like(q)

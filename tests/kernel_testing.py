@@ -1,4 +1,5 @@
-"""Run the Triton kernels where there is no GPU: Triton's CPU interpreter, for tests.
+"""Test helpers for the Triton kernels: run them where there is no GPU (Triton's CPU
+interpreter), and compile them ahead of time for a GPU that is not there.
 
 ``TRITON_INTERPRET`` is read when a ``@triton.jit`` function is *decorated*, so it must be
 set before the kernel modules are imported. ``enable_interpreter_without_cuda`` sets it
@@ -25,6 +26,7 @@ KERNEL_MODULES = (
     "radixlm.kernels.rotary",
     "radixlm.kernels.kv_store",
     "radixlm.kernels.bitmask",
+    "radixlm.kernels.attention_common",  # before the kernels that call its functions
     "radixlm.kernels.attention_decode",
     "radixlm.kernels.attention_extend",
     "radixlm.runtime.attention.triton_backend",  # last: binds the kernels at import
@@ -92,6 +94,14 @@ _POINTER_ARGS = {
 }
 
 
+def _pointer_types(dtype: str) -> dict[str, str]:
+    """Triton signature types of the kernels' arguments: tensors of ``dtype``, the index
+    and fp32 scratch pointers and fp32 scalars (every other argument is i32)."""
+    data = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "x_ptr", "res_ptr", "w_ptr",
+            "h_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr")
+    return {**{p: f"*{dtype}" for p in data}, **_POINTER_ARGS}
+
+
 def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
                             head_dims: tuple[int, ...] = (64, 128)) -> list[str]:
     """Compile every kernel ahead of time for ``sm_<arch>`` (no GPU needed: Triton ships
@@ -129,9 +139,7 @@ def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
         done.append(f"{kernel.fn.__name__} {constexprs} smem={compiled.metadata.shared}")
 
     for dtype in dtypes:
-        types = {**{p: f"*{dtype}" for p in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr",
-                                              "x_ptr", "res_ptr", "w_ptr", "h_ptr", "k_ptr",
-                                              "v_ptr", "cos_ptr", "sin_ptr")}, **_POINTER_ARGS}
+        types = _pointer_types(dtype)
         precision = dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                   "fp16": "float16"}[dtype]))
         for d in head_dims:

@@ -1,0 +1,148 @@
+/* Q4/Q8 block formats: activations to int8 blocks, weight rows dequantized to fp32 or bf16,
+ * weight rows prefetched ahead of use. */
+#include "rlm.h"
+
+/* ------------------------------------------------------------------ quantization */
+/* x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a) */
+static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
+    for (int b = 0; b < k / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)lrintf(xb[j] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            a[b * 32 + j] = (int8_t)v;
+            sum += v;
+        }
+        dx[b] = d;
+        sx[b] = d * (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------ dequantization */
+#ifdef RLM_AVX2
+/* 8 floats of weights w[j0 .. j0+7] of a Q4 block (q in 0..15, unscaled) */
+static inline __m256 q4_f8(__m128i nib, int part) {
+    /* part 0: elements 0-7, 1: 8-15 (low nibbles), 2: 16-23, 3: 24-31 (high nibbles) */
+    __m128i v = part < 2 ? _mm_and_si128(nib, _mm_set1_epi8(0x0f))
+                         : _mm_and_si128(_mm_srli_epi16(nib, 4), _mm_set1_epi8(0x0f));
+    if (part & 1) v = _mm_srli_si128(v, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+#endif
+
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+/* Block b of a Q4 (q in 0..15, unscaled) or Q8 row as fp32: elements 0-15 and 16-31. */
+static inline void block_f32(const QMat *w, const uint8_t *wq, int b, __m512 *lo, __m512 *hi) {
+    if (w->fmt == FMT_Q4) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+    } else {
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(wq + b * 32))));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(wq + b * 32 + 16))));
+    }
+}
+#endif
+
+/* Row n dequantized to fp32 (W = d q + m) into out[k]. */
+static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
+                        int nb, float *out) {
+    for (int b = 0; b < nb; b++) {
+        float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
+#if defined(RLM_AVX2) && defined(__AVX512F__)
+        __m512 lo, hi;
+        block_f32(w, wq, b, &lo, &hi);
+        __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+        _mm512_store_ps(out + b * 32, _mm512_fmadd_ps(lo, dv, mv));
+        _mm512_store_ps(out + b * 32 + 16, _mm512_fmadd_ps(hi, dv, mv));
+#elif defined(RLM_AVX2)
+        __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+        for (int p = 0; p < 4; p++) {
+            __m256 f = w->fmt == FMT_Q4
+                ? q4_f8(_mm_loadu_si128((const __m128i *)(wq + b * 16)), p)
+                : _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                      _mm_loadl_epi64((const __m128i *)(wq + b * 32 + p * 8))));
+            _mm256_store_ps(out + b * 32 + p * 8, _mm256_fmadd_ps(f, dv, mv));
+        }
+#else
+        for (int j = 0; j < 16 && w->fmt == FMT_Q4; j++) {
+            out[b * 32 + j] = d * (float)(wq[b * 16 + j] & 0x0f) + m;
+            out[b * 32 + j + 16] = d * (float)(wq[b * 16 + j] >> 4) + m;
+        }
+        for (int j = 0; j < 32 && w->fmt == FMT_Q8; j++)
+            out[b * 32 + j] = d * (float)(int8_t)wq[b * 32 + j];
+#endif
+    }
+}
+
+#ifdef RLM_BF16
+/* fp32 [k] -> bf16 [k] (k % 32 == 0), round to nearest even as torch does. */
+static inline void to_bf16(const float *x, int k, uint16_t *out) {
+    for (int j = 0; j < k; j += 32)
+        _mm512_storeu_si512(out + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16),
+                                                                 _mm512_loadu_ps(x + j)));
+}
+
+/* Row n dequantized (W = d q + m) straight to bf16, nearest even. Q4 blocks by table: the
+ * 16 values d q + m (q = 0..15) rounded once, then one word permute looks up all 32
+ * nibbles (the same fused multiply-add and rounding per value as converting each weight,
+ * in a third fewer 512-bit instructions). */
+static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
+                             const f16 *wm, int nb, uint16_t *out) {
+#ifdef __AVX512BW__
+    if (w->fmt == FMT_Q4) {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m256i nib = _mm256_set1_epi16(0x0f);
+        for (int b = 0; b < nb; b++) {
+            __m512 vals = _mm512_fmadd_ps(iota, _mm512_set1_ps(H(wd[b])),
+                                          _mm512_set1_ps(H(wm[b])));
+            __m512i table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(vals));
+            __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wq + b * 16)));
+            __m512i idx = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(q, nib)), _mm256_srli_epi16(q, 4), 1);
+            _mm512_store_si512(out + b * 32, _mm512_permutexvar_epi16(idx, table));
+        }
+        return;
+    }
+#endif
+    for (int b = 0; b < nb; b++) {
+        __m512 lo, hi, dv = _mm512_set1_ps(H(wd[b])), mv = _mm512_set1_ps(wm ? H(wm[b]) : 0.f);
+        block_f32(w, wq, b, &lo, &hi);
+        _mm512_store_si512(out + b * 32, (__m512i)_mm512_cvtne2ps_pbh(
+            _mm512_fmadd_ps(hi, dv, mv), _mm512_fmadd_ps(lo, dv, mv)));
+    }
+}
+#endif
+
+/* Ask for rows [n, n + count) of w ahead of use: decode streams every weight from DRAM
+ * once per step, and the hardware prefetcher alone left the kernels latency-bound. */
+static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
+#ifdef RLM_AVX2
+    if (n >= n_end) return;
+    if (n + count > n_end) count = n_end - n;
+    const int nb = w->k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
+    for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+    const char *d = (const char *)(w->d + (int64_t)n * nb);
+    for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
+    if (w->fmt == FMT_Q4) {
+        const char *m = (const char *)(w->m + (int64_t)n * nb);
+        for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64)
+            _mm_prefetch(m + off, _MM_HINT_T0);
+    }
+#else
+    (void)w, (void)n, (void)count, (void)n_end;
+#endif
+}
+
+static inline const f16 *wm_of(const QMat *w, int n, int nb) {
+    return w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+}

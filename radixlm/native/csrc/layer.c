@@ -1,0 +1,407 @@
+/* A step's layers and its head, each one parallel job: the workspace, the activations
+ * prepared for each matmul, the layer's stages between barriers; and the library's
+ * entry points. */
+#include "rlm.h"
+
+/* ------------------------------------------------------------------ small fp32 ops */
+static void rmsnorm_row(const float *x, const float *w, float eps, int n, float *out) {
+    float ss = 0.f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope_head(float *x, const float *c, const float *s, int half) {
+    for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * c[i] - x2 * s[i];
+        x[i + half] = x2 * c[i] + x1 * s[i];
+    }
+}
+
+static void store_kv_row(void *cache, int64_t off, const float *x, int n, int32_t dtype) {
+    if (dtype == KV_F32) {
+        memcpy((float *)cache + off, x, (size_t)n * 4);
+    } else {
+        uint16_t *dst = (uint16_t *)cache + off;
+        for (int i = 0; i < n; i++) dst[i] = f32_to_bf16(x[i]);
+    }
+}
+
+/* ------------------------------------------------------------------ workspace */
+/* Attention work is split in units of one token and up to this many query heads of one
+ * KV group (K/V rows loaded once per unit). */
+#define RLM_HEADS_PER_UNIT 8
+
+typedef struct {
+    float *x, *qkv, *attn, *tmp, *gu, *act, *xd, *xs, *scores;
+    int8_t *xa;
+    uint16_t *xb;
+    float *xt;
+} Work;
+
+static int64_t max_k(const Layer *L) {
+    int64_t k = L->hidden > L->inter ? L->hidden : L->inter;
+    int64_t q = (int64_t)L->n_heads * L->head_dim;
+    return k > q ? k : q;
+}
+
+static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *base, Work *w) {
+    int64_t H = L->hidden, q = (int64_t)L->n_heads * L->head_dim;
+    int64_t qkv = q + 2 * (int64_t)L->n_kv_heads * L->head_dim, K = max_k(L);
+    int64_t off = 0;
+#define RLM_TAKE(field, count)                              \
+    {                                                       \
+        if (w) w->field = (void *)(base + off);             \
+        off += (((int64_t)(count) + 15) / 16) * 16;         \
+    }
+    RLM_TAKE(x, T * H)
+    RLM_TAKE(qkv, T * qkv)
+    RLM_TAKE(attn, T * q)
+    RLM_TAKE(tmp, T * H)
+    RLM_TAKE(gu, T * 2 * (int64_t)L->inter)
+    RLM_TAKE(act, T * (int64_t)L->inter)
+    RLM_TAKE(xd, T * K / 32)
+    RLM_TAKE(xs, T * K / 32)
+    RLM_TAKE(scores, (int64_t)nth * RLM_HEADS_PER_UNIT * (max_ctx + 16))
+    RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
+    RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
+    RLM_TAKE(xt, (T + 31) / 32 * 32 * K)          /* fp32 transposed, padded tokens */
+#undef RLM_TAKE
+    return off;
+}
+
+int64_t rlm_workspace_floats(const Layer *L, int32_t T, int32_t max_ctx, int32_t nthreads) {
+    return work_layout(L, T, max_ctx, nthreads, NULL, NULL);
+}
+
+/* ------------------------------------------------------------------ the layer */
+static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
+    *lo = (int)((int64_t)T * tid / nth);
+    *hi = (int)((int64_t)T * (tid + 1) / nth);
+}
+
+/* Prepare rows [lo, hi) of x [T, k] for a matmul: int8 blocks, bf16 rows (ACT_BF16 on a
+ * bf16 build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the
+ * tiles are granted), or fp32 block sums. */
+static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int tid, int nth) {
+    int lo, hi, nb = k / 32;
+#ifdef RLM_BF16
+    const int bf16 = mode == ACT_BF16;
+#else
+    const int bf16 = 0;
+#endif
+#ifdef RLM_PANEL
+    const int panel = !bf16 && mode != ACT_INT8 && T >= PANEL_MIN_T;
+#else
+    const int panel = 0;
+#endif
+#ifdef RLM_AMX
+    const int amx = bf16 && T >= RLM_AMX_MIN_ROWS && amx_ok()
+                        ? (T >= RLM_AMX_LARGE_T ? 2 : 1) : 0;
+    uint16_t row[amx ? k : 1] __attribute__((aligned(64)));
+#else
+    const int amx = 0;
+#endif
+    row_range(T, tid, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        const float *xr = x + (int64_t)t * k;
+        if (bf16) {
+#ifdef RLM_AMX
+            if (amx == 1) {
+                to_bf16(xr, k, row);
+                pack_token(row, t, nb, (uint32_t *)w->xb);
+                continue;
+            }
+#endif
+#ifdef RLM_BF16
+            to_bf16(xr, k, w->xb + (int64_t)t * k);
+#endif
+        } else if (mode != ACT_INT8) {
+#ifdef RLM_PANEL
+            if (panel) {
+                transpose_token(xr, t, k, w->xt);
+                continue;
+            }
+#endif
+            for (int b = 0; b < nb; b++) {
+                float s = 0.f;
+                for (int j = 0; j < 32; j++) s += xr[b * 32 + j];
+                w->xs[(int64_t)t * nb + b] = s;
+            }
+        } else {
+            quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
+                         w->xs + (int64_t)t * nb);
+        }
+    }
+#ifdef RLM_AMX
+    if (amx && tid == nth - 1 && T % 16) { /* padding tokens of the last group: zeros */
+        uint16_t zero[k];
+        memset(zero, 0, sizeof zero);
+        for (int t = T; t < (T + 15) / 16 * 16; t++) {
+            if (amx == 1) pack_token(zero, t, nb, (uint32_t *)w->xb);
+            else memcpy(w->xb + (int64_t)t * k, zero, sizeof zero);
+        }
+    }
+#endif
+    Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
+             panel ? w->xt : NULL};
+    return a;
+}
+
+#ifdef RLM_PROFILE
+/* Seconds per stage, summed over calls (thread 0's view; a profiling build only). */
+static double rlm_prof[16], rlm_t0;
+#define PROF(i)                                                    \
+    if (tid == 0) {                                                \
+        double now_ = now_seconds();                             \
+        rlm_prof[i] += now_ - rlm_t0;                              \
+        rlm_t0 = now_;                                             \
+    }
+#define PROF_START() if (tid == 0) rlm_t0 = now_seconds();
+#else
+#define PROF(i)
+#define PROF_START()
+#endif
+
+/* Stages: 0 norm, 1 qkv, 2 rope + K/V store, 3 attention, 4 o, 5 residual + norm,
+ * 6 gate/up, 7 SiLU, 8 down + residual, 9 head. Returns 1 in a profiling build. */
+int32_t rlm_profile(double *out, int32_t reset) {
+#ifdef RLM_PROFILE
+    for (int i = 0; i < 16; i++) {
+        if (out) out[i] = rlm_prof[i];
+        if (reset) rlm_prof[i] = 0;
+    }
+    return 1;
+#else
+    (void)out;
+    (void)reset;
+    return 0;
+#endif
+}
+
+/* y [T, m->n] = m x for the team: each thread prepares its rows of x [T, k] as `mode` reads
+ * them (see prep_rows), all meet, each computes its rows of m, all meet. Profile stage
+ * `stage` ends between the two. */
+static inline __attribute__((always_inline)) void matmul_stage(
+    const QMat *m, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
+    int tid, int nth) {
+    Act a = prep_rows(x, T, k, w, mode, tid, nth);
+    barrier(nth);
+    PROF(stage)
+    gemv(m, T, &a, y, tid, nth);
+    barrier(nth);
+    (void)stage;
+}
+
+/* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
+ * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
+ * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
+ * out_loc before any token attends. */
+static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res,
+                       const Work *wp, int tid, int nth) {
+    const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
+    const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
+    Work w = *wp;
+    int lo, hi;
+    row_range(T, tid, nth, &lo, &hi);
+    PROF_START()
+    for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
+                                              w.x + (int64_t)t * H);
+    matmul_stage(&L->qkv, w.x, T, H, w.qkv, S->act_mode, &w, 0, tid, nth);
+    PROF(1)
+    for (int t = lo; t < hi; t++) {
+        float *r = w.qkv + (int64_t)t * qkvn;
+        if (L->qkv_bias)
+            for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
+        const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
+        int64_t off = S->out_loc[t] * kv;
+        store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
+        store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
+    }
+    barrier(nth);
+    PROF(2)
+    float *scores = w.scores + (int64_t)tid * RLM_HEADS_PER_UNIT * (S->max_ctx + 16);
+    const int rep = Hq / Hkv, per = rep < RLM_HEADS_PER_UNIT ? rep : RLM_HEADS_PER_UNIT;
+    const int chunks = (rep + per - 1) / per;
+    for (int64_t u = tid; u < (int64_t)T * Hkv * chunks; u += nth) {
+        int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
+        int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
+                                                           ? g * rep + rep - h0 : per;
+        const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+        attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
+                     L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
+                     w.attn + (int64_t)t * q + h0 * D);
+    }
+    barrier(nth);
+    matmul_stage(&L->o, w.attn, T, q, w.tmp, S->act_mode, &w, 3, tid, nth);
+    PROF(4)
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+        rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
+    }
+    matmul_stage(&L->gate_up, w.x, T, H, w.gu, S->act_mode, &w, 5, tid, nth);
+    PROF(6)
+    for (int t = lo; t < hi; t++) {
+        const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
+        float *ac = w.act + (int64_t)t * I;
+        silu_mul(g, u, I, ac);
+    }
+    matmul_stage(&L->down, w.act, T, I, w.tmp, S->act_mode, &w, 7, tid, nth);
+    for (int t = lo; t < hi; t++) {
+        float *r = res + (int64_t)t * H;
+        const float *o = w.tmp + (int64_t)t * H;
+        for (int i = 0; i < H; i++) r[i] += o[i];
+    }
+    PROF(8)
+}
+
+typedef struct {
+    const Layer *layers;
+    int32_t n_layers;
+    void *const *k_caches, *const *v_caches;
+    const Step *S;
+    float *res;
+    const Work *w;
+} LayersJob;
+
+static void layers_job(void *ctx, int tid, int nth) {
+    const LayersJob *j = (const LayersJob *)ctx;
+    for (int i = 0; i < j->n_layers; i++) {
+        layer_body(&j->layers[i], j->S, j->k_caches[i], j->v_caches[i], j->res, j->w, tid, nth);
+        barrier(nth);
+    }
+}
+
+/* Every layer of the step in one parallel job (layers[i] with k_caches[i] / v_caches[i]). */
+void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
+                void *const *v_caches, const Step *S, float *res) {
+    Work w;
+    work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
+    LayersJob j = {layers, n_layers, k_caches, v_caches, S, res, &w};
+    run_parallel(layers_job, &j, S->nthreads);
+}
+
+typedef struct {
+    const QMat *head;
+    const float *norm, *x;
+    float eps, *logits;
+    int32_t T, act_mode;
+    Work *w;
+} HeadJob;
+
+static void head_job(void *ctx, int tid, int nth) {
+    const HeadJob *j = (const HeadJob *)ctx;
+    const int k = j->head->k;
+    int lo, hi;
+    row_range(j->T, tid, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        if (j->norm) rmsnorm_row(j->x + (int64_t)t * k, j->norm, j->eps, k, j->w->x + (int64_t)t * k);
+        else memcpy(j->w->x + (int64_t)t * k, j->x + (int64_t)t * k, (size_t)k * 4);
+    }
+    PROF_START()
+    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, tid, nth);
+    barrier(nth);
+    gemv(j->head, j->T, &a, j->logits, tid, nth);
+    barrier(nth);
+    PROF(9)
+}
+
+/* logits [T, head->n] = head(norm(x)) for x [T, k] (norm NULL: no norm).
+ * ws: rlm_matmul_workspace_floats() floats. */
+void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, const float *x,
+                   float *logits, float *ws, int32_t act_mode, int32_t nthreads) {
+    const int k = head->k, nb = k / 32;
+    Work w;
+    memset(&w, 0, sizeof w);
+    w.x = ws;
+    w.xd = ws + (int64_t)T * k;
+    w.xs = w.xd + (int64_t)T * nb;
+    w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
+    w.xb = (uint16_t *)(w.xs + (int64_t)T * nb + ((int64_t)T * k + 64) / 4);
+    w.xt = (float *)(w.xb + (int64_t)(T + 15) / 16 * 16 * k + 64);
+    HeadJob j = {head, norm, x, eps, logits, T, act_mode, &w};
+    run_parallel(head_job, &j, nthreads);
+}
+
+int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
+    (void)nthreads;
+    return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + 64) / 4
+           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 32 + (int64_t)(T + 31) / 32 * 32 * k + 64;
+}
+
+/* Kernel-test entry points: one op each, the same code the layer runs. */
+void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *dx, float *sx) {
+    for (int t = 0; t < T; t++)
+        quantize_row(x + (int64_t)t * k, k, a + (int64_t)t * k, dx + (int64_t)t * (k / 32),
+                     sx + (int64_t)t * (k / 32));
+}
+
+void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
+                   const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
+                   int64_t r2t_stride, const void *k_cache, const void *v_cache,
+                   int32_t kv_dtype, int32_t max_ctx, float *out) {
+    const int rep = Hq / Hkv;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)rep * (max_ctx + 16));
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < Hkv; g++)
+            attend_heads(q + ((int64_t)t * Hq + g * rep) * D, rep,
+                         req_to_token + rows[t] * r2t_stride, pos[t], g, Hkv, D, scale, k_cache,
+                         v_cache, kv_dtype, scores, out + ((int64_t)t * Hq + g * rep) * D);
+    free(scores);
+}
+
+/* ------------------------------------------------------------------ what this build runs */
+/* Which SIMD path this build took (for logs and benchmarks). */
+const char *rlm_isa(void) {
+#if defined(RLM_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "avx512-vnni";
+#elif defined(RLM_AVX2) && defined(__AVXVNNI__)
+    return "avx-vnni";
+#elif defined(RLM_AVX2)
+    return "avx2";
+#else
+    return "generic";
+#endif
+}
+
+/* 1 when ACT_BF16 runs bf16 dot products (an AVX512-BF16 build), 0 when it runs as ACT_F32. */
+int32_t rlm_bf16(void) {
+#ifdef RLM_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 when steps of RLM_AMX_MIN_ROWS tokens or more run ACT_BF16 on AMX tiles (an AMX build
+ * on a kernel that grants the tile state), else 0. */
+int32_t rlm_amx(void) {
+#ifdef RLM_AMX
+    return amx_ok();
+#else
+    return 0;
+#endif
+}
+
+/* Kernel-test entry: out[i] = silu(g[i]) * u[i], the layer's MLP activation. */
+void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }
+
+/* Steps of at least this many tokens are the ones the engine's default runs bf16 (smaller
+ * ones fp32 or int8): RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx() says so; else, on an
+ * AVX512-BF16 build, RLM_BF16_MIN_ROWS (a 2-token step 6.8 ms bf16 vs 10.7 fp32, 4 tokens
+ * 8.6 vs 13.5, 16 tokens 22.4 vs 41.2 on a 2-core Zen 4); 0 on a build without bf16 dot
+ * products (none runs bf16). */
+int32_t rlm_bf16_min_rows(void) {
+#ifdef RLM_AMX
+    if (amx_ok()) return RLM_AMX_MIN_ROWS;
+#endif
+#ifdef RLM_BF16
+    return RLM_BF16_MIN_ROWS;
+#else
+    return 0;
+#endif
+}

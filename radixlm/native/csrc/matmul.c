@@ -1,0 +1,166 @@
+/* The quantized matmul's entry: qgemv_rows picks the path of the prepared activations
+ * (AMX tiles, bf16 dot products, fp32, or int8 blocks, the last one here), and gemv
+ * splits a matrix's rows over the team. */
+#include "rlm.h"
+
+/* ------------------------------------------------------------------ int8 blocks */
+/* One row of a Q4/Q8 matrix against one quantized activation row (T == 1). */
+static inline float qdot_row1(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
+                              const int8_t *xa, const float *xd, const float *xs, int nb) {
+#ifdef RLM_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float msum = 0.f;
+    int b = 0;
+    if (w->fmt == FMT_Q4) {
+        for (; b + 2 <= nb; b += 2) {
+            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
+            __m256i p1 = dot_u8s8(unpack_q4(wq + b * 16 + 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32 + 32)));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                   _mm256_set1_ps(H(wd[b + 1]) * xd[b + 1]), acc1);
+            msum += H(wm[b]) * xs[b] + H(wm[b + 1]) * xs[b + 1];
+        }
+        for (; b < nb; b++) {
+            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
+                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
+            msum += H(wm[b]) * xs[b];
+        }
+    } else {
+        for (; b < nb; b++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
+            __m256i s = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xa + b * 32)), wv);
+            __m256i p0 = dot_u8s8(_mm256_abs_epi8(wv), s);
+            if (b & 1)
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
+                                       acc1);
+            else
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
+                                       acc0);
+        }
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) + msum;
+#else
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++) {
+        int isum = 0;
+        if (w->fmt == FMT_Q4) {
+            for (int j = 0; j < 16; j++) {
+                isum += (wq[b * 16 + j] & 0x0f) * xa[b * 32 + j];
+                isum += (wq[b * 16 + j] >> 4) * xa[b * 32 + j + 16];
+            }
+            acc += H(wd[b]) * xd[b] * (float)isum + H(wm[b]) * xs[b];
+        } else {
+            for (int j = 0; j < 32; j++) isum += (int8_t)wq[b * 32 + j] * xa[b * 32 + j];
+            acc += H(wd[b]) * xd[b] * (float)isum;
+        }
+    }
+    return acc;
+#endif
+}
+
+/* y[t, n] (row stride ldy) for n in [n0, n1), all T tokens. */
+static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
+                       int64_t ldy) {
+#ifdef RLM_AMX
+    if (act->amx == 2) {
+        qgemm_amx_large(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+    if (act->amx) {
+        qgemv_rows_amx(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+#endif
+#ifdef RLM_BF16
+    if (act->xb) {
+        qgemv_rows_bf16(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+#endif
+    if (act->f32) {
+        qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+    const int8_t *xa = act->xa;
+    const float *xd = act->xd, *xs = act->xs;
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+#ifdef RLM_AVX2
+    uint8_t ubuf[k] __attribute__((aligned(64)));
+#endif
+    for (int n = n0; n < n1; n++) {
+        const f16 *wd = w->d + (int64_t)n * nb;
+        const f16 *wm = w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL;
+        const uint8_t *wq = w->qs + (int64_t)n * row_bytes;
+#ifdef RLM_AVX2
+        if (T < 4) {
+            for (int t = 0; t < T; t++)
+                y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                    xd + (int64_t)t * nb, xs + (int64_t)t * nb,
+                                                    nb);
+            continue;
+        }
+        /* unpack the row once (Q4: nibbles -> bytes; Q8: |w|), reuse for every token */
+        if (w->fmt == FMT_Q4) {
+            for (int b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(ubuf + b * 32), unpack_q4(wq + b * 16));
+        } else {
+            for (int b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(ubuf + b * 32),
+                                   _mm256_abs_epi8(_mm256_loadu_si256(
+                                       (const __m256i *)(wq + b * 32))));
+        }
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f;
+            const int8_t *a0 = xa + (int64_t)t * k;
+            const float *d0 = xd + (int64_t)t * nb, *s0 = xs + (int64_t)t * nb;
+            for (int b = 0; b < nb; b++) {
+                __m256i u = _mm256_load_si256((const __m256i *)(ubuf + b * 32));
+                __m256i sg = w->fmt == FMT_Q8
+                    ? _mm256_loadu_si256((const __m256i *)(wq + b * 32)) : u;
+#define RLM_TOK(i, acc, ms)                                                              \
+    {                                                                                     \
+        __m256i s = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)(i) * k + b * 32)); \
+        if (w->fmt == FMT_Q8) s = _mm256_sign_epi8(s, sg);                                \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, s)),                         \
+                              _mm256_set1_ps(H(wd[b]) * d0[(i) * nb + b]), acc);             \
+        if (wm) ms += H(wm[b]) * s0[(i) * nb + b];                                           \
+    }
+                RLM_TOK(0, acc0, m0) RLM_TOK(1, acc1, m1) RLM_TOK(2, acc2, m2)
+                RLM_TOK(3, acc3, m3)
+            }
+            y[(int64_t)t * ldy + n] = hsum256(acc0) + m0;
+            y[(int64_t)(t + 1) * ldy + n] = hsum256(acc1) + m1;
+            y[(int64_t)(t + 2) * ldy + n] = hsum256(acc2) + m2;
+            y[(int64_t)(t + 3) * ldy + n] = hsum256(acc3) + m3;
+        }
+#undef RLM_TOK
+        for (; t < T; t++)
+            y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                xd + (int64_t)t * nb, xs + (int64_t)t * nb, nb);
+#else
+        for (int t = 0; t < T; t++)
+            y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
+                                                xd + (int64_t)t * nb, xs + (int64_t)t * nb, nb);
+#endif
+    }
+}
+
+/* Split [0, n) into nthreads contiguous chunks (multiples of 4 rows). */
+static inline void chunk(int n, int tid, int nth, int *lo, int *hi) {
+    int per = ((n + nth - 1) / nth + 3) & ~3;
+    *lo = tid * per < n ? tid * per : n;
+    *hi = (tid + 1) * per < n ? (tid + 1) * per : n;
+}
+
+/* Rows of m for thread tid of nth: y [T, m->n]. */
+static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth) {
+    int lo, hi;
+    chunk(m->n, tid, nth, &lo, &hi);
+    qgemv_rows(m, lo, hi, T, a, y, m->n);
+}
