@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--grammar-backend", default="llguidance")
     args = ap.parse_args()
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
 
     results: dict = {"host": host_info(), "grammar_backend": args.grammar_backend}

@@ -77,7 +77,7 @@ def bench_engine(engine, batches, single_ids, single_new, prefill_prompts) -> di
 def hf_best_dtype() -> torch.dtype:
     """HF's fastest dtype on this host: bf16 only where the CPU has it natively (elsewhere
     torch emulates bf16 and fp32 is faster)."""
-    from radixlm.runtime.model_runner import cpu_has_native_bf16
+    from radixlm.runtime.device import cpu_has_native_bf16
 
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
@@ -132,7 +132,7 @@ def main() -> None:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
 
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
 
     host = host_info()

@@ -331,7 +331,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
 
     host = host_info()

@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON results here")
     args = parser.parse_args()
 
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
 
     host = host_info()
     print(host_line(host), file=sys.stderr, flush=True)

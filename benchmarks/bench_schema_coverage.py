@@ -77,7 +77,7 @@ def main() -> int:
     from radixlm.runtime.weights import load_tokenizer, resolve_model
 
     tok = load_tokenizer(resolve_model("smollm2-135m-instruct"))
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
 
     out: dict = {"host": host_info(), "data": str(args.data), "walks": args.walks}
     all_results = {}

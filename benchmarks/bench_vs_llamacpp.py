@@ -131,7 +131,7 @@ def main() -> None:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
 
-    from radixlm.hostinfo import host_info, host_line
+    from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
     from radixlm.runtime.weights import gguf_source
 

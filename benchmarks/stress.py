@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from radixlm.hostinfo import host_info, host_line
+from radixlm.native.build import host_info, host_line
 
 HERE = Path(__file__).parent
 CAP_KEYS = ("max_new_tokens", "max_tokens", "max_completion_tokens")

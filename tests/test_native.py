@@ -399,7 +399,7 @@ def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
     AVX-512/AMX, bf16 is not native (dtype auto -> fp32), the library is the AVX2 build,
     and torch's dispatch is capped by cap_cpu_isa; a bad value is named."""
     from radixlm import envs
-    from radixlm.runtime.model_runner import cpu_has_native_bf16
+    from radixlm.runtime.device import cpu_has_native_bf16
 
     if not {"avx2", "fma"} <= set(build.host_cpu_flags()):
         pytest.skip("this host cannot execute AVX2")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.hostinfo import cpu_flags
 from radixlm.runtime.config import EngineConfig
 
 
@@ -22,7 +23,6 @@ def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 
 def cpu_has_native_bf16() -> bool:
-    from radixlm.native.build import cpu_flags  # (RADIXLM_CPU_ISA may cap the host's)
-
+    """bf16 dot products in hardware (the flags RADIXLM_CPU_ISA leaves)."""
     flags = set(cpu_flags())
     return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -11,7 +11,7 @@ import torch
 
 from radixlm.runtime.attention.base import create_attention_backend, resolve_backend_name
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.device import cpu_has_native_bf16, pick_device_dtype  # noqa: F401 (re-export)
+from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.kv_pool import KVPool
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
