@@ -14,8 +14,11 @@ import torch
 from radixlm.native import build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
+    FMT_BF16,
+    FMT_F32,
     FMT_Q4,
     FMT_Q8,
+    dense_rows,
     from_gguf_raw,
     gguf_blocks,
     quantize_q4,
@@ -58,6 +61,11 @@ def _assert_matches_twin(lib, w, x: torch.Tensor, act: str) -> None:
 
 def _rand_weight(fmt: int, n: int, k: int, seed: int):
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.1
+    if fmt == FMT_F32:
+        return dense_rows(w)
+    if fmt == FMT_BF16:
+        return dense_rows(torch.from_numpy(w).bfloat16().view(torch.int16).numpy()
+                          .view(np.uint16))
     return quantize_q4(w) if fmt == FMT_Q4 else quantize_q8(w)
 
 
@@ -99,6 +107,28 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     tokens take the AMX tiles where the host has them (a partial last token group, and
     more than 64 tokens). A build without bf16 dot products runs bf16 as fp32."""
     _assert_matches_twin(lib, _rand_weight(fmt, n, k, seed=n + k + t), torch.randn(t, k), act)
+
+
+@pytest.mark.parametrize("fmt", [FMT_F32, FMT_BF16])
+@pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
+@pytest.mark.parametrize("t", [1, 2, 3, 4, 9, 37, 70, 300])
+def test_dense_matmul_matches_twin(lib, fmt, act, n, k, t):
+    """Dense rows (a checkpoint at its own precision): fp32 activations against fp32 or
+    bf16 rows are the exact products (up to summation order) at every step size, through
+    the small-step kernel (1-3 tokens), the row tiles and, on AVX2, the panel GEMM; bf16
+    activations round as a torch bf16 linear (bf16 dot products, AMX tiles where the host
+    has them, 300 tokens with the operands swapped); int8 activation blocks are for block
+    weights, so dense rows read int8 steps' activations in fp32."""
+    w = _rand_weight(fmt, n, k, seed=n + k + t)
+    x = torch.randn(t, k)
+    out = ops.norm_matmul(lib, x, w, act=act)
+    twin = "fp32" if act == "int8" or (act == "bf16" and not lib.rlm_bf16()) else act
+    torch.testing.assert_close(out, ref.qmatmul(x, w, act=twin), rtol=1e-4, atol=1e-4)
+    if twin == "fp32":  # and what a torch fp32 linear computes from the same weights
+        dense = torch.from_numpy(w.dequantize())
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, dense), rtol=1e-5,
+                                   atol=1e-5)
 
 
 @pytest.mark.parametrize("act", ["fp32", "bf16"])

@@ -17,7 +17,7 @@ import torch
 
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, int8_decode_preferred
 from radixlm.native.ops import KV_DTYPES, Arena
-from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
+from radixlm.native.qweights import FMT_BF16, QWeight, concat, dense_rows, quantize_q4
 
 
 class StepBatch(Protocol):
@@ -49,6 +49,7 @@ _FUSED = {
     "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
     "down": ["mlp.down_proj"],
 }
+_ATTRS = ("qkv", "o_proj", "gate_up", "down")  # the model layer's Linear of each
 
 
 def supported(model, pool) -> str | None:
@@ -81,51 +82,77 @@ BF16_LARGE_MAX_ROWS = 256
 
 
 def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8_small: bool = False) -> tuple[int, int]:
-    """``(small, large)``: the C activation mode for steps under / from ``bf16_from``
-    tokens (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0
-    where the library has no bf16). fp32 is exact (the reference path's numbers); int8 is
-    llama.cpp's per-block rounding; bf16 rounds activations and dequantized weights to bf16
-    with fp32 sums, the numbers of a torch bf16 linear. auto: fp32, except on a bf16 model
-    (whose numbers are 8-bit-mantissa ones anyway): bf16 for steps from ``bf16_from``
-    tokens where the library has bf16 (the compute-bound steps), and int8 for the small
-    ones where ``int8_small`` (``build.int8_decode_preferred``: where it is faster)."""
+                     int8_one: bool = False) -> tuple[int, int, int]:
+    """``(one, small, large)``: the C activation mode for one-token steps, for the other
+    steps under ``bf16_from`` tokens, and for steps from ``bf16_from`` tokens
+    (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0 where the
+    library has no bf16). fp32 is exact (the reference path's numbers); int8 is llama.cpp's
+    per-block rounding; bf16 rounds activations and weights to bf16 with fp32 sums, the
+    numbers of a torch bf16 linear. auto: fp32, except on a bf16 model (whose numbers are
+    8-bit-mantissa ones anyway) bf16 for steps from ``bf16_from`` tokens where the library
+    has bf16 (the compute-bound steps); and int8 blocks for one-token steps where
+    ``int8_one`` (a block-quantized model on a CPU with u8 x s8 SIMD:
+    ``build.int8_decode_preferred``)."""
     if act == "auto":
-        bf16_model = model_dtype == torch.bfloat16
-        large = ACT_BF16 if bf16_model and bf16_from else ACT_F32
-        return (ACT_INT8 if bf16_model and int8_small else ACT_F32), large
+        large = ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32
+        return (ACT_INT8 if int8_one else ACT_F32), ACT_F32, large
     mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
-    return mode, mode
+    return mode, mode, mode
+
+
+_MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
+
+
+def _label(w: QWeight) -> str:
+    if w.origin and w.origin.lower() != w.kind:
+        return f"{w.kind} (from {w.origin})"
+    return w.kind
+
+
+def describe_weights(layer_weights: list[QWeight], head: QWeight) -> str:
+    """What the step's matrices are, e.g. ``gguf q4_1, head q8_0`` (a GGUF's own blocks),
+    ``bf16`` (dense rows), ``q8_0`` (blocks made at load)."""
+    layers = ", ".join(sorted({_label(w) for w in layer_weights}))
+    text = ("gguf " if any(w.origin for w in [*layer_weights, head]) else "") + layers
+    return text if _label(head) == layers else f"{text}, head {_label(head)}"
 
 
 class NativeDecoder:
     """Runs steps of at most ``max_rows`` tokens. ``blocks``: HF weight name -> QWeight
-    (the source file's own blocks); weights missing there are quantized from the model's
-    dense weights (Q8 blocks, or Q4 with ``quant="int4"``). ``act``: how matmuls read
-    activations (auto | fp32 | int8 | bf16, see ``activation_modes``)."""
+    (a GGUF's own blocks, or blocks made at load on request); weights missing there run as
+    dense rows at the model's precision (bf16 rows for a bf16 model, fp32 otherwise), or
+    as Q4 blocks with ``quant="int4"``. Dense rows are moved into the decoder's arena and
+    the model's tensors become views of them (one copy in memory, read by both paths).
+    ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
+    ``activation_modes``); int8 needs block weights (a ValueError on a dense model)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int, quant: str = "auto", act: str = "auto") -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
-        bf16_from = int(lib.rlm_bf16_min_rows())
-        self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[1] runs
-        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype,
-                                          int8_decode_preferred())
-        self.quantize = quantize_q4 if quant == "int4" else quantize_q8
+        self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         n = cfg.num_layers
         mats = [self._layer_weights(i, blocks) for i in range(n)]
-        head = blocks.get("lm_head.weight")
-        if head is None and model.lm_head is model.embed:
-            head = blocks.get("model.embed_tokens.weight")
-        if head is None:
-            head = quantize_q8(model.lm_head.float().numpy())
-        self.arena = Arena([w for m in mats for w in m.values()] + [head])  # in step order
+        head = self._head_weights(blocks)
+        flat = [w for m in mats for w in m.values()]
+        self.weights = describe_weights(flat, head)
+        quantized = any(not w.dense for w in [*flat, head])
+        if act == "int8" and not quantized:
+            raise ValueError(f"native_activations='int8' rounds activations for block "
+                             f"weights; this model runs dense {self.weights} rows (use "
+                             "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
+        bf16_from = int(lib.rlm_bf16_min_rows())
+        self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[2] runs
+        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype,
+                                          quantized and int8_decode_preferred())
+        self.arena = Arena([*flat, head])  # in step order
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
-        self.head = self.arena.qmat(head)
+        self.head, head_rows = self._place(head)
+        if head_rows is not None:
+            self._adopt_head(head_rows)
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         self.final_norm = self._f32(model.norm)
@@ -140,22 +167,62 @@ class NativeDecoder:
         self._keep.append(a)
         return a.ctypes.data
 
+    def _missing(self, weight: torch.Tensor) -> QWeight:
+        """A weight the source has no blocks for: dense rows (bf16 bits or fp32), or the
+        ``quant`` fill's blocks."""
+        if self._fill is not None:
+            return self._fill(weight.float().numpy())
+        if weight.dtype == torch.bfloat16:
+            return dense_rows(weight.contiguous().view(torch.int16).numpy().view(np.uint16))
+        return dense_rows(weight.float().contiguous().numpy())
+
     def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
                dense) -> QWeight:
         full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
         if all(n in blocks for n in full):
             return concat([blocks[n] for n in full])
-        return self.quantize(dense.weight.float().numpy())
+        return self._missing(dense.weight)
 
     def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, QWeight]:
         layer = self.model.layers[i]
         return {key: self._fused(blocks, i, names, getattr(layer, attr))
-                for (key, names), attr in zip(_FUSED.items(),
-                                              ("qkv", "o_proj", "gate_up", "down"))}
+                for (key, names), attr in zip(_FUSED.items(), _ATTRS)}
+
+    def _head_weights(self, blocks: dict[str, QWeight]) -> QWeight:
+        model = self.model
+        head = blocks.get("lm_head.weight")
+        if head is None and model.lm_head is model.embed:
+            head = blocks.get("model.embed_tokens.weight")
+        return head if head is not None else self._missing(model.lm_head)
+
+    def _place(self, w: QWeight) -> tuple[ctypes.Structure, torch.Tensor | None]:
+        """``w`` into the arena: its C view, and for dense rows a torch tensor over the
+        arena's copy (bf16 or fp32), for the model to read instead of its own."""
+        mat, arrays = self.arena.place(w)
+        if not w.dense:
+            return mat, None
+        rows = arrays[0]
+        return mat, (torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
+                     if w.fmt == FMT_BF16 else torch.from_numpy(rows))
+
+    def _adopt_head(self, t: torch.Tensor) -> None:
+        model = self.model
+        if t.dtype != model.lm_head.dtype:  # (fp16 weights run as fp32 rows: keep both)
+            return
+        if model.lm_head is model.embed:
+            model.embed = t
+        if model.head.weight is model.lm_head:
+            model.head.weight = t
+        model.lm_head = t
 
     def _layer(self, i: int, weights: dict[str, QWeight]) -> Layer:
         cfg, layer = self.model.cfg, self.model.layers[i]
-        mats = {key: self.arena.qmat(w) for key, w in weights.items()}
+        mats = {}
+        for (key, w), attr in zip(weights.items(), _ATTRS):
+            mats[key], t = self._place(w)
+            linear = getattr(layer, attr)
+            if t is not None and t.dtype == linear.weight.dtype:
+                linear.weight = t  # the model's linear reads the arena's copy
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),
@@ -171,7 +238,7 @@ class NativeDecoder:
         t = batch.num_tokens
         if 0 < t <= self.max_rows:
             return True
-        if self.act_modes[1] != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
+        if self.act_modes[2] != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
                                                  else BF16_LARGE_MAX_ROWS):
             return False
         attended = sum(e * s - e * (e - 1) // 2  # positions s-e .. s-1 attend to pos + 1
@@ -179,17 +246,31 @@ class NativeDecoder:
         return attended <= LARGE_MAX_CTX_PER_TOKEN * t
 
     def describe_modes(self) -> str:
-        names = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
-        small, large = self.act_modes
-        if small == large:
-            return names[small]
-        return (f"{names[small]}, {names[large]} from {self.large_from} tokens"
+        """The activation modes by step size, e.g. ``int8 one-token steps, fp32, bf16 from 8
+        tokens (AMX; ...)``."""
+        one, small, large = (_MODE_NAMES[m] for m in self.act_modes)
+        if one == small == large:
+            return one
+        text = f"{one} one-token steps, {small}" if one != small else small
+        if large == small:
+            return text
+        return (f"{text}, {large} from {self.large_from} tokens"
                 + (" (AMX; short-context prefill chunks too)" if self.amx else
                    " (AVX512-BF16 dot products; short-context steps up to "
                    f"{BF16_LARGE_MAX_ROWS} tokens too)"))
 
-    def _mode(self, rows: int) -> int:
-        return self.act_modes[rows >= self.large_from]
+    def mode(self, rows: int) -> int:
+        """The activation mode (ACT_*) a step of ``rows`` tokens runs."""
+        if rows >= self.large_from:
+            return self.act_modes[2]
+        return self.act_modes[0 if rows == 1 else 1]
+
+    def _head_mode(self, tokens: int, rows: int) -> int:
+        """The head of a step runs the step's mode (one-token steps: the one-token mode); a
+        large step's head, of few rows, the small steps' mode unless it has many."""
+        if tokens < self.large_from:
+            return self.mode(tokens)
+        return self.act_modes[2 if rows >= self.large_from else 1]
 
     def _workspace(self, attr: str, floats: int) -> torch.Tensor:
         ws = getattr(self, attr)
@@ -218,7 +299,7 @@ class NativeDecoder:
         ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], T, max_ctx,
                                                              nthreads))
         table = pool.req_to_token
-        step = Step(T, self.kv_dtype, nthreads, max_ctx, self._mode(T), cos.data_ptr(),
+        step = Step(T, self.kv_dtype, nthreads, max_ctx, self.mode(T), cos.data_ptr(),
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
                     ws.data_ptr())
@@ -232,5 +313,5 @@ class NativeDecoder:
                 n, self.head.k, nthreads))
             lib.rlm_norm_head(ctypes.byref(self.head), self.final_norm,
                               model.cfg.rms_norm_eps, n, x.data_ptr(), logits.data_ptr(),
-                              hws.data_ptr(), self._mode(n), nthreads)
+                              hws.data_ptr(), self._head_mode(T, n), nthreads)
         return logits

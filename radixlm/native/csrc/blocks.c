@@ -51,9 +51,13 @@ static inline void block_f32(const QMat *w, const uint8_t *wq, int b, __m512 *lo
 }
 #endif
 
-/* Row n dequantized to fp32 (W = d q + m) into out[k]. */
+/* Row n dequantized to fp32 (W = d q + m; dense rows converted) into out[k]. */
 static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                         int nb, float *out) {
+    if (is_dense(w)) {
+        dense_row_f32(w, wq, nb * 32, out);
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -90,12 +94,21 @@ static inline void to_bf16(const float *x, int k, uint16_t *out) {
                                                                  _mm512_loadu_ps(x + j)));
 }
 
-/* Row n dequantized (W = d q + m) straight to bf16, nearest even. Q4 blocks by table: the
+/* Row n dequantized (W = d q + m) straight to bf16, nearest even (dense rows copied or
+ * rounded). Q4 blocks by table: the
  * 16 values d q + m (q = 0..15) rounded once, then one word permute looks up all 32
  * nibbles (the same fused multiply-add and rounding per value as converting each weight,
  * in a third fewer 512-bit instructions). */
 static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
                              const f16 *wm, int nb, uint16_t *out) {
+    if (w->fmt == FMT_BF16) {
+        memcpy(out, wq, (size_t)nb * 64);
+        return;
+    }
+    if (w->fmt == FMT_F32) {
+        to_bf16((const float *)wq, nb * 32, out);
+        return;
+    }
 #ifdef __AVX512BW__
     if (w->fmt == FMT_Q4) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -128,9 +141,10 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
     if (n >= n_end) return;
     if (n + count > n_end) count = n_end - n;
     const int nb = w->k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
     const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
     for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+    if (is_dense(w)) return;
     const char *d = (const char *)(w->d + (int64_t)n * nb);
     for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
     if (w->fmt == FMT_Q4) {

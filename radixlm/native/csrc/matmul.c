@@ -80,14 +80,14 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         return;
     }
 #endif
-    if (act->f32) {
+    if (act->f32 || is_dense(w)) { /* (int8 blocks of activations are for block weights) */
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
     }
     const int8_t *xa = act->xa;
     const float *xd = act->xd, *xs = act->xs;
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
 #ifdef RLM_AVX2
     uint8_t ubuf[k] __attribute__((aligned(64)));
 #endif
