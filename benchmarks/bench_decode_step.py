@@ -164,11 +164,11 @@ def main() -> None:
     native = native_engine.runner.native
     default_modes, large_from = native.act_modes, native.large_from
     modes = {"native": None}
-    modes.update({f"native_{m}": (ACT_NAMES[m], ACT_NAMES[m])
+    modes.update({f"native_{m}": (ACT_NAMES[m],) * 3
                   for m in args.activations.split(",") if m})
     paths = (["reference"] if ref_engine else []) + list(modes)
     results = {"host": host, "context": args.context, "native_act_modes": default_modes,
-               "weights": getattr(native_engine.runner, "precision", {}).get("weights", "?"),
+               "weights": native_engine.runner.precision["weights"],
                **{p: {} for p in paths},
                "reference_path": (f"torch {ref_engine.runner.dtype}"
                                   + (" + int4 linears" if ref_engine.runner.int4 is not None

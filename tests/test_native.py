@@ -248,10 +248,12 @@ def _greedy(engine, prompts, n=24):
 
 
 def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
-    """fp32: the native path's greedy text (batched and alone) equals the reference path's,
-    and each chosen token's logprob is within 2e-3."""
+    """fp32 activations (``engine_fp32`` asks for them: the default rounds one-token steps'
+    activations to int8 blocks on most CPUs, see below): the native path's greedy text
+    (batched and alone) equals the reference path's, and each chosen token's logprob is
+    within 2e-3."""
     assert engine_fp32.runner.native is not None
-    assert engine_fp32.runner.native.act_modes == (ACT_F32, ACT_F32)
+    assert engine_fp32.runner.native.act_modes == (ACT_F32, ACT_F32, ACT_F32)
     ids, lps = _greedy(engine_fp32, PROMPTS)
     ref_ids, ref_lps = _greedy(reference_engine, PROMPTS)
     assert ids == ref_ids
@@ -278,13 +280,18 @@ def _assert_logprobs_near_reference(engine, reference_engine, prompts, new_token
 
 
 def test_engine_int8_activations_stay_close(reference_engine):
-    """int8 activation blocks: chosen-token logprobs within 0.3 of the reference over 30
-    layers (measured ~0.2 at worst; greedy text may part on near-ties, as llama.cpp's)."""
+    """int8 activation blocks (the default of one-token steps where the CPU has u8 x s8
+    SIMD, as here: then this engine is the default one; else asked for): chosen-token
+    logprobs within 0.3 of the reference over 30 layers (measured ~0.2 at worst; greedy
+    text may part on near-ties, as llama.cpp's)."""
+    from radixlm.native.build import int8_decode_preferred
     from radixlm.runtime.engine import Engine
 
-    engine = Engine(dtype="float32", native_activations="int8", max_total_tokens=4096,
+    act = "auto" if int8_decode_preferred() else "int8"
+    engine = Engine(dtype="float32", native_activations=act, max_total_tokens=4096,
                     log_level="warning")
     try:
+        assert engine.runner.native.mode(1) == ACT_INT8
         _assert_logprobs_near_reference(engine, reference_engine, PROMPTS[:1], 8, atol=0.3)
     finally:
         engine.shutdown()
@@ -292,10 +299,11 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
     """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
-    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32 (int8 blocks on
-    an AMD CPU with AVX512-VNNI; all fp32 without bf16). 16 requests decoded together, and
-    one alone: every chosen token's logprob within 0.3 of the fp32 reference scoring the
-    same text (bf16 prefill and bf16 / int8 steps, as a torch bf16 model would differ)."""
+    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32, one-token
+    steps int8 blocks where the CPU has u8 x s8 SIMD (all fp32 without bf16). 16 requests
+    decoded together, and one alone: every chosen token's logprob within 0.3 of the fp32
+    reference scoring the same text (bf16 prefill and bf16 / int8 steps, as a torch bf16
+    model would differ)."""
     from radixlm.native.build import int8_decode_preferred, load
     from radixlm.runtime.engine import Engine
 
@@ -304,12 +312,13 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         lib = load()
         native = engine.runner.native
         expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
-        small = ACT_INT8 if int8_decode_preferred() else ACT_F32
+        one = ACT_INT8 if int8_decode_preferred() else ACT_F32
         assert lib.rlm_bf16_min_rows() == expect_from
-        assert native.act_modes == (small, ACT_BF16 if expect_from else ACT_F32)
+        assert native.act_modes == (one, ACT_F32, ACT_BF16 if expect_from else ACT_F32)
+        assert native.mode(1) == one
         if expect_from:
-            assert native._mode(expect_from - 1) == small
-            assert native._mode(expect_from) == ACT_BF16
+            assert native.mode(expect_from - 1) == (ACT_F32 if expect_from > 2 else one)
+            assert native.mode(expect_from) == ACT_BF16
 
         def step(extends: int, tokens: int, cached: int):  # what accepts() reads
             return types.SimpleNamespace(num_tokens=extends * tokens,
@@ -400,19 +409,24 @@ def q8_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib, monkeypatch):
-    """A non-GGUF checkpoint (Q8 blocks made here; head_dim 16): native fp32 greedy equals
-    the reference, including a step that extends several tokens after a cached prefix and
-    a batch of requests at different lengths; with each SIMD build (AVX2, generic too)."""
+    """A non-GGUF checkpoint (head_dim 16; its weights Q8 values, rounded here): native
+    greedy with fp32 activations equals the reference path's, on its own dense fp32 rows
+    (the default) and on Q8 blocks (``quantization="q8_0"``, which reproduce those weights
+    exactly), including a step that extends several tokens after a cached prefix and a
+    batch of requests at different lengths; with each SIMD build (AVX2, generic too)."""
     from radixlm.runtime.engine import Engine
 
     monkeypatch.setattr(build, "load", lambda: lib)
     prompts = ["The weather today is", "The weather today is nice and", "A", "Numbers: 1, 2"]
     outs = {}
-    for label, quant in (("native", "auto"), ("ref", "none")):
-        engine = Engine(model=str(q8_model_dir), dtype="float32", weight_quant=quant,
-                        max_total_tokens=2048, log_level="warning")
+    for label, kw in (("dense", {}), ("q8_0", {"quantization": "q8_0"}),
+                      ("ref", {"weight_quant": "none"})):
+        engine = Engine(model=str(q8_model_dir), dtype="float32", native_activations="fp32",
+                        max_total_tokens=2048, log_level="warning", **kw)
         try:
-            assert (engine.runner.native is not None) == (label == "native")
+            assert (engine.runner.native is not None) == (label != "ref")
+            assert engine.runner.precision["weights"] == ("fp32" if label != "q8_0"
+                                                          else "q8_0 (quantized at load)")
             params = {"temperature": 0, "max_new_tokens": 12}
             first = engine.generate(prompts[0], params)["output_ids"]
             cached = engine.generate(prompts[1], params)  # prefix hit, then a 2-token extend
@@ -421,7 +435,7 @@ def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib,
             outs[label] = (first, cached["output_ids"], batch)
         finally:
             engine.shutdown()
-    assert outs["native"] == outs["ref"]
+    assert outs["dense"] == outs["ref"] and outs["q8_0"] == outs["ref"]
 
 
 def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
@@ -456,18 +470,35 @@ def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
         build.cpu_flags()
 
 
-def test_int8_one_token_steps_only_where_preferred(monkeypatch):
-    """auto on a bf16 model: int8 one-token steps on AMD CPUs with AVX512-VNNI (measured
-    faster there), fp32 elsewhere; an fp32 model keeps fp32 (the exact reference path)."""
+def test_int8_one_token_steps_by_isa():
+    """auto picks int8 activation blocks for the one-token steps of a block-quantized model
+    where the CPU multiplies u8 x s8 in SIMD (AVX2's maddubs, VNNI's dpbusd), whatever the
+    vendor, and fp32 without (plain C builds, other architectures); larger steps keep fp32
+    (bf16 from ``bf16_from`` tokens on a bf16 model); an explicit mode runs every step."""
     from radixlm.native.decoder import activation_modes
 
-    for vendor, flags, expected in (("AuthenticAMD", ["avx2", "avx512_vnni"], True),
-                                    ("AuthenticAMD", ["avx2"], False),
-                                    ("GenuineIntel", ["avx2", "avx512_vnni"], False)):
-        monkeypatch.setattr(build, "cpu_vendor", lambda v=vendor: v)
-        monkeypatch.setattr(build, "cpu_flags", lambda f=flags: f)
-        assert build.int8_decode_preferred() is expected
-    assert activation_modes("auto", 2, torch.bfloat16, True) == (ACT_INT8, ACT_BF16)
-    assert activation_modes("auto", 2, torch.float32, True) == (ACT_F32, ACT_F32)
-    assert activation_modes("auto", 8, torch.bfloat16, False) == (ACT_F32, ACT_BF16)
-    assert activation_modes("fp32", 2, torch.bfloat16, True) == (ACT_F32, ACT_F32)
+    for flags, expected in ((["avx2", "fma"], True),
+                            (["avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"], True),
+                            (["avx2", "fma", "avx_vnni"], True),
+                            (["avx512_vnni"], True),
+                            (["sse4_2", "ssse3", "avx"], False),
+                            (["asimd", "asimddp"], False), ([], False)):
+        assert build.int8_decode_preferred(flags) is expected, flags
+    assert activation_modes("auto", 8, torch.bfloat16, True) == (ACT_INT8, ACT_F32, ACT_BF16)
+    assert activation_modes("auto", 2, torch.float32, True) == (ACT_INT8, ACT_F32, ACT_F32)
+    assert activation_modes("auto", 0, torch.bfloat16, True) == (ACT_INT8, ACT_F32, ACT_F32)
+    assert activation_modes("auto", 8, torch.bfloat16, False) == (ACT_F32, ACT_F32, ACT_BF16)
+    assert activation_modes("auto", 0, torch.float32, False) == (ACT_F32,) * 3
+    assert activation_modes("fp32", 8, torch.bfloat16, True) == (ACT_F32,) * 3
+    assert activation_modes("int8", 8, torch.float32, False) == (ACT_INT8,) * 3
+
+
+def test_int8_rule_under_the_isa_cap(monkeypatch):
+    """RADIXLM_CPU_ISA caps the flags the rule reads: AVX2 keeps maddubs (int8), the plain
+    C build has none (fp32)."""
+    if not {"avx2", "fma"} <= set(build.host_cpu_flags()):
+        pytest.skip("this host cannot execute AVX2")
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "avx2")
+    assert build.int8_decode_preferred()
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "generic")
+    assert not build.int8_decode_preferred()

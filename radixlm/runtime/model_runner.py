@@ -148,8 +148,7 @@ class ModelRunner:
         ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
         self.config = config
         hf_config = load_hf_config(model_dir)
-        self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir,
-                                                                             hf_config))
+        self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir, hf_config))
         rank = tp.rank if tp is not None else 0
         if tp is not None and self.device.type == "cuda":
             self.device = torch.device("cuda", rank % config.tp_per_node)
