@@ -201,14 +201,14 @@ def report(results, args, paths, default_modes, large_from, host) -> None:
           f"reference = {results['reference_path']}; native = its defaults (activation "
           f"modes {default_modes} for steps under / from {large_from} tokens; 0 int8, "
           "1 fp32, 2 bf16); native_MODE: every step MODE")
-    print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}"
-          "  rounds")
+    print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'min':>8}{'linears':>9}{'attention':>11}"
+          f"{'rest':>8}  rounds (medians; min: the quietest round)")
     for b in results[paths[-1]]:
         for path in paths:
             r = results[path][b]
             per = " ".join(f"{x:.2f}" for x in r["rounds_step_ms"])
-            print(f"{b:>5} {path:<12}{r['step_ms']:>9.2f}{r['linears_ms']:>9.2f}"
-                  f"{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}  {per}")
+            print(f"{b:>5} {path:<12}{r['step_ms']:>9.2f}{min(r['rounds_step_ms']):>8.2f}"
+                  f"{r['linears_ms']:>9.2f}{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}  {per}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
