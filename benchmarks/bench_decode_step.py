@@ -120,7 +120,8 @@ def make_engines(args):
     from radixlm.native import build
     from radixlm.runtime.engine import Engine
 
-    kwargs = {"log_level": "warning", "max_total_tokens": 40000, "dtype": args.dtype}
+    kwargs = {"log_level": "warning", "max_total_tokens": 40000, "dtype": args.dtype,
+              "model": args.model}
     native_engine = Engine(**kwargs)
     if native_engine.runner.native is None:
         raise SystemExit("the native library is unavailable on this host: nothing to compare")
@@ -142,6 +143,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="model alias, HF directory (dense rows natively) or .gguf")
     ap.add_argument("--dtype", default="auto", help="the engine's dtype (auto: the host's)")
     ap.add_argument("--activations", default="",
                     help="also time the native path with steps of these activation modes "

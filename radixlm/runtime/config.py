@@ -159,15 +159,6 @@ class EngineConfig:
                              "replicas behind sglang-router); one Engine is one replica")
         self._check_nodes()
 
-    def _check_quantization(self) -> None:
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (or "
-                             f"unset: the checkpoint's own precision), got "
-                             f"{self.quantization!r}")
-        if self.weight_quant == "int4" and self.quantization not in (None, "q4_0", "q4_1"):
-            raise ValueError(f"weight_quant='int4' (4-bit blocks) conflicts with "
-                             f"quantization={self.quantization!r}; give one")
-
     def _check_nodes(self) -> None:
         if self.nnodes < 1:
             raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
@@ -183,6 +174,15 @@ class EngineConfig:
             raise ValueError(f"nnodes={self.nnodes} needs the rendezvous address of node 0: "
                              "dist_init_addr HOST:PORT (--dist-init-addr), or MASTER_ADDR and "
                              "MASTER_PORT in the environment")
+
+    def _check_quantization(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (or "
+                             f"unset: the checkpoint's own precision), got "
+                             f"{self.quantization!r}")
+        if self.weight_quant == "int4" and self.quantization not in (None, "q4_0", "q4_1"):
+            raise ValueError(f"weight_quant='int4' (4-bit blocks) conflicts with "
+                             f"quantization={self.quantization!r}; give one")
 
     @property
     def tp_per_node(self) -> int:
