@@ -291,7 +291,7 @@ def test_engine_int8_activations_stay_close(reference_engine):
     engine = Engine(dtype="float32", native_activations=act, max_total_tokens=4096,
                     log_level="warning")
     try:
-        assert engine.runner.native.mode(1) == ACT_INT8
+        assert engine.runner.native._mode(1) == ACT_INT8
         _assert_logprobs_near_reference(engine, reference_engine, PROMPTS[:1], 8, atol=0.3)
     finally:
         engine.shutdown()
@@ -315,10 +315,10 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         one = ACT_INT8 if int8_decode_preferred() else ACT_F32
         assert lib.rlm_bf16_min_rows() == expect_from
         assert native.act_modes == (one, ACT_F32, ACT_BF16 if expect_from else ACT_F32)
-        assert native.mode(1) == one
+        assert native._mode(1) == one
         if expect_from:
-            assert native.mode(expect_from - 1) == (ACT_F32 if expect_from > 2 else one)
-            assert native.mode(expect_from) == ACT_BF16
+            assert native._mode(expect_from - 1) == (ACT_F32 if expect_from > 2 else one)
+            assert native._mode(expect_from) == ACT_BF16
 
         def step(extends: int, tokens: int, cached: int):  # what accepts() reads
             return types.SimpleNamespace(num_tokens=extends * tokens,
