@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from radixlm import envs
 
+# Block types `quantization` accepts (what the native library runs: radixlm.native.qweights).
+QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")
+
 
 def parse_host_port(text: str, what: str) -> tuple[str, int]:
     """("host", port) from "host:port" ("[v6addr]:port" for IPv6); ValueError naming `what`
@@ -24,10 +27,6 @@ def master_address() -> tuple[str, int] | None:
     if not addr or not port:
         return None
     return parse_host_port(f"{addr}:{port}", "MASTER_ADDR:MASTER_PORT")
-
-
-# Block types `quantization` accepts (what the native library runs: radixlm.native.qweights).
-QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")
 
 
 @dataclass(frozen=True)
