@@ -1,10 +1,10 @@
 """Small steps (decode, jump-forward) of a Llama-family model in the native library.
 
-One C call per layer (RMSNorm, quantized q/k/v, rotary, K/V store into the pool,
-attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down, residuals) and one
-for the final norm and the LM head. The pool stays the only K/V store: a step written here
-is read by the torch path's next extend step and the other way round. Larger steps
-(prefill chunks) stay on the torch path, where GEMMs and flash attention win.
+One C call per layer (RMSNorm, q/k/v on block-quantized or dense rows, rotary, K/V store
+into the pool, attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down,
+residuals) and one for the final norm and the LM head. The pool stays the only K/V store:
+a step written here is read by the torch path's next extend step and the other way round.
+Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash attention win.
 """
 
 from __future__ import annotations
