@@ -29,7 +29,8 @@ class StepBatch(Protocol):
     receives each token's K/V): [T]; ``req_pool_indices`` (rows of the pool's
     ``req_to_token``) and ``extend_lens`` (new tokens per request): [B], with
     ``extend_lens_cpu`` and ``seq_lens_cpu`` (tokens with K/V after the step) the same as
-    lists; ``logits_indices``: the rows of T whose logits are returned."""
+    lists; ``logits_indices``: the rows of T whose logits are returned. Optional
+    ``act_rows``: the step size whose activation rounding to use (default T)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -215,10 +216,12 @@ class NativeDecoder:
         else:
             rows = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens)
         max_ctx = max(batch.seq_lens_cpu)
+        act_rows = getattr(batch, "act_rows", None)
+        mode = self._mode(act_rows or T)
         ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], T, max_ctx,
                                                              nthreads))
         table = pool.req_to_token
-        step = Step(T, self.kv_dtype, nthreads, max_ctx, self._mode(T), cos.data_ptr(),
+        step = Step(T, self.kv_dtype, nthreads, max_ctx, mode, cos.data_ptr(),
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
                     ws.data_ptr())
@@ -232,5 +235,5 @@ class NativeDecoder:
                 n, self.head.k, nthreads))
             lib.rlm_norm_head(ctypes.byref(self.head), self.final_norm,
                               model.cfg.rms_norm_eps, n, x.data_ptr(), logits.data_ptr(),
-                              hws.data_ptr(), self._mode(n), nthreads)
+                              hws.data_ptr(), self._mode(act_rows or n), nthreads)
         return logits

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.runtime.speculative.base import normalize_algorithm
 
 
 def parse_host_port(text: str, what: str) -> tuple[str, int]:
@@ -24,6 +25,11 @@ def master_address() -> tuple[str, int] | None:
     if not addr or not port:
         return None
     return parse_host_port(f"{addr}:{port}", "MASTER_ADDR:MASTER_PORT")
+
+
+# Bounds of the speculative-decoding settings (a native step holds at most 64 tokens).
+MAX_DRAFT_TOKENS = 32
+MAX_NGRAM_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,15 @@ class EngineConfig:
     # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
+    # Speculative decoding (SGLang's names): NGRAM drafts continuations from n-gram
+    # matches (runtime/speculative) and verifies them in one model step, exactly (greedy
+    # and sampled outputs as without it); None or "none": off. Each step sizes the drafts
+    # from measured step times and each request's acceptance so far, so they are skipped
+    # where they do not pay (large batches, text that repeats nothing).
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 8  # most draft tokens per request and step
+    speculative_ngram_min_match_window_size: int = 1  # shortest suffix matched (tokens)
+    speculative_ngram_max_match_window_size: int = 12  # longest suffix matched (tokens)
     random_seed: int = 0
     log_level: str = "info"
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
@@ -146,6 +161,21 @@ class EngineConfig:
             raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
                              "replicas behind sglang-router); one Engine is one replica")
         self._check_nodes()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        object.__setattr__(self, "speculative_algorithm",
+                           normalize_algorithm(self.speculative_algorithm))
+        lo, hi = 1, MAX_DRAFT_TOKENS
+        if not lo <= self.speculative_num_draft_tokens <= hi:
+            raise ValueError(f"speculative_num_draft_tokens must be in {lo}..{hi}, got "
+                             f"{self.speculative_num_draft_tokens}")
+        small = self.speculative_ngram_min_match_window_size
+        large = self.speculative_ngram_max_match_window_size
+        if not 1 <= small <= large <= MAX_NGRAM_WINDOW:
+            raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
+                             f"speculative_ngram_max_match_window_size <= {MAX_NGRAM_WINDOW}, "
+                             f"got {small} and {large}")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:

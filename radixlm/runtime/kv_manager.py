@@ -52,6 +52,24 @@ class KVManager:
         req.kv_slots.extend(new)
         return True
 
+    def extend_free(self, req: Req, n: int) -> bool:
+        """Allocate slots for ``n`` more tokens of ``req`` from free slots only (a draft:
+        it never evicts the cache, and it has no slots unless they are free)."""
+        new = self.slots.alloc(n) if n <= self.slots.num_free else None
+        if new is None:
+            return False
+        req.kv_slots.extend(new)
+        return True
+
+    def detach(self, req: Req, kv_len: int) -> list[int]:
+        """Take the request's own slots past ``kv_len`` out of it, unfreed: the caller
+        gives each back in order (``req.kv_slots.append``) or frees it."""
+        assert kv_len >= req.cache_owned_len, "detach reaches into the cache's slots"
+        taken = req.kv_slots[kv_len:]
+        del req.kv_slots[kv_len:]
+        req.row_synced = min(req.row_synced, kv_len)
+        return taken
+
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the request's own K/V past ``kv_len`` (after a jump-forward rollback)."""
         if kv_len >= req.kv_len:

@@ -118,8 +118,7 @@ class Sampler:
         # One uniform per row from the request's own generator, then an inverse-CDF draw.
         # (torch.multinomial draws exponential noise over the whole vocabulary from the
         # generator: ~2 ms per row on this CPU, 0.1 s per step at batch 64.)
-        u = torch.cat([torch.rand(1, generator=inp.generators[r], device=logits.device)
-                       for r in rows])
+        u = torch.cat([draw_uniform(inp.generators[r], logits.device) for r in rows])
         out = [0] * len(rows)
         filtered = [inp.top_ks[r] >= 0 or inp.top_ps[r] < 1.0 or inp.min_ps[r] > 0.0
                     for r in rows]
@@ -136,6 +135,37 @@ class Sampler:
                 keep = _keep_sorted(vals, k, p, mp)
             out[j] = int(idx[draw_inverse_cdf((vals * keep)[None], u[j:j + 1])])
         return out
+
+
+def draw_uniform(generator: torch.Generator, device) -> torch.Tensor:
+    """One uniform in [0, 1) from a request's generator: the one draw a sampled token
+    takes (``Sampler``; ``ModelRunner.rewind_generator`` replays them)."""
+    return torch.rand(1, generator=generator, device=device)
+
+
+def accept_prefix(draft: list[int], sampled: list[int]) -> int:
+    """Speculative verification: how many draft tokens to accept.
+
+    ``sampled[j]`` is the token the sampler drew at the ``j``-th verification row (after
+    the request's last token and the first ``j`` draft tokens), exactly as a decode step at
+    that point would draw it: the same processed distribution ``p_j`` (penalties counting
+    the earlier draft tokens, logit bias, banned tokens, the grammar's mask after them,
+    temperature, top-k/p, min-p) and the same uniform, the next one of the request's
+    generator. Draft token ``draft[j]`` is accepted while every earlier one was and
+    ``sampled[j] == draft[j]``; the request then emits the accepted tokens and
+    ``sampled[m]`` (``m`` = the count returned), and its generator is rewound to one draw
+    per emitted token.
+
+    This is the standard rejection rule for a deterministic proposal: ``draft[j]`` is
+    accepted with probability ``p_j(draft[j])``, and on rejection the emitted token is
+    ``sampled[j]`` given that it differs from ``draft[j]``, distributed as ``p_j`` with
+    ``draft[j]``'s mass removed and renormalized; so every emitted token has the
+    distribution decoding gives it, and with the same seed the same value (the same draw
+    of the same distribution). Greedy rows are the case of a point mass at the argmax."""
+    m = 0
+    while m < len(draft) and sampled[m] == draft[m]:
+        m += 1
+    return m
 
 
 _BLOCK = 256

@@ -1,0 +1,22 @@
+"""Speculative decoding without a draft model: where drafts come from.
+
+- `base`: the `Drafter` interface (its contract) and the algorithm names;
+- `lookup`: prompt lookup over a request's own tokens, the simplest drafter;
+- `cost`: step times by tokens per step, and how many draft tokens a step may verify.
+
+The scheduler's `speculation` part asks a drafter for drafts, verifies them in the batch's
+step and keeps what the model agrees with (`radixlm/runtime/scheduler/speculation.py`).
+"""
+
+from __future__ import annotations
+
+from radixlm.runtime.speculative.base import Drafter
+from radixlm.runtime.speculative.lookup import PromptLookupDrafter
+
+
+def create_drafter(config, cache) -> Drafter | None:
+    """The drafter ``config.speculative_algorithm`` names (None: speculation off), given
+    the radix cache to read other requests' sequences from."""
+    if config.speculative_algorithm is None:
+        return None
+    return PromptLookupDrafter(config, cache=cache)
