@@ -75,7 +75,8 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
 
 
 def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
-    """Constrained decoding (jump-forward, grammar backend, JSON whitespace) and the seed."""
+    """Constrained decoding (jump-forward, grammar backend, JSON whitespace), the seed and
+    speculative decoding."""
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
@@ -85,6 +86,15 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
                    default=None, help="JSON output with no whitespace between tokens "
                                       "(compact), where a request names no pattern")
     e.add_argument("--random-seed", type=int)
+    e.add_argument("--speculative-algorithm",
+                   help="NGRAM: speculative decoding with n-gram drafts (no draft model), "
+                        "sized per step to where it pays | none: off")
+    e.add_argument("--speculative-num-draft-tokens", type=int,
+                   help="most draft tokens a request verifies per step")
+    e.add_argument("--speculative-ngram-min-match-window-size", type=int,
+                   help="shortest suffix (tokens) an n-gram draft is matched on")
+    e.add_argument("--speculative-ngram-max-match-window-size", type=int,
+                   help="longest suffix (tokens) an n-gram draft is matched on")
 
 
 def _add_parallel_args(e: argparse._ArgumentGroup) -> None:
@@ -151,6 +161,10 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,
         "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,
         "random_seed": args.random_seed,
+        "speculative_algorithm": args.speculative_algorithm,
+        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
+        "speculative_ngram_min_match_window_size": args.speculative_ngram_min_match_window_size,
+        "speculative_ngram_max_match_window_size": args.speculative_ngram_max_match_window_size,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
         "nnodes": args.nnodes, "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,

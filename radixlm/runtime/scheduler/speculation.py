@@ -53,7 +53,11 @@ HISTORY_DECAY = 0.8  # weight of the history at each new verification of the req
 IDLE_DECAY = 0.98
 MAX_RATE = 0.98
 
-SPEC_STATS = ("spec_verify_ct_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
+# Engine-wide totals (``Engine.get_stats``): verification steps (a decode step of a request
+# while speculation is on, with a draft or none), tokens those steps emitted, draft tokens
+# verified, draft tokens accepted.
+SPEC_STATS = ("spec_verify_ct_total", "spec_emitted_tokens_total", "spec_draft_tokens_total",
+              "spec_accepted_tokens_total")
 
 
 class Speculation:
@@ -88,18 +92,21 @@ class Speculation:
         self.bitmask_words = (runner.vocab_size + 31) // 32
         self.max_context = int(runner.pool.req_to_token.shape[1])
         self._masks: dict[int, np.ndarray] = {}  # batch index -> its verification rows
+        self._verifying: list[int] = []  # batch indices of this step's candidates
         self._started = 0.0
-        for key in SPEC_STATS:
-            state.stats.setdefault(key, 0)
+        if drafter is not None:  # the totals exist where speculation is on
+            for key in SPEC_STATS:
+                state.stats.setdefault(key, 0)
 
     # ------------------------------------------------------------------ before the step
     def attach(self, sb: ScheduleBatch) -> None:
         """Give the step's candidates the drafts that pay (``sb.drafts``; slots taken)."""
         self._started = time.perf_counter()
-        self._masks = {}
+        self._masks, self._verifying = {}, []
         if self.drafter is None:
             return
         cands = [i for i, req in enumerate(sb.reqs) if self._candidate(sb, i, req)]
+        self._verifying = cands
         room = self.runner.draft_room(sum(sb.extend_lens)) if cands else 0
         if room <= 0:
             return
@@ -233,6 +240,10 @@ class Speculation:
         if drafted or sb.mode == ForwardMode.DECODE:
             self.costs.record(sum(sb.extend_lens) + drafted, bool(drafted), seconds)
         self._masks = {}
+        for i in self._verifying:
+            sb.reqs[i].spec_verify_ct += 1
+        if self._verifying:
+            self.state.stats["spec_verify_ct_total"] += len(self._verifying)
         for i, draft in enumerate(sb.drafts or ()):
             req = sb.reqs[i]
             if not draft or req.finished:
@@ -246,20 +257,23 @@ class Speculation:
 
     def _count(self, req: Req, drafted: int, accepted: int) -> None:
         rejected = 1.0 if accepted < drafted else 0.0
-        req.spec_verify_ct += 1
         req.spec_draft_token_num += drafted
         req.spec_accept_token_num += accepted
         req.spec_hits = HISTORY_DECAY * req.spec_hits + accepted
         req.spec_misses = HISTORY_DECAY * req.spec_misses + rejected
         self.prior += PRIOR_EMA * (accepted / (accepted + rejected) - self.prior)
         stats = self.state.stats
-        stats["spec_verify_ct_total"] += 1
         stats["spec_draft_tokens_total"] += drafted
         stats["spec_accepted_tokens_total"] += accepted
 
     def after(self, sb: ScheduleBatch, out: StepOutput) -> None:
         """Postprocessing applied the tokens: leave each sampled verified request's RNG
-        one draw per token it emitted past where the step began."""
+        one draw per token it emitted past where the step began; count what the
+        verification steps emitted."""
+        if self._verifying:
+            self.state.stats["spec_emitted_tokens_total"] += sum(out.emitted.get(i, 0)
+                                                                 for i in self._verifying)
+            self._verifying = []
         for i, state in out.rng_states.items():
             req = sb.reqs[i]
             if not req.finished:

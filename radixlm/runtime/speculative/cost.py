@@ -43,8 +43,9 @@ class _Table:
             self.seconds[tokens] = old + EMA_WEIGHT * (seconds - old)
 
     def at(self, x: int, slope: float) -> float | None:
-        """Measured, interpolated, or extrapolated (with the slope of the last two sizes,
-        never under ``slope``, past the largest) seconds of a step of ``x`` tokens."""
+        """Measured, interpolated, or extrapolated seconds of a step of ``x`` tokens: past
+        the largest size with the slope of the last two (never under half of ``slope``:
+        noise may make it flat), or ``slope`` where only one size was measured."""
         sec, sizes = self.seconds, self.sizes
         if x in sec:
             return sec[x]
@@ -56,9 +57,9 @@ class _Table:
             return sec[lo] + (sec[hi] - sec[lo]) * (x - lo) / (hi - lo)
         if j == len(sizes):
             lo = sizes[-1]
-            if len(sizes) > 1:  # noise may make the measured slope flat: not under the prior
+            if len(sizes) > 1:
                 prev = sizes[-2]
-                slope = max(slope, (sec[lo] - sec[prev]) / (lo - prev))
+                slope = max(slope / 2, (sec[lo] - sec[prev]) / (lo - prev))
             return sec[lo] + slope * (x - lo)
         hi = sizes[0]
         return max(sec[hi] - slope * (hi - x), sec[hi] * x / hi)
