@@ -19,7 +19,8 @@ import heapq
 # Smoothing of the running step times (weight of the newest step).
 EMA_WEIGHT = 0.2
 # Until a step with drafts was measured: an extra token of a step costs this share of the
-# cheapest plain step (measured 0.1-0.25 on a 2-core Xeon for 2-8 tokens).
+# smallest plain step's time per token (a one-token step: measured 0.1-0.25 on a 2-core
+# Xeon for 2-8 tokens).
 PRIOR_TOKEN_SHARE = 0.25
 # A split with drafts must promise this much more throughput than the plain step.
 MIN_GAIN = 1.05
@@ -85,7 +86,8 @@ class StepCosts:
         base = self.plain if self.plain.sizes else self.drafted
         if not base.sizes:
             return None
-        slope = PRIOR_TOKEN_SHARE * base.seconds[base.sizes[0]]
+        smallest = base.sizes[0]
+        slope = PRIOR_TOKEN_SHARE * base.seconds[smallest] / smallest
         value = first.at(tokens, slope)
         return value if value is not None else second.at(tokens, slope)
 
