@@ -88,7 +88,8 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--random-seed", type=int)
     e.add_argument("--speculative-algorithm",
                    help="NGRAM: speculative decoding with n-gram drafts (no draft model), "
-                        "sized per step to where it pays | none: off")
+                        "sized per step to where it pays | none: off (default: NGRAM where "
+                        "the native CPU library runs the steps, else off)")
     e.add_argument("--speculative-num-draft-tokens", type=int,
                    help="most draft tokens a request verifies per step")
     e.add_argument("--speculative-ngram-min-match-window-size", type=int,

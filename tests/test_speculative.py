@@ -26,6 +26,7 @@ from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampler import Sampler, accept_prefix
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.speculation import Speculation
+from radixlm.runtime.speculative.base import resolve_algorithm
 from radixlm.runtime.speculative.cost import StepCosts, plan_budgets
 from radixlm.runtime.speculative.lookup import PromptLookupDrafter
 
@@ -277,7 +278,12 @@ def test_bad_settings_are_rejected_by_name():
         EngineConfig.from_kwargs(speculative_ngram_min_match_window_size=5,
                                  speculative_ngram_max_match_window_size=3)
     assert EngineConfig.from_kwargs(speculative_algorithm="ngram").speculative_algorithm == "NGRAM"
-    assert EngineConfig.from_kwargs(speculative_algorithm="none").speculative_algorithm is None
+    assert EngineConfig.from_kwargs(speculative_algorithm="none").speculative_algorithm == "none"
+    assert EngineConfig.from_kwargs().speculative_algorithm is None  # unset: the default
+    assert resolve_algorithm(None, native_steps=True) == "NGRAM"
+    assert resolve_algorithm(None, native_steps=False) is None
+    assert resolve_algorithm("none", native_steps=True) is None
+    assert resolve_algorithm("NGRAM", native_steps=False) == "NGRAM"
     args = build_parser().parse_args(["serve", "--speculative-algorithm", "NGRAM",
                                       "--speculative-num-draft-tokens", "5"])
     config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))

@@ -46,7 +46,7 @@ def _own_drafter(engine):
     if drafter is None:
         from radixlm.runtime.speculative import create_drafter
 
-        drafter = create_drafter(engine.config, engine.scheduler.kv.cache)
+        drafter = create_drafter(engine.config, engine.scheduler.kv.cache, native_steps=True)
     use_drafter(engine, drafter, free=False)
     spec.costs = StepCosts()
     return drafter

@@ -83,9 +83,10 @@ class EngineConfig:
     constrained_json_disable_any_whitespace: bool = False
     # Speculative decoding (SGLang's names): NGRAM drafts continuations from n-gram
     # matches (runtime/speculative) and verifies them in one model step, exactly (greedy
-    # and sampled outputs as without it); None or "none": off. Each step sizes the drafts
-    # from measured step times and each request's acceptance so far, so they are skipped
-    # where they do not pay (large batches, text that repeats nothing).
+    # and sampled outputs as without it); "none": off; unset: NGRAM where the native CPU
+    # library runs the steps, off elsewhere (speculative.base.resolve_algorithm). Each
+    # step sizes the drafts from measured step times and each request's acceptance so far,
+    # so they are skipped where they do not pay (large batches, text that repeats nothing).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8  # most draft tokens per request and step
     speculative_ngram_min_match_window_size: int = 1  # shortest suffix matched (tokens)

@@ -250,7 +250,7 @@ class Engine:
                   detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
                   seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
                   priority=p.priority,
-                  speculative=self.config.speculative_algorithm is not None)
+                  speculative=self.scheduler.speculation.drafter is not None)
         if p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         return req

@@ -88,7 +88,8 @@ class Scheduler:
                                    finish=finish, unqueue=self._unqueue)
         self.inbox = Inbox(self.state, add=self.admission.add, finish=finish)
         self.speculation = Speculation(config, self.state, self.kv, runner, grammar_backend,
-                                       create_drafter(config, self.kv.cache))
+                                       create_drafter(config, self.kv.cache,
+                                                      native_steps=runner.native is not None))
         self.postprocessor.on_finish = self.speculation.release
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)

@@ -48,10 +48,12 @@ ACCEPT_PRIOR = 0.5
 PRIOR_WEIGHT = 2.0
 PRIOR_EMA = 0.05
 HISTORY_DECAY = 0.8  # weight of the history at each new verification of the request
-# While a request does not draft, its count of rejections fades by this factor per step,
-# so one whose drafts kept failing tries again now and then (text may start repeating).
-IDLE_DECAY = 0.98
 MAX_RATE = 0.98
+# A request that does not draft in a step (drafts did not pay at its rate) may still be
+# asked for a one-token draft that is only compared with the token the step samples: a
+# free check of its rate, so requests whose text starts repeating get drafts again. At most
+# this many such probes per step, to the requests least observed.
+PROBES_PER_STEP = 2
 
 # Engine-wide totals (``Engine.get_stats``): verification steps (a decode step of a request
 # while speculation is on, with a draft or none), tokens those steps emitted, draft tokens
@@ -93,6 +95,7 @@ class Speculation:
         self.max_context = int(runner.pool.req_to_token.shape[1])
         self._masks: dict[int, np.ndarray] = {}  # batch index -> its verification rows
         self._verifying: list[int] = []  # batch indices of this step's candidates
+        self._probes: dict[int, int] = {}  # batch index -> a probe's one draft token
         self._started = 0.0
         if drafter is not None:  # the totals exist where speculation is on
             for key in SPEC_STATS:
@@ -102,7 +105,7 @@ class Speculation:
     def attach(self, sb: ScheduleBatch) -> None:
         """Give the step's candidates the drafts that pay (``sb.drafts``; slots taken)."""
         self._started = time.perf_counter()
-        self._masks, self._verifying = {}, []
+        self._masks, self._verifying, self._probes = {}, [], {}
         if self.drafter is None:
             return
         cands = [i for i, req in enumerate(sb.reqs) if self._candidate(sb, i, req)]
@@ -118,10 +121,19 @@ class Speculation:
         for i, req, budget in zip(cands, reqs, budgets):
             if budget:
                 drafts[i] = self._draft(req, budget, i)
-            elif req.spec_misses:
-                req.spec_misses *= IDLE_DECAY
         if any(drafts):
             sb.drafts = drafts
+        self._probe(sb, [i for i, b in zip(cands, budgets) if not b])
+
+    def _probe(self, sb: ScheduleBatch, idle: list[int]) -> None:
+        """Ask the least observed requests without a draft for one draft token each, to
+        be compared with what the step samples (``settle``)."""
+        idle.sort(key=lambda i: sb.reqs[i].spec_hits + sb.reqs[i].spec_misses)
+        for i in idle[:PROBES_PER_STEP]:
+            if sb.reqs[i].grammar is None:  # (a constrained one's draft needs its mask)
+                draft = self.drafter.propose(sb.reqs[i], 1)
+                if draft:
+                    self._probes[i] = draft[0]
 
     @staticmethod
     def _candidate(sb: ScheduleBatch, i: int, req: Req) -> bool:
@@ -234,7 +246,8 @@ class Speculation:
     # ------------------------------------------------------------------ after the step
     def settle(self, sb: ScheduleBatch, out: StepOutput) -> None:
         """Record the step's time; free the rejected drafts' K/V, hold the accepted ones'
-        slots in ``out.held`` for postprocessing, count, and tell the drafter."""
+        slots in ``out.held`` for postprocessing, count, tell the drafter; learn from the
+        probes."""
         seconds = time.perf_counter() - self._started
         drafted = sum(len(d) for d in sb.drafts) if sb.drafts else 0
         if drafted or sb.mode == ForwardMode.DECODE:
@@ -254,14 +267,21 @@ class Speculation:
             out.held[i] = self.kv.detach(req, kept - m)
             self._count(req, len(draft), m)
             self.drafter.observe(req, len(draft), m)
+        for i, token in self._probes.items():  # a probe: would its token have been taken?
+            if i in out.next_ids:
+                self._learn(sb.reqs[i], 1, int(out.next_ids[i] == token))
 
-    def _count(self, req: Req, drafted: int, accepted: int) -> None:
+    def _learn(self, req: Req, drafted: int, accepted: int) -> None:
+        """A draft of ``drafted`` tokens of which the model would take ``accepted``."""
         rejected = 1.0 if accepted < drafted else 0.0
-        req.spec_draft_token_num += drafted
-        req.spec_accept_token_num += accepted
         req.spec_hits = HISTORY_DECAY * req.spec_hits + accepted
         req.spec_misses = HISTORY_DECAY * req.spec_misses + rejected
         self.prior += PRIOR_EMA * (accepted / (accepted + rejected) - self.prior)
+
+    def _count(self, req: Req, drafted: int, accepted: int) -> None:
+        req.spec_draft_token_num += drafted
+        req.spec_accept_token_num += accepted
+        self._learn(req, drafted, accepted)
         stats = self.state.stats
         stats["spec_draft_tokens_total"] += drafted
         stats["spec_accepted_tokens_total"] += accepted

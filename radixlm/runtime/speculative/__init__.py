@@ -10,13 +10,13 @@ step and keeps what the model agrees with (`radixlm/runtime/scheduler/speculatio
 
 from __future__ import annotations
 
-from radixlm.runtime.speculative.base import Drafter
+from radixlm.runtime.speculative.base import Drafter, resolve_algorithm
 from radixlm.runtime.speculative.lookup import PromptLookupDrafter
 
 
-def create_drafter(config, cache) -> Drafter | None:
-    """The drafter ``config.speculative_algorithm`` names (None: speculation off), given
-    the radix cache to read other requests' sequences from."""
-    if config.speculative_algorithm is None:
+def create_drafter(config, cache, native_steps: bool) -> Drafter | None:
+    """The drafter of the algorithm the engine runs (``resolve_algorithm``; None:
+    speculation off), given the radix cache to read other requests' sequences from."""
+    if resolve_algorithm(config.speculative_algorithm, native_steps) is None:
         return None
     return PromptLookupDrafter(config, cache=cache)
