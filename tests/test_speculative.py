@@ -262,6 +262,46 @@ def test_a_draft_stops_at_the_first_token_the_grammar_forbids():
     assert req.grammar.accepted == []
 
 
+def test_requests_without_room_get_no_draft():
+    """The rule for who may draft: two or more tokens of budget left, room in the context,
+    and free K/V slots (a draft never evicts the cache)."""
+    from radixlm.runtime.kv_manager import KVManager
+
+    spec = _speculation()  # a context of 64 tokens
+    spec.kv = KVManager(capacity=40, num_rows=2, disable_radix_cache=False)
+    spec.drafter = SimpleNamespace(propose=lambda req, n: [7] * n)
+    req = _req(list(range(10)), [3])
+    req.params.max_new_tokens = 2
+    assert spec._limit(req) == 0  # the step samples the last token anyway
+    req.params.max_new_tokens = 100
+    assert spec._limit(req) == spec.config.speculative_num_draft_tokens
+    assert spec.kv.admit(req, 0) and spec.kv.extend(req, req.fill_len)
+    req.input_ids += [5] * 50  # 61 tokens: three positions left in the context
+    req.kv_slots += [0] * 50  # (pretend they are computed)
+    assert spec._limit(req) == 3
+    req.input_ids, req.kv_slots = req.input_ids[:10], req.kv_slots[:11]
+    free = spec.kv.slots.num_free
+    assert spec._draft(req, 8, 0) == [7] * 8 and spec.kv.slots.num_free == free - 8
+    spec.kv.alloc(spec.kv.slots.num_free - 3)  # three free slots left
+    assert spec._draft(req, 8, 0) == [7] * 3  # cut to what is free
+    spec.kv.alloc(3)
+    assert spec._draft(req, 8, 0) == []
+
+
+def test_metrics_report_speculation():
+    from radixlm.server.metrics import ServerMetrics
+
+    stats = {"spec_verify_ct_total": 10, "spec_emitted_tokens_total": 25,
+             "spec_draft_tokens_total": 20, "spec_accepted_tokens_total": 15}
+    text = ServerMetrics(lambda: stats).render().decode()
+    assert "radixlm_spec_draft_tokens_total 20.0" in text
+    assert "radixlm_spec_accepted_tokens_total 15.0" in text
+    assert "radixlm_spec_verify_steps_total 10.0" in text
+    assert "radixlm_spec_accept_rate 0.75" in text
+    assert "radixlm_spec_accept_length 2.5" in text
+    assert "radixlm_spec" not in ServerMetrics(lambda: {}).render().decode()  # off
+
+
 # --------------------------------------------------------------------------- settings
 
 

@@ -450,6 +450,10 @@ class ModelRunner:
         rows = [(r, g, list(d[:j])) for r, g, d in zip(reqs, generators, drafts)
                 for j in range(len(d) + 1)]
         rep = [r.params.repetition_penalty for r, _, _ in rows]
+        seen = None
+        if any(x != 1.0 for x in rep):  # one list per request, shared by its rows
+            fills = {id(r): r.fill_ids for r in reqs}
+            seen = [fills[id(r)] for r, _, _ in rows]
         banned = []
         for r, _, ahead in rows:
             if len(r.output_ids) + len(ahead) < r.params.min_new_tokens:
@@ -465,8 +469,8 @@ class ModelRunner:
             presence_penalties=[r.params.presence_penalty for r, _, _ in rows],
             repetition_penalties=rep,
             output_ids=[r.output_ids + ahead if ahead else r.output_ids for r, _, ahead in rows],
-            seen_ids=([r.fill_ids + ahead for r, _, ahead in rows]
-                      if any(x != 1.0 for x in rep) else None),
+            seen_ids=seen,
+            seen_after=[ahead for _, _, ahead in rows] if seen is not None else None,
             banned_ids=banned,
             generators=[g for _, g, _ in rows],
             top_logprobs_nums=[r.logprob.top_logprobs_num if r.logprob.return_logprob else -1

@@ -36,6 +36,9 @@ class SamplingInputs:
     top_logprobs_nums: list[int]  # -1: no logprobs for this row
     bitmask: torch.Tensor | None = None  # [B, ceil(V/32)] int32 or None
     logit_biases: list[dict[int, float] | None] | None = None  # per row, added to the logits
+    # per row, tokens seen after ``seen_ids[row]`` (a verification row's earlier draft
+    # tokens); the rows of one request share one ``seen_ids`` list, counted once
+    seen_after: list[list[int]] | None = None
 
 
 @dataclass
@@ -101,9 +104,16 @@ class Sampler:
             pres = torch.tensor([inp.presence_penalties[r] for r in rows_fp],
                                 device=logits.device)[:, None]
             logits[rows_fp] -= freq * counts + pres * (counts > 0).float()
+        unique: dict[int, set[int]] = {}  # id(seen list) -> its tokens
         for row, penalty in enumerate(inp.repetition_penalties):
             if penalty != 1.0 and inp.seen_ids is not None and inp.seen_ids[row]:
-                idx = torch.tensor(sorted(set(inp.seen_ids[row])), device=logits.device)
+                seen = inp.seen_ids[row]
+                tokens = unique.get(id(seen))
+                if tokens is None:
+                    tokens = unique[id(seen)] = set(seen)
+                if inp.seen_after and inp.seen_after[row]:
+                    tokens = tokens | set(inp.seen_after[row])
+                idx = torch.tensor(sorted(tokens), device=logits.device)
                 vals = logits[row, idx]
                 logits[row, idx] = torch.where(vals > 0, vals / penalty, vals * penalty)
         return logits
