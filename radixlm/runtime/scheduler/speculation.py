@@ -82,12 +82,8 @@ class Speculation:
 
     def __init__(self, config, state: SchedulerState, kv: KVManager, runner: ModelRunner,
                  grammar_backend, drafter) -> None:
-        self.config = config
-        self.state = state
-        self.kv = kv
-        self.runner = runner
-        self.grammar_backend = grammar_backend
-        self.drafter = drafter
+        self.config, self.state, self.kv, self.runner = config, state, kv, runner
+        self.grammar_backend, self.drafter = grammar_backend, drafter
         self.costs = StepCosts()
         self.prior = ACCEPT_PRIOR
         self.vocab_size = runner.vocab_size
