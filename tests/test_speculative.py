@@ -563,3 +563,18 @@ def test_prompt_lookup_on_a_repeating_prompt(engine):
     assert on["output_ids"] == off["output_ids"]
     assert on["meta_info"]["spec_verify_ct"] > 0
     engine.check_integrity()
+
+
+def test_streams_get_the_chunks_they_get_without_drafts(engine, reference):
+    ps, expected = reference
+    for params in (PARAMS, {**PARAMS, "stream_interval": 5}):
+        chunks = []
+        for drafter in (None, ScriptedDrafter({"st": expected[0]})):
+            use_drafter(engine, drafter)
+            assert engine.flush_cache()
+            stream = engine.generate(input_ids=ps[0], sampling_params=params, stream=True,
+                                     rid="st")
+            chunks.append([c["output_ids"] for c in stream])
+        assert chunks[0] == chunks[1]
+        assert chunks[1][-1] == expected[0]
+        assert sum(a for _, _, a in drafter.observed) > 10

@@ -111,9 +111,9 @@ class Postprocessor:
 
     def _on_tokens(self, req: Req, i: int, out: StepOutput) -> None:
         """Apply the step's tokens for batch index ``i``: a verified request's accepted
-        draft tokens, then the sampled one, each as a decode step would, giving each
-        accepted token its K/V slot back first (``out.held``) until the request finishes
-        or jump-forward takes over; slots not given back are freed."""
+        draft tokens, then the sampled one, each as a decode step would (and streamed as
+        one), giving each accepted token its K/V slot back first (``out.held``) until the
+        request finishes or jump-forward takes over; slots not given back are freed."""
         accepted = out.accepted.get(i)
         if not accepted:
             self._on_token(req, out.next_ids[i], out.logprobs[i])
@@ -123,12 +123,14 @@ class Postprocessor:
         tokens = accepted + [out.next_ids[i]]
         logprobs = out.accepted_logprobs[i] + [out.logprobs[i]]
         n = 0
-        while n < len(tokens) and (n == 0 or not req.finished and req.pending_len == 1):
-            if n:
-                req.kv_slots.append(held[n - 1])
+        while True:
             self._on_token(req, tokens[n], logprobs[n])
             n += 1
-        self.kv.slots.free(held[max(n - 1, 0):])
+            if n == len(tokens) or req.finished or req.pending_len != 1:
+                break
+            self._stream(req)  # the chunks a stream gets without drafts (stream_interval)
+            req.kv_slots.append(held[n - 1])
+        self.kv.slots.free(held[n - 1:])
         out.emitted[i] = n
 
     def _on_token(self, req: Req, token: int, logprob) -> None:
