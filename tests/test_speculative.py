@@ -578,3 +578,24 @@ def test_streams_get_the_chunks_they_get_without_drafts(engine, reference):
         assert chunks[0] == chunks[1]
         assert chunks[1][-1] == expected[0]
         assert sum(a for _, _, a in drafter.observed) > 10
+
+
+def test_a_request_failing_while_its_drafts_apply_spares_the_rest(engine, reference):
+    ps, expected = reference
+    post = engine.scheduler.postprocessor
+    original = post._on_token
+
+    def flaky(req, token, logprob):
+        if req.rid == "q1" and len(req.output_ids) >= 6:
+            raise RuntimeError("boom")
+        return original(req, token, logprob)
+
+    post._on_token = flaky
+    try:
+        drafter = ScriptedDrafter({f"q{i}": expected[i] for i in range(3)})
+        outs = _run(engine, ps[:3], PARAMS, drafter)
+    finally:
+        del post._on_token
+    assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert [outs[0]["output_ids"], outs[2]["output_ids"]] == [expected[0], expected[2]]
+    engine.scheduler.call(lambda: engine.scheduler.kv.check_counts([]))

@@ -197,3 +197,45 @@ def test_sampled_verified_token_follows_the_model(engine, tokenizer):
     assert set(second) <= set(probs)
     chi2 = sum((second.count(t) - p * m) ** 2 / (p * m) for t, p in probs.items())
     assert chi2 < 13.82, (chi2, {t: second.count(t) for t in probs}, probs)  # 2 dof, 0.999
+
+
+def test_verification_rows_keep_the_decode_steps_rounding(engine):
+    """A step of 12 tokens that verifies drafts for one request runs at the activation
+    rounding of that request's one-token step (``act_rows``), so its logits stay close to
+    decoding's; without it the native library would round a 12-token step as a prefill."""
+    import torch
+
+    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+
+    native = engine.runner.native
+    if native is None or native._mode(1) == native._mode(12):
+        pytest.skip("one rounding for every step size on this host")
+    kv, pool = engine.scheduler.kv, engine.runner.pool
+
+    def t(values):
+        return torch.tensor(values, dtype=torch.int64)
+
+    def step(row, slots, ids, start, act_rows=None):
+        n = len(ids)
+        return native.forward(ForwardBatch(
+            ForwardMode.EXTEND, t(ids), t(list(range(start, start + n))),
+            t(slots[start:start + n]), t([row]), t([start + n]), t([start]), t([n]), t([0]),
+            t(list(range(n))), [start + n], [start], [n], [1], act_rows=act_rows))
+
+    def compare():
+        row, slots = kv.rows.alloc(), kv.alloc(72)
+        try:
+            pool.req_to_token[row, :72] = torch.tensor(slots, dtype=torch.int32)
+            ids = [(37 * i) % 5000 + 100 for i in range(72)]
+            for s in range(0, 60, 2):  # the context, in small steps
+                step(row, slots, ids[s:s + 2], s)
+            one = torch.cat([step(row, slots, ids[60 + j:61 + j], 60 + j) for j in range(12)])
+            kept = step(row, slots, ids[60:], 60, act_rows=1)
+            plain = step(row, slots, ids[60:], 60)
+            return (kept - one).abs().max().item(), (plain - one).abs().max().item()
+        finally:
+            kv.slots.free(slots)
+            kv.rows.free(row)
+
+    kept, plain = engine.scheduler.call(compare)
+    assert kept < 0.05 and kept < plain / 2, (kept, plain)

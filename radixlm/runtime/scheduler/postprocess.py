@@ -85,6 +85,9 @@ class Postprocessor:
             except Exception as e:
                 logger.error("request %s failed:\n%s", req.rid, traceback.format_exc())
                 self.finish(req, internal_error(f"internal error: {e!r}"), insert=False)
+        for slots in out.held.values():  # accepted drafts of requests that failed first
+            self.kv.slots.free(slots)
+        out.held.clear()
         self._place(sb.reqs)
         if not self.state.has_work():
             self.kv.check_counts(self.state.all_reqs_holding_kv())
@@ -122,16 +125,19 @@ class Postprocessor:
         held = out.held.pop(i, [])
         tokens = accepted + [out.next_ids[i]]
         logprobs = out.accepted_logprobs[i] + [out.logprobs[i]]
-        n = 0
-        while True:
-            self._on_token(req, tokens[n], logprobs[n])
-            n += 1
-            if n == len(tokens) or req.finished or req.pending_len != 1:
-                break
-            self._stream(req)  # the chunks a stream gets without drafts (stream_interval)
-            req.kv_slots.append(held[n - 1])
-        self.kv.slots.free(held[n - 1:])
-        out.emitted[i] = n
+        n = attached = 0
+        try:
+            while True:
+                self._on_token(req, tokens[n], logprobs[n])
+                n += 1
+                if n == len(tokens) or req.finished or req.pending_len != 1:
+                    break
+                self._stream(req)  # the chunks a stream gets without drafts
+                req.kv_slots.append(held[attached])
+                attached += 1
+        finally:
+            self.kv.slots.free(held[attached:])
+            out.emitted[i] = n
 
     def _on_token(self, req: Req, token: int, logprob) -> None:
         if req.first_token_at is None:
