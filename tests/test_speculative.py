@@ -599,3 +599,20 @@ def test_a_request_failing_while_its_drafts_apply_spares_the_rest(engine, refere
     assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert [outs[0]["output_ids"], outs[2]["output_ids"]] == [expected[0], expected[2]]
     engine.scheduler.call(lambda: engine.scheduler.kv.check_counts([]))
+
+
+def test_a_drafter_that_raises_or_returns_junk_changes_nothing(engine, reference):
+    ps, expected = reference
+
+    class Broken(ScriptedDrafter):
+        def propose(self, req, max_tokens):
+            if req.rid == "q0":
+                raise RuntimeError("drafter bug")
+            if req.rid == "q1":
+                return [-1, 10**9]
+            return super().propose(req, max_tokens)
+
+    drafter = Broken({f"q{i}": expected[i] for i in range(3)})
+    outs = _run(engine, ps[:3], PARAMS, drafter)
+    assert [o["output_ids"] for o in outs] == expected[:3]
+    assert {rid for rid, _, _ in drafter.observed} == {"q2"}

@@ -154,8 +154,8 @@ class Scheduler:
         if sb is None:
             return
         spec = self.speculation
-        spec.attach(sb)
         try:
+            spec.attach(sb)
             out = spec.forward(sb)
         except Exception as e:
             logger.error("step failed:\n%s", traceback.format_exc())

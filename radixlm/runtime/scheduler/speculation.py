@@ -113,12 +113,12 @@ class Speculation:
         budgets = plan_budgets(self.costs, sum(sb.extend_lens), sum(sb.sample),
                                [self._rate(r) for r in reqs], [self._limit(r) for r in reqs],
                                max_extra=room)
-        drafts: list[list[int]] = [[] for _ in sb.reqs]
+        sb.drafts = [[] for _ in sb.reqs]  # filled in place: withdraw finds what is there
         for i, req, budget in zip(cands, reqs, budgets):
             if budget:
-                drafts[i] = self._draft(req, budget, i)
-        if any(drafts):
-            sb.drafts = drafts
+                sb.drafts[i] = self._draft(req, budget, i)
+        if not any(sb.drafts):
+            sb.drafts = None
         self._probe(sb, [i for i, b in zip(cands, budgets) if not b])
 
     def _probe(self, sb: ScheduleBatch, idle: list[int]) -> None:
@@ -127,8 +127,12 @@ class Speculation:
         idle.sort(key=lambda i: sb.reqs[i].spec_hits + sb.reqs[i].spec_misses)
         for i in idle[:PROBES_PER_STEP]:
             if sb.reqs[i].grammar is None:  # (a constrained one's draft needs its mask)
-                draft = self.drafter.propose(sb.reqs[i], 1)
-                if draft:
+                try:
+                    draft = self.drafter.propose(sb.reqs[i], 1)
+                except Exception:
+                    logger.warning("drafter failed for %s", sb.reqs[i].rid, exc_info=True)
+                    continue
+                if draft and type(draft[0]) is int:
                     self._probes[i] = draft[0]
 
     @staticmethod
@@ -151,7 +155,11 @@ class Speculation:
 
     def _draft(self, req: Req, budget: int, i: int) -> list[int]:
         """Up to ``budget`` draft tokens for ``req``, checked, with slots; [] for none."""
-        draft = self.drafter.propose(req, budget)
+        try:
+            draft = self.drafter.propose(req, budget)
+        except Exception:  # the drafter's bug: this request decodes without a draft
+            logger.warning("drafter failed for %s: no draft", req.rid, exc_info=True)
+            return []
         if not isinstance(draft, list) or not all(
                 type(t) is int and 0 <= t < self.vocab_size for t in draft):
             logger.warning("drafter proposed something other than token ids for %s: dropped",
