@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import threading
 from types import SimpleNamespace
 
@@ -477,16 +478,21 @@ def test_budgets_stops_and_eos_inside_drafts(engine, reference):
         o["meta_info"]["finish_reason"] for o in off]
 
 
-def test_stop_strings_inside_drafts(engine, reference, tokenizer):
+@pytest.mark.parametrize("kind", ["stop", "stop_regex"])
+def test_stop_strings_inside_drafts(engine, reference, tokenizer, kind):
     ps, expected = reference
     text = tokenizer.decode(expected[5])
     stop = text[len(text) // 2:len(text) // 2 + 4]
-    params = {**PARAMS, "stop": [stop]}
+    params = {**PARAMS, kind: [stop if kind == "stop" else re.escape(stop[:2]) + "."]}
     off = _run(engine, ps[5:6], params, None)
     assert off[0]["meta_info"]["finish_reason"]["type"] == "stop"
-    on = _run(engine, ps[5:6], params, ScriptedDrafter({"q0": expected[5]}))
+    assert len(off[0]["output_ids"]) < len(expected[5])
+    drafter = ScriptedDrafter({"q0": expected[5]})
+    on = _run(engine, ps[5:6], params, drafter)
     assert on[0]["text"] == off[0]["text"]
     assert on[0]["output_ids"] == off[0]["output_ids"]
+    assert on[0]["meta_info"]["finish_reason"] == off[0]["meta_info"]["finish_reason"]
+    assert sum(a for _, _, a in drafter.observed) > 0
 
 
 def test_logprobs_with_drafts(engine, reference):
