@@ -71,26 +71,27 @@ SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|e
            "<|end|>"]
 
 
-@pytest.fixture(scope="module")
-def chat_engine(tmp_path_factory, tokenizer):
-    """A tiny random Llama whose tokenizer knows every family's special tokens and whose
-    generation_config.json lists every end-of-turn token (as the families' own do)."""
+def tiny_llama_dir(out, tokenizer, special: list[str], end_of_turn: list[str],
+                   plain: tuple[str, ...] = ()):
+    """A tiny random Llama in ``out`` whose tokenizer is ``tokenizer`` with ``special``
+    added as special tokens and ``plain`` as plain added ones, and whose
+    generation_config.json lists ``end_of_turn`` as end-of-sequence tokens (as the families'
+    own do). Returns the saved tokenizer."""
     from safetensors.torch import save_file
+    from tokenizers import AddedToken
     from transformers import AutoTokenizer, LlamaConfig
 
-    from radixlm.runtime.engine import Engine
-
-    out = tmp_path_factory.mktemp("chat-llama")
     tokenizer.save_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.add_special_tokens({"additional_special_tokens": special})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tok.bos_token = "<|begin_of_text|>"
     tok.save_pretrained(out)
     vocab = len(tok)
     LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                 tie_word_embeddings=True, eos_token_id=tok.eos_token_id).save_pretrained(out)
-    eot = [tok.convert_tokens_to_ids(t) for _, t, _ in TEMPLATES.values()]
+    eot = [tok.convert_tokens_to_ids(t) for t in end_of_turn]
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [tok.eos_token_id, *eot]}))
     gen = torch.Generator().manual_seed(0)
@@ -104,6 +105,17 @@ def chat_engine(tmp_path_factory, tokenizer):
         w = torch.ones(shape) if len(shape) == 1 else torch.randn(*shape, generator=gen) * 0.1
         state[f"model.layers.0.{name}.weight"] = w
     save_file(state, str(out / "model.safetensors"))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def chat_engine(tmp_path_factory, tokenizer):
+    """A tiny random Llama whose tokenizer knows every family's special tokens and whose
+    generation_config.json lists every end-of-turn token (as the families' own do)."""
+    from radixlm.runtime.engine import Engine
+
+    out = tmp_path_factory.mktemp("chat-llama")
+    tiny_llama_dir(out, tokenizer, SPECIAL, [t for _, t, _ in TEMPLATES.values()])
     with Engine(str(out), dtype="float32", max_total_tokens=2048, log_level="warning") as engine:
         yield engine
 

@@ -71,7 +71,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         allowed = _EXTRA_FIELDS.get(m.role, ())
         unknown = sorted(k for k in extra if k not in allowed)
         if unknown:
-            raise MessageError(f"{where}: unknown field {unknown[0]!r} for role {m.role!r}",
+            raise MessageError(f"{where}.{unknown[0]} is not a field of a {m.role!r} message",
                                f"{where}.{unknown[0]}")
         calls = extra.get("tool_calls")
         if m.content is None and not (m.role == "assistant" and calls):

@@ -38,7 +38,8 @@ class Section:
 @dataclass
 class Scan:
     """An output read by a format: the content (text outside calls; in a growing text, only
-    what can no longer become a call) and the calls in order."""
+    what can no longer become a call; whitespace that touches a call is not content) and
+    the calls in order."""
 
     content: str
     calls: list[ParsedCall]
@@ -106,7 +107,7 @@ class ToolCallParser:
     def scan(self, text: str, final: bool, names: frozenset[str]) -> Scan:
         """Content and calls of ``text`` (``final``: the whole output)."""
         start_re = self.start_re(names)
-        content: list[str] = []
+        pieces = [""]  # the text between call sections
         calls: list[ParsedCall] = []
         pos = 0
         while True:
@@ -115,18 +116,19 @@ class ToolCallParser:
                 tail = text[pos:]
                 keep = len(tail) if final else len(tail) - held_back(tail,
                                                                      self.hold_prefixes(names))
-                content.append(tail[:keep])
+                pieces[-1] += tail[:keep]
                 break
-            content.append(text[pos:m.start()])
+            pieces[-1] += text[pos:m.start()]
             sec = self.section(text, m.start(), final, names)
             if sec.ok:
                 calls.extend(sec.calls)
+                pieces.append("")
             else:
-                content.append(text[m.start():sec.end])
+                pieces[-1] += text[m.start():sec.end]
             if sec.end is None:
                 break
             pos = max(sec.end, m.start() + 1)
-        return Scan("".join(content), calls)
+        return Scan(_content(pieces), calls)
 
     # ---------------------------------------------------------------------- prompt
 
@@ -166,6 +168,17 @@ class ToolCallParser:
         """(trigger, body) pairs: free text in which ``trigger`` starts a section written
         by ``body`` (what follows the trigger)."""
         raise NotImplementedError
+
+
+def _content(pieces: list[str]) -> str:
+    """The content of text pieces split by call sections: with no section the text as it
+    is; otherwise the pieces without the whitespace that touches a section, one per line."""
+    if len(pieces) == 1:
+        return pieces[0]
+    last = len(pieces) - 1
+    parts = [(p.lstrip() if i else p) if i == last else (p.lstrip() if i else p).rstrip()
+             for i, p in enumerate(pieces)]
+    return "\n".join(p for p in parts if p)
 
 
 def calls_rule(many: bool, sep: str) -> str:

@@ -58,13 +58,14 @@ class ToolSetup:
         return 1 if self.choice == "named" or not self.parallel else None
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """(content, tool_calls) of a finished output: content None when empty; calls in
-        OpenAI's shape with new ids. Text that does not read as calls stays content."""
+        """(content, tool_calls) of a finished output, calls in OpenAI's shape with new ids.
+        Text that does not read as calls stays content (all of the text when there is no
+        call; None when there are calls and nothing else)."""
         if not self.active:
             return text, []
         scan = self.parser.scan(text, True, self.names)
-        calls = scan.calls[: self.max_calls]
-        return scan.content.strip() or None, [self.openai_call(c) for c in calls]
+        calls = [self.openai_call(c) for c in scan.calls[: self.max_calls]]
+        return (scan.content or None) if calls else scan.content, calls
 
     def openai_call(self, call: ParsedCall, call_id: str | None = None) -> dict[str, Any]:
         return {"id": call_id or self.parser.new_call_id(), "type": "function",

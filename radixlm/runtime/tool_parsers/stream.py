@@ -11,8 +11,7 @@ class ToolCallStream:
     """One choice's output, fed its whole text at each chunk, as OpenAI deltas: content
     pieces, and per call a first delta with ``id``, ``type`` and ``function.name`` (empty
     ``arguments``), then ``function.arguments`` fragments. Joined, the content pieces are
-    the one-shot ``ToolSetup.parse`` content (stripped) and each call's fragments its
-    ``arguments``.
+    the one-shot ``ToolSetup.parse`` content and each call's fragments its ``arguments``.
 
     ``incremental``: the output is constrained to the format (a tool grammar), so a call is
     streamed while it is written; otherwise a call is sent once nothing can undo it (its
@@ -33,7 +32,8 @@ class ToolCallStream:
         """(content delta, tool-call deltas) for the output's text so far."""
         setup = self.setup
         scan = setup.parser.scan(text, final, setup.names)
-        content = scan.content.strip()
+        # trailing whitespace waits: it is not content if a call follows it
+        content = scan.content if final else scan.content.rstrip()
         delta = content[self.content_sent:] if len(content) > self.content_sent else ""
         self.content_sent = max(self.content_sent, len(content))
         out: list[dict[str, Any]] = []
