@@ -19,6 +19,10 @@ import pytest
 from server_fakes import ThreadServer
 from test_family_chat import tiny_llama_dir
 
+import radixlm.lang as sgl
+from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
+from radixlm.lang.backend.runtime_engine import Runtime
+from radixlm.runtime.tool_parsers import get_parser, parse_tools
 from radixlm.server.app import create_app
 
 QWEN25 = (
@@ -296,3 +300,57 @@ def test_bad_tools_are_400_naming_the_function(client, tools, choice, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
         client.chat.completions.create(model="m", messages=ASK, tools=tools,
                                        tool_choice=choice, max_tokens=4)
+
+
+# --------------------------------------------------------------------------- the DSL
+
+@sgl.function
+def _agent(s, tools, choice):
+    s += sgl.user("What is the weather in Oslo?")
+    s += sgl.assistant(sgl.gen("call", tools=tools, tool_choice=choice, max_tokens=120,
+                               temperature=0, parallel_tool_calls=False))
+
+
+@pytest.mark.parametrize("choice", ["required",
+                                    {"type": "function", "function": {"name": "get_time"}}])
+def test_dsl_tool_use_in_process_and_over_http(engine, url, family, choice):
+    """`gen(tools=...)` in a program: the same calls from the in-process engine and from the
+    server, in the family's form, arguments valid, parsed into `call_tool_calls`."""
+    texts = []
+    for backend in (Runtime(engine), RuntimeEndpoint(url)):
+        state = _agent.run(tools=TOOLS, choice=choice, backend=backend)
+        assert state.error() is None, state.error()
+        calls = state["call_tool_calls"]
+        assert len(calls) == 1 and calls[0]["type"] == "function"
+        name = calls[0]["function"]["name"]
+        assert choice == "required" or name == "get_time"
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), PARAMS[name])
+        reread = parse_tools(TOOLS, None, None, get_parser(family)).parse(state["call"])[1]
+        assert [c["function"] for c in reread] == [c["function"] for c in calls]
+        assert state["call"] in state.text()  # the program goes on with the text
+        texts.append(state["call"])
+    assert texts[0] == texts[1]
+
+
+def test_dsl_tool_fields_are_checked_where_the_program_is_written(engine):
+    with pytest.raises(ValueError, match="'get_time' is given twice"):
+        sgl.gen("x", tools=[TIME, TIME])
+    with pytest.raises(ValueError, match="at most one constraint"):
+        sgl.gen("x", tools=TOOLS, regex="a+")
+    with pytest.raises(ValueError, match="not in 'tools'"):
+        sgl.gen("x", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "z"}})
+
+    @sgl.function
+    def nameless(s):
+        s += sgl.gen(tools=TOOLS)
+
+    with pytest.raises(ValueError, match="needs a name"):
+        nameless.run(backend=Runtime(engine))
+
+    @sgl.function
+    def no_tools(s):
+        s += sgl.user("hi")
+        s += sgl.assistant(sgl.gen("a", tools=TOOLS, tool_choice="none", max_tokens=3))
+
+    state = no_tools.run(backend=Runtime(engine))
+    assert state.error() is None and state["a_tool_calls"] == []
