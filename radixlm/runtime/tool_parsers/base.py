@@ -86,18 +86,19 @@ class ToolCallParser:
 
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]] = ()  # texts that may be single (special) tokens
+    opener: ClassVar[str] = ""  # the literal a section starts with (the default start_re)
     one_section: ClassVar[bool] = True  # all calls in one section (else one per call)
     json_arguments: ClassVar[bool] = True  # arguments are a JSON object (rules args_k)
 
     # ---------------------------------------------------------------- parsing back
 
     def start_re(self, names: frozenset[str]) -> re.Pattern:
-        """Where a section may begin."""
-        raise NotImplementedError
+        """Where a section may begin (by default: at ``opener``)."""
+        return re.compile(re.escape(self.opener))
 
     def hold_prefixes(self, names: frozenset[str]) -> tuple[str, ...]:
         """Literal section starts whose beginning, at the end of a growing text, is held."""
-        raise NotImplementedError
+        return (self.opener,)
 
     def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> Section:
         """Read the section whose start ``start_re`` matched at ``start``; calls of

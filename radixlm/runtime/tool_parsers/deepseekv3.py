@@ -15,60 +15,47 @@ import json
 import re
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import (
-    BAD_OPEN,
-    Section,
-    ToolCallParser,
-    calls_rule,
-    lit,
-    public_function,
-)
+from radixlm.runtime.tool_parsers import base
 from radixlm.runtime.tool_parsers.text import ParsedCall, literal_at, skip_ws, value_end
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 FENCE, FENCE_END = "\n```json\n", "\n```"
 OUT_BEGIN, OUT_END = "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"
-_START = re.compile(re.escape(CALLS_BEGIN))
 _HEAD = re.compile(re.escape(CALL_BEGIN) + r"(\w*)" + re.escape(SEP) + r"([^\n]*)"
                    + re.escape(FENCE))
 _TAIL = re.compile(r"\s*```\s*" + re.escape(CALL_END))
 
 
-class DeepSeekV3Parser(ToolCallParser):
+class DeepSeekV3Parser(base.ToolCallParser):
     """Calls between ``<｜tool▁calls▁begin｜>`` and ``<｜tool▁calls▁end｜>``."""
 
     name = "deepseekv3"
+    opener = CALLS_BEGIN
     markers = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
 
-    def start_re(self, names: frozenset[str]) -> re.Pattern:
-        return _START
-
-    def hold_prefixes(self, names: frozenset[str]) -> tuple[str, ...]:
-        return (CALLS_BEGIN,)
-
-    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> Section:
+    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> base.Section:
         calls: list[ParsedCall] = []
         i = start + len(CALLS_BEGIN)
         while True:
             i = skip_ws(text, i)
             if i == len(text):
-                return (Section(calls, i) if calls else BAD_OPEN) if final \
-                    else Section(calls, None)
+                return (base.Section(calls, i) if calls else base.BAD_OPEN) if final \
+                    else base.Section(calls, None)
             if calls and literal_at(text, i, CALLS_END, final) != "no":
-                return Section(calls, i + len(CALLS_END)) if text.startswith(CALLS_END, i) \
-                    else Section(calls, None)
+                return base.Section(calls, i + len(CALLS_END)) if text.startswith(CALLS_END, i) \
+                    else base.Section(calls, None)
             status, call, end = _read_call(text, i, final, names)
             if status == "open":
-                return Section(calls + ([call] if call is not None else []), None)
+                return base.Section(calls + ([call] if call is not None else []), None)
             if status == "bad":
-                return Section(calls, i) if calls else BAD_OPEN
+                return base.Section(calls, i) if calls else base.BAD_OPEN
             calls.append(call)  # type: ignore[arg-type]
             i = end  # type: ignore[assignment]
 
     def tools_prompt(self, functions: list[dict[str, Any]]) -> str:
         listing = "\n\n".join(
-            f"- `{f['name']}`:\n```json\n{json.dumps(public_function(f), ensure_ascii=False)}"
+            f"- `{f['name']}`:\n```json\n{json.dumps(base.public_function(f), ensure_ascii=False)}"
             "\n```" for f in functions)
         return ("## Tools\n\n### Function\n\nYou have the following functions available:\n\n"
                 f"{listing}\n\nTo call functions, answer with {CALLS_BEGIN}, then per call "
@@ -83,16 +70,17 @@ class DeepSeekV3Parser(ToolCallParser):
         return {"role": "user", "content": f"{OUT_BEGIN}{content}{OUT_END}"}
 
     def call_rules(self, fns: list[dict[str, Any]], g: Any) -> list[str]:
+        lit = base.lit
         return [f'call_{k}: {g.marker(CALL_BEGIN)} "function" {g.marker(SEP)} '
                 f"{lit(f['name'] + FENCE)} {g.args(k)} {lit(FENCE_END)} {g.marker(CALL_END)}"
                 for k, f in enumerate(fns)]
 
     def required_rule(self, g: Any, many: bool) -> str:
-        return f"{g.marker(CALLS_BEGIN)} {calls_rule(many, chr(10))} {g.marker(CALLS_END)}"
+        return f"{g.marker(CALLS_BEGIN)} {base.calls_rule(many, chr(10))} {g.marker(CALLS_END)}"
 
     def auto_segments(self, fns: list[dict[str, Any]], g: Any,
                       many: bool) -> list[tuple[str, str]]:
-        return [(CALLS_BEGIN, f"{calls_rule(many, chr(10))} {g.marker(CALLS_END)}")]
+        return [(CALLS_BEGIN, f"{base.calls_rule(many, chr(10))} {g.marker(CALLS_END)}")]
 
 
 def _read_call(text: str, i: int, final: bool,

@@ -10,7 +10,6 @@ format for chat templates no parser recognises (ChatML and unknown ones)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from radixlm.runtime.tool_parsers.base import (
@@ -24,21 +23,15 @@ from radixlm.runtime.tool_parsers.base import (
 from radixlm.runtime.tool_parsers.text import literal_at, read_call, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_START = re.compile(re.escape(OPEN))
 
 
 class HermesParser(ToolCallParser):
     """``<tool_call>\\n{"name", "arguments"}\\n</tool_call>`` blocks."""
 
     name = "qwen25"
+    opener = OPEN
     markers = (OPEN, CLOSE)
     one_section = False
-
-    def start_re(self, names: frozenset[str]) -> re.Pattern:
-        return _START
-
-    def hold_prefixes(self, names: frozenset[str]) -> tuple[str, ...]:
-        return (OPEN,)
 
     def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> Section:
         status, call, end = read_call(text, skip_ws(text, start + len(OPEN)), final)

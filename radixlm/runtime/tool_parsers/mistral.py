@@ -9,72 +9,57 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import string
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import (
-    BAD_OPEN,
-    Section,
-    ToolCallParser,
-    call_json_text,
-    calls_rule,
-    json_call,
-    public_function,
-)
+from radixlm.runtime.tool_parsers import base
 from radixlm.runtime.tool_parsers.text import ParsedCall, read_call, skip_ws
 
 TAG = "[TOOL_CALLS]"
-_START = re.compile(re.escape(TAG))
 _ID_CHARS = string.ascii_letters + string.digits
 _rng = random.SystemRandom()
 
 
-class MistralParser(ToolCallParser):
+class MistralParser(base.ToolCallParser):
     """``[TOOL_CALLS] [`` call objects ``]``."""
 
     name = "mistral"
+    opener = TAG
     markers = (TAG,)
 
-    def start_re(self, names: frozenset[str]) -> re.Pattern:
-        return _START
-
-    def hold_prefixes(self, names: frozenset[str]) -> tuple[str, ...]:
-        return (TAG,)
-
-    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> Section:
+    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> base.Section:
         i = skip_ws(text, start + len(TAG))
         if i == len(text):
-            return BAD_OPEN if final else Section([], None)
+            return base.BAD_OPEN if final else base.Section([], None)
         if text[i] != "[":
-            return BAD_OPEN
+            return base.BAD_OPEN
         calls: list[ParsedCall] = []
         k = skip_ws(text, i + 1)
         while k < len(text):
             if text[k] == "]" and calls:
-                return Section(calls, k + 1)
+                return base.Section(calls, k + 1)
             status, call, end = read_call(text, k, final)
             if status == "open" and (call is None or call.name in names):
-                return Section(_unstable(calls + ([call] if call is not None else [])), None)
+                return base.Section(_unstable(calls + ([call] if call is not None else [])), None)
             if status != "done" or call is None or call.name not in names:
-                return BAD_OPEN
+                return base.BAD_OPEN
             calls.append(call)
             k = skip_ws(text, end)  # type: ignore[arg-type]
             if k < len(text) and text[k] == ",":
                 k = skip_ws(text, k + 1)
             elif k < len(text) and text[k] != "]":
-                return BAD_OPEN
-        return BAD_OPEN if final else Section(_unstable(calls), None)
+                return base.BAD_OPEN
+        return base.BAD_OPEN if final else base.Section(_unstable(calls), None)
 
     def tools_prompt(self, functions: list[dict[str, Any]]) -> str:
-        listing = json.dumps([{"type": "function", "function": public_function(f)}
+        listing = json.dumps([{"type": "function", "function": base.public_function(f)}
                               for f in functions], ensure_ascii=False)
         return (f"[AVAILABLE_TOOLS] {listing}[/AVAILABLE_TOOLS]\nTo call functions, answer "
                 f'with {TAG} [{{"name": <function name>, "arguments": <arguments as a JSON '
                 "object>}, ...] and nothing else.")
 
     def calls_text(self, calls: list[tuple[str, str]]) -> str:
-        return f"{TAG} [" + ", ".join(call_json_text(n, a) for n, a in calls) + "]"
+        return f"{TAG} [" + ", ".join(base.call_json_text(n, a) for n, a in calls) + "]"
 
     def result_message(self, content: str) -> dict[str, str]:
         body = json.dumps({"content": content}, ensure_ascii=False)
@@ -84,14 +69,14 @@ class MistralParser(ToolCallParser):
         return "".join(_rng.choice(_ID_CHARS) for _ in range(9))
 
     def call_rules(self, fns: list[dict[str, Any]], g: Any) -> list[str]:
-        return [f"call_{k}: {json_call(g, k, f['name'])}" for k, f in enumerate(fns)]
+        return [f"call_{k}: {base.json_call(g, k, f['name'])}" for k, f in enumerate(fns)]
 
     def required_rule(self, g: Any, many: bool) -> str:
-        return f'{g.marker(TAG)} " [" {calls_rule(many, ", ")} "]"'
+        return f'{g.marker(TAG)} " [" {base.calls_rule(many, ", ")} "]"'
 
     def auto_segments(self, fns: list[dict[str, Any]], g: Any,
                       many: bool) -> list[tuple[str, str]]:
-        return [(TAG, f'" [" {calls_rule(many, ", ")} "]"')]
+        return [(TAG, f'" [" {base.calls_rule(many, ", ")} "]"')]
 
 
 def _unstable(calls: list[ParsedCall]) -> list[ParsedCall]:

@@ -18,14 +18,7 @@ import math
 import re
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import (
-    BAD_OPEN,
-    Section,
-    ToolCallParser,
-    calls_rule,
-    lit,
-    public_function,
-)
+from radixlm.runtime.tool_parsers import base
 from radixlm.runtime.tool_parsers.grammar import grammar_schema
 from radixlm.runtime.tool_parsers.text import ParsedCall, python_end, skip_ws
 
@@ -36,7 +29,7 @@ _TOP_KEYS = {"type", "properties", "required", "additionalProperties", "descript
              "$defs", "definitions", "$schema"}
 
 
-class PythonicParser(ToolCallParser):
+class PythonicParser(base.ToolCallParser):
     """``[f(a=1, b="x"), g()]``."""
 
     name = "pythonic"
@@ -51,17 +44,17 @@ class PythonicParser(ToolCallParser):
     def hold_prefixes(self, names: frozenset[str]) -> tuple[str, ...]:
         return tuple(f"[{n}(" for n in names)
 
-    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> Section:
+    def section(self, text: str, start: int, final: bool, names: frozenset[str]) -> base.Section:
         end = python_end(text, start)
         if end is None:
-            return BAD_OPEN if final else Section(_calls_so_far(text, start, names), None)
+            return base.BAD_OPEN if final else base.Section(_calls_so_far(text, start, names), None)
         try:
             tree = ast.parse(text[start:end], mode="eval").body
             if not isinstance(tree, ast.List) or not tree.elts:
                 raise ValueError("not a list of calls")
-            return Section([_call(e, names) for e in tree.elts], end)
+            return base.Section([_call(e, names) for e in tree.elts], end)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return Section([], end, ok=False)
+            return base.Section([], end, ok=False)
 
     def check_function(self, where: str, fn: dict[str, Any]) -> None:
         name, params = fn["name"], fn["parameters"]
@@ -80,7 +73,7 @@ class PythonicParser(ToolCallParser):
                              f"{bad[0]!r} is not a Python identifier (a keyword argument)")
 
     def tools_prompt(self, functions: list[dict[str, Any]]) -> str:
-        listing = json.dumps([public_function(f) for f in functions], indent=2,
+        listing = json.dumps([base.public_function(f) for f in functions], indent=2,
                              ensure_ascii=False)
         return ("You can call functions. To call one or more, answer with nothing but a "
                 "Python list of calls with keyword arguments, in the format [func_name1("
@@ -104,15 +97,15 @@ class PythonicParser(ToolCallParser):
         for k, fn in enumerate(fns):
             rules += _keyword_rules(k, fn)
             kw = f" first_{k}_0" if fn["parameters"].get("properties") else ""
-            rules.append(f'call_{k}: {lit(fn["name"] + "(")}{kw} ")"')
+            rules.append(f'call_{k}: {base.lit(fn["name"] + "(")}{kw} ")"')
         return rules
 
     def required_rule(self, g: Any, many: bool) -> str:
-        return f'"[" {calls_rule(many, ", ")} "]"'
+        return f'"[" {base.calls_rule(many, ", ")} "]"'
 
     def auto_segments(self, fns: list[dict[str, Any]], g: Any,
                       many: bool) -> list[tuple[str, str]]:
-        more = f' ({lit(", ")} call)*' if many else ""
+        more = f' ({base.lit(", ")} call)*' if many else ""
         return [(f"[{fn['name']}(",
                  (f"first_{k}_0 " if fn["parameters"].get("properties") else "")
                  + f'")"{more} "]"') for k, fn in enumerate(fns)]
@@ -127,7 +120,7 @@ def _keyword_rules(k: int, fn: dict[str, Any]) -> list[str]:
     defs = {d: params[d] for d in ("$defs", "definitions") if d in params}
     n, rules = len(props), []
     for j, (name, schema) in enumerate(props):
-        rules.append(f"kv_{k}_{j}: {lit(name + '=')} {_value(schema, defs, fn['strict'])}")
+        rules.append(f"kv_{k}_{j}: {base.lit(name + '=')} {_value(schema, defs, fn['strict'])}")
         rest_next = f" rest_{k}_{j + 1}" if j + 1 < n else ""
         first_next = f"first_{k}_{j + 1}" if j + 1 < n else ""
         if name in required:
@@ -147,7 +140,7 @@ def _value(schema: Any, defs: dict[str, Any], strict: bool) -> str:
         values = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if isinstance(values, list) and values and all(
                 v is None or isinstance(v, str | int | float | bool) for v in values):
-            return "(" + " | ".join(lit(_py(v)) for v in values) + ")"
+            return "(" + " | ".join(base.lit(_py(v)) for v in values) + ")"
         kind = schema.get("type")
         if kind == "boolean" and set(schema) <= {"type", "description", "title"}:
             return '("True" | "False")'
