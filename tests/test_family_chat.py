@@ -165,3 +165,54 @@ def test_phi3_end_of_chat_eos_is_not_part_of_a_segment():
     assert t.segments("system") == ("<|system|>\n", "<|end|>\n")
     assert t.segments("user") == ("<|user|>\n", "<|end|>\n")
     assert t.segments("assistant") == ("<|assistant|>\n", "<|end|>\n")
+
+
+@pytest.mark.parametrize("family, parser_name, call_text, result", [
+    ("llama3", "llama3", '{"name": "get_time", "parameters": {"city": "Oslo"}}',
+     "<|start_header_id|>ipython<|end_header_id|>\n\n12:00<|eot_id|>"),
+    ("qwen2.5", "qwen25",
+     '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>',
+     "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>"),
+])
+def test_templates_without_tools_get_the_family_documented_format(chat_engine, family,
+                                                                   parser_name, call_text,
+                                                                   result):
+    """A family template without a tools branch: the parser is still the family's (from its
+    turn markers), the functions are listed in the family's documented system text, earlier
+    calls are written in the family's form and results in its result turn; a required call
+    generated under it reads back."""
+    from radixlm.runtime.tool_parsers import parse_tools
+    from radixlm.runtime.tool_parsers.grammar import token_lookup, tool_sampling
+    from radixlm.server.protocol import ChatMessage
+    from radixlm.server.tool_calls import (
+        message_dicts,
+        render_messages,
+        server_parser,
+        template_reads_tools,
+    )
+
+    tok = chat_engine.tokenizer
+    tok.chat_template = TEMPLATES[family][0]
+    parser = server_parser(chat_engine)
+    assert parser.name == parser_name and not template_reads_tools(tok)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"]}}}
+    setup = parse_tools([tool], "required", False, parser)
+    history = [ChatMessage(**m) for m in [
+        {"role": "user", "content": "Time in Oslo?"},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_time", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "user", "content": "And in Rome?"}]]
+    messages = render_messages(message_dicts(history), parser, setup, native=False)
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert parser.tools_prompt(setup.functions) in prompt and '"get_time"' in prompt
+    assert call_text in prompt and result in prompt
+    params = {**tool_sampling(setup, token_lookup(
+        lambda t: tok.encode(t, add_special_tokens=False))), "max_new_tokens": 60,
+        "temperature": 0}
+    out = chat_engine.generate(prompt=prompt, sampling_params=params)
+    content, calls = setup.parse(out["text"])
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"]
+    assert isinstance(json.loads(calls[0]["function"]["arguments"])["city"], str)

@@ -354,3 +354,19 @@ def test_dsl_tool_fields_are_checked_where_the_program_is_written(engine):
 
     state = no_tools.run(backend=Runtime(engine))
     assert state.error() is None and state["a_tool_calls"] == []
+
+
+def test_outlines_backend_runs_auto_unconstrained_and_refuses_required():
+    from types import SimpleNamespace
+
+    from radixlm.server.tool_calls import request_sampling, request_tools
+
+    engine = SimpleNamespace(
+        config=SimpleNamespace(grammar_backend="outlines", tool_call_parser="llama3",
+                               json_whitespace=None),
+        tokenizer=SimpleNamespace(chat_template=QWEN25))
+    auto = request_tools(engine, TOOLS, None, None)
+    assert auto.parser.name == "llama3"  # the setting wins over the template
+    assert request_sampling(engine, auto, None) == ({}, False)  # parsed, held back
+    with pytest.raises(ValueError, match="needs the llguidance grammar backend"):
+        request_sampling(engine, request_tools(engine, TOOLS, "required", None), None)
