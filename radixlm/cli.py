@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlm.runtime.server_args import IGNORED, warn_ignored
+from radixlm.runtime.tool_parsers import TOOL_CALL_PARSERS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 IGNORED_PREFIX = "ignored_"
@@ -75,7 +76,8 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
 
 
 def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
-    """Constrained decoding (jump-forward, grammar backend, JSON whitespace) and the seed."""
+    """Constrained decoding (jump-forward, grammar backend, JSON whitespace), the tool-call
+    format and the seed."""
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
@@ -84,6 +86,9 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
                    default=None, help="JSON output with no whitespace between tokens "
                                       "(compact), where a request names no pattern")
+    e.add_argument("--tool-call-parser",
+                   help=f"tool-call format: {' | '.join(TOOL_CALL_PARSERS)} (default: the one "
+                        "the chat template shows, else qwen25)")
     e.add_argument("--random-seed", type=int)
 
 
@@ -150,6 +155,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "grammar_backend": args.grammar_backend,
         "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,
         "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,
+        "tool_call_parser": args.tool_call_parser,
         "random_seed": args.random_seed,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
         "nnodes": args.nnodes, "node_rank": args.node_rank,

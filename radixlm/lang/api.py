@@ -83,12 +83,19 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
 ) -> Expr:
     """Generate text into variable `name`. Unset parameters take the run-level defaults.
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model),
     `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
     raise ValueError here, where the program is written.
+
+    `tools` (OpenAI's), `tool_choice` ("auto", "required", "none" or a named function) and
+    `parallel_tool_calls`: the output follows the backend's tool-call format (lang/tools.py),
+    its calls parsed into `<name>_tool_calls` (OpenAI's shape); `name` keeps the text.
     """
     if _placeholder(max_tokens, min_tokens, stop, temperature, regex, json_schema, dtype,
                     choices):
@@ -96,7 +103,8 @@ def gen(
     if name is not None and not isinstance(name, str):
         raise TypeError(f"gen: name must be a str, got {type(name).__name__}")
     constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema),
-                                  ("dtype", dtype), ("choices", choices)) if v is not None]
+                                  ("dtype", dtype), ("choices", choices), ("tools", tools))
+                   if v is not None]
     if len(constraints) > 1:
         raise ValueError(f"gen: at most one constraint allowed, got {constraints}")
     if choices is not None:
@@ -109,7 +117,8 @@ def gen(
         presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-        json_schema=json_schema).checked())
+        json_schema=json_schema, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls).checked())
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

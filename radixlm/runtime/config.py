@@ -75,6 +75,9 @@ class EngineConfig:
     # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
+    # Tool-call format of the model (runtime/tool_parsers; SGLang's --tool-call-parser
+    # names); None: the one its chat template shows, else qwen25's <tool_call> blocks
+    tool_call_parser: str | None = None
     random_seed: int = 0
     log_level: str = "info"
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
@@ -128,6 +131,10 @@ class EngineConfig:
             from radixlm.constraints.schema import check_whitespace_pattern
 
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
+        if self.tool_call_parser is not None:
+            from radixlm.runtime.tool_parsers import check_parser_name
+
+            check_parser_name(self.tool_call_parser)
         if self.priority_preemption_threshold < 0:
             raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
