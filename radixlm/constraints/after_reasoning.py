@@ -6,6 +6,10 @@ ends the block after that many tokens.
 ``Grammar`` interface, so the sampler's mask, the postprocessor's accept / jump-forward and a
 speculative verifier's accept / rollback see the boundary without knowing of it. Phases:
 
+Where the wrapper starts is where the output starts (``reasoning.output_start``): in
+``REASONING``, in ``ANSWER`` (the prompt closed the block: the inner grammar from the first
+token), or in
+
 - ``OPENING`` (the output may begin a block: formats that are not forced): allowed are the
   inner grammar's tokens and those that begin the start tag; once a token begins the tag,
   only its continuation; a token the inner grammar takes starts the answer (no block).
@@ -35,13 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radixlm.constraints import reasoning as rs
 from radixlm.constraints.base import Grammar, JumpForward
-from radixlm.constraints.reasoning import (
-    ReasoningFormat,
-    get_format,
-    prompt_tail,
-    starts_in_reasoning,
-)
+from radixlm.constraints.reasoning import ReasoningFormat, get_format, output_start, prompt_tail
 from radixlm.constraints.specs import ConstraintSpec
 from radixlm.constraints.vocab import TokenVocab
 
@@ -197,19 +197,21 @@ class ThinkingVocab:
 
 class AfterReasoningGrammar(Grammar):
     """A request's grammar that starts at the end of the thinking block (module docstring).
-    ``inner``: the answer's grammar, or None (only the budget / strict thinking);
-    ``in_reasoning``: the output starts inside the block; ``budget``: the most tokens the
-    block may hold before its end tag (None: no limit)."""
+    ``inner``: the answer's grammar, or None (only the budget / strict thinking); ``start``:
+    where the output starts (``reasoning.REASONING``, ``OPENING`` or ``ANSWER``);
+    ``budget``: the most tokens the block may hold before its end tag (None: no limit)."""
 
     OPENING, REASONING, CLOSING, ANSWER = range(4)
 
-    def __init__(self, shared: ThinkingVocab, inner: Grammar | None, in_reasoning: bool,
+    def __init__(self, shared: ThinkingVocab, inner: Grammar | None, start: str,
                  budget: int | None = None, strict: bool = False) -> None:
         self.s = shared
         self.inner = inner
         self.budget = budget
         self.strict = strict
-        self.phase = self.REASONING if in_reasoning else self.OPENING
+        in_reasoning = start == rs.REASONING
+        self.phase = {rs.REASONING: self.REASONING, rs.OPENING: self.OPENING,
+                      rs.ANSWER: self.ANSWER}[start]
         self.matched = 0  # start-tag bytes written (OPENING)
         self.kmp = 0  # end-tag automaton state (REASONING)
         self.thought = 0  # tokens of the block counted against the budget
@@ -421,7 +423,7 @@ class AfterReasoningGrammar(Grammar):
 
     def copy(self) -> AfterReasoningGrammar:
         g = AfterReasoningGrammar(self.s, self.inner.copy() if self.inner is not None else None,
-                                  False, self.budget, self.strict)
+                                  rs.OPENING, self.budget, self.strict)
         g._restore(self._state())
         g._empty_ok = self._empty_ok
         g._history = list(self._history)
@@ -430,11 +432,11 @@ class AfterReasoningGrammar(Grammar):
 
 @dataclass(frozen=True)
 class ReasoningSpec:
-    """What a request's wrapper is built from: its constraint (None: none), whether its
-    output starts inside the thinking block, its budget (None: no limit)."""
+    """What a request's wrapper is built from: its constraint (None: none), where its output
+    starts (``reasoning.output_start``), its budget (None: no limit)."""
 
     inner: ConstraintSpec | None
-    in_reasoning: bool
+    start: str
     budget: int | None = None
 
 
@@ -457,9 +459,9 @@ class ReasoningGrammars:
     def plan(self, inner: ConstraintSpec | None, tokenizer, prompt_ids: list[int],
              budget: int | None) -> ReasoningSpec:
         """The spec of a request whose prompt is ``prompt_ids`` (where its output starts:
-        ``reasoning.starts_in_reasoning`` on the prompt's tail)."""
-        tail = prompt_tail(tokenizer, prompt_ids)
-        return ReasoningSpec(inner, starts_in_reasoning(self.fmt, tail), budget)
+        ``reasoning.output_start`` of the prompt's tail)."""
+        return ReasoningSpec(inner, output_start(self.fmt, prompt_tail(tokenizer, prompt_ids)),
+                             budget)
 
     def compile_async(self, spec: ReasoningSpec) -> Future[Grammar]:
         """A future of the request's wrapper: around the inner grammar once the backend has
@@ -467,8 +469,8 @@ class ReasoningGrammars:
         out: Future[Grammar] = Future()
 
         def make(grammar: Grammar | None) -> None:
-            wrapper = AfterReasoningGrammar(self.shared, grammar, spec.in_reasoning,
-                                            spec.budget, self.strict)
+            wrapper = AfterReasoningGrammar(self.shared, grammar, spec.start, spec.budget,
+                                            self.strict)
             try:
                 out.set_result(wrapper)
             except Exception:  # noqa: BLE001 - cancelled meanwhile (the request ended)

@@ -8,10 +8,10 @@ that open ``<think>`` themselves). The names and tags are SGLang's ``--reasoning
 choices. The rules, one state machine for the one-shot and the streaming parse (so that
 streamed deltas always join to the one-shot split, however the text is cut):
 
-- the output starts *in reasoning* when ``in_reasoning`` says so (see
-  ``starts_in_reasoning``: forced formats, and prompts that end inside an open block), else
-  it starts in the answer and a thinking block opens only if the output begins with the
-  start tag (exactly: no text before it);
+- where the output starts (``output_start``): ``REASONING`` (forced formats, and prompts
+  that end inside an open block), ``ANSWER`` (prompts that end with a closed block: the
+  template turned thinking off) or ``OPENING`` (the others): a thinking block opens only if
+  the output begins with the start tag (exactly: no text before it);
 - leading start tags of a thinking block are dropped (``(<think>)*reasoning</think>``);
 - reasoning runs to the first end tag, which is dropped; everything after it is the answer,
   as written (no stripping);
@@ -66,26 +66,35 @@ def get_format(name: str | None, what: str = "reasoning parser") -> ReasoningFor
     return fmt
 
 
-def starts_in_reasoning(fmt: ReasoningFormat, prompt_tail: str) -> bool:
-    """Whether the output of a prompt ending in ``prompt_tail`` starts inside a thinking
-    block: the prompt ends with the start tag (the template opened it, e.g. Qwen3-Thinking
-    and DeepSeek-R1 templates) -> yes; it ends with the end tag (the template closed an
-    empty block: ``enable_thinking=False``) -> no; else the format's own default. Trailing
-    whitespace does not count."""
+# Where an output starts: inside a thinking block, in an answer that may begin with one, or
+# in an answer with no block (the prompt closed it).
+REASONING, OPENING, ANSWER = "reasoning", "opening", "answer"
+
+
+def output_start(fmt: ReasoningFormat, prompt_tail: str) -> str:
+    """Where the output of a prompt ending in ``prompt_tail`` starts: the prompt ends with
+    the start tag (the template opened the block, e.g. Qwen3-Thinking and DeepSeek-R1
+    templates) -> ``REASONING``; with the end tag (the template closed an empty block:
+    ``enable_thinking=False``) -> ``ANSWER``; else ``REASONING`` for forced formats and
+    ``OPENING`` for the others. Trailing whitespace does not count."""
     tail = prompt_tail.rstrip()
     if tail.endswith(fmt.start):
-        return True
+        return REASONING
     if tail.endswith(fmt.end):
-        return False
-    return fmt.forced
+        return ANSWER
+    return default_start(fmt)
+
+
+def default_start(fmt: ReasoningFormat) -> str:
+    """Where an output starts when nothing is known of its prompt."""
+    return REASONING if fmt.forced else OPENING
 
 
 PROMPT_TAIL_TOKENS = 16  # what `prompt_tail` decodes: enough for the tags and whitespace
 
 
 def prompt_tail(tokenizer, prompt_ids: list[int]) -> str:
-    """The text of the last few prompt tokens, special tokens kept (for
-    ``starts_in_reasoning``)."""
+    """The text of the last few prompt tokens, special tokens kept (for ``output_start``)."""
     return tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
 
 
@@ -99,19 +108,22 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class ReasoningParser:
     """Splits one response into (reasoning, answer), at once (``parse``) or as it streams
-    (``feed`` each new piece of text, then ``finish``). ``in_reasoning``: whether the output
-    starts inside the thinking block (default: the format's ``forced``).
+    (``feed`` each new piece of text, then ``finish``). ``start``: where the output starts
+    (``output_start``; default: ``default_start`` of the format).
 
     ``reasoning`` is None (no thinking block) until a block has opened; ``parse`` and the
     joined deltas of ``feed`` + ``finish`` are always equal."""
 
     OPENING, LEADING, REASONING, ANSWER = range(4)
 
-    def __init__(self, fmt: ReasoningFormat, in_reasoning: bool | None = None) -> None:
+    def __init__(self, fmt: ReasoningFormat, start: str | None = None) -> None:
         self.fmt = fmt
-        start_in = fmt.forced if in_reasoning is None else in_reasoning
-        self.state = self.LEADING if start_in else self.OPENING
-        self.had_block = start_in
+        start = default_start(fmt) if start is None else start
+        if start not in (REASONING, OPENING, ANSWER):
+            raise ValueError(f"start must be {REASONING}, {OPENING} or {ANSWER}, got {start!r}")
+        self.state = {REASONING: self.LEADING, OPENING: self.OPENING,
+                      ANSWER: self.ANSWER}[start]
+        self.had_block = start == REASONING
         self._held = ""  # text that may still turn out to be (part of) a tag
 
     def parse(self, text: str) -> tuple[str | None, str]:
@@ -164,8 +176,8 @@ class ReasoningParser:
 
 
 def split_reasoning(text: str, fmt: ReasoningFormat | str,
-                    in_reasoning: bool | None = None) -> tuple[str | None, str]:
+                    start: str | None = None) -> tuple[str | None, str]:
     """(reasoning or None, answer) of ``text`` (``ReasoningParser.parse``)."""
     if isinstance(fmt, str):
         fmt = get_format(fmt)
-    return ReasoningParser(fmt, in_reasoning).parse(text)
+    return ReasoningParser(fmt, start).parse(text)

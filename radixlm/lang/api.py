@@ -83,8 +83,11 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    thinking_budget: int | None = None,
 ) -> Expr:
     """Generate text into variable `name`. Unset parameters take the run-level defaults.
+    `thinking_budget`: the most tokens a reasoning model may think before its answer (the
+    engine's or server's reasoning parser enforces it; the constraint starts after it).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model),
     `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
@@ -109,7 +112,7 @@ def gen(
         presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-        json_schema=json_schema).checked())
+        json_schema=json_schema, thinking_budget=thinking_budget).checked())
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

@@ -31,7 +31,7 @@ _JSON_TYPES = frozenset(("array", "boolean", "integer", "null", "number", "objec
 _SAMPLING_FIELDS = (
     "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "ignore_eos", "dtype", "regex", "json_schema",
+    "ignore_eos", "dtype", "regex", "json_schema", "thinking_budget",
 )
 
 
@@ -62,6 +62,8 @@ class GenArgs:
     dtype: str | None = None
     regex: str | None = None
     json_schema: str | None = None  # a JSON string once `checked`
+    # tokens the model may think before its answer (a server / engine reasoning parser)
+    thinking_budget: int | None = None
 
     def merged_over(self, defaults: GenArgs) -> GenArgs:
         """Return a copy where every field left `None` here takes the value from `defaults`."""
@@ -79,6 +81,7 @@ class GenArgs:
         _check_int("max_tokens", self.max_new_tokens, 0)
         _check_int("min_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
+        _check_int("thinking_budget", self.thinking_budget, 0)
         stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         for pattern in stop_regex or ():
             validate_regex(pattern)
