@@ -357,9 +357,12 @@ def backend(request, tokenizer):
     b.shutdown()
 
 
-def test_random_walks_on_the_real_tokenizer_keep_the_budget_and_the_schema(backend, tokenizer):
+@pytest.mark.parametrize("jump", [True, False])
+def test_random_walks_on_the_real_tokenizer_keep_the_budget_and_the_schema(backend, tokenizer,
+                                                                           jump):
     """Sample uniformly among the allowed tokens (the harshest model there is): the block
-    ends within the budget and the answer is valid JSON under the schema, every time."""
+    ends within the budget and the answer is valid JSON under the schema, every time, with
+    the end tag forced by jump-forward or by the mask alone."""
     from radixlm.constraints.after_reasoning import ReasoningGrammars, ReasoningSpec
     from radixlm.constraints.specs import ConstraintSpec
 
@@ -381,7 +384,7 @@ def test_random_walks_on_the_real_tokenizer_keep_the_budget_and_the_schema(backe
             token = int(rng.choice(ok))
             assert g.accept_token(token)
             ids.append(token)
-            plan = g.jump_forward(ids)
+            plan = g.jump_forward(ids) if jump else None
             if plan is not None:
                 del ids[len(ids) - plan.rollback:]
                 ids.extend(plan.token_ids)
@@ -393,3 +396,50 @@ def test_random_walks_on_the_real_tokenizer_keep_the_budget_and_the_schema(backe
         assert reasoning_tokens(pieces, fmt, REASONING) <= budget
         assert reasoning is not None and "</think>" in tokenizer.decode(ids)
         jsonschema.validate(json.loads(answer), SCHEMA)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["jump", "no-jump"])
+def r1_engine(request):
+    """The real small model with DeepSeek-R1's parser: its template opens no block, and R1
+    starts inside one; "</think>" is three tokens of its tokenizer."""
+    from radixlm.runtime.engine import Engine
+
+    with Engine(reasoning_parser="deepseek-r1", enable_jump_forward=request.param,
+                max_total_tokens=8192, log_level="warning") as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("budget", [0, 1, 9, 30])
+def test_real_model_thinks_within_budget_then_answers_under_the_constraint(r1_engine, budget):
+    import re
+
+    tok, fmt = r1_engine.tokenizer, get_format("deepseek-r1")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Is 7 prime? Think."}],
+                                     tokenize=False, add_generation_prompt=True)
+    regex = r"(yes|no), [0-9]{1,3}"
+    outs = r1_engine.generate([prompt] * 3, [
+        {"max_new_tokens": budget + 40, "temperature": 0.8, "seed": s, "thinking_budget": budget,
+         **({"regex": regex} if s % 2 else {"json_schema": json.dumps(SCHEMA)})}
+        for s in range(3)])
+    for s, out in enumerate(outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        reasoning, answer = ReasoningParser(fmt).parse(out["text"])
+        pieces = [tok.convert_tokens_to_string([t]).encode() for t in
+                  tok.convert_ids_to_tokens(out["output_ids"])]
+        assert reasoning_tokens(pieces, fmt, REASONING) <= budget
+        assert reasoning is not None and out["text"].startswith(reasoning + "</think>")
+        if s % 2:
+            assert re.fullmatch(regex, answer), answer
+        else:
+            jsonschema.validate(json.loads(answer), SCHEMA)
+    jumped = any(o["meta_info"].get("forced_tokens") for o in outs)
+    assert jumped == r1_engine.config.enable_jump_forward  # the end tag, the JSON keys
+
+
+def test_real_model_no_constraint_budget_only(r1_engine):
+    out = r1_engine.generate("Count.", {"max_new_tokens": 30, "thinking_budget": 4,
+                                        "temperature": 0.0, "ignore_eos": True})
+    ids = out["output_ids"]
+    end = r1_engine.tokenizer.encode("</think>", add_special_tokens=False)
+    at = next(i for i in range(len(ids)) if ids[i:i + len(end)] == end)
+    assert at <= 4 and len(ids) == 30  # then the answer runs free

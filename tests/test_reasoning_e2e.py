@@ -329,3 +329,81 @@ def test_dsl_separate_reasoning_with_a_budget(engine, server, backend_kind):
     assert end <= 8
     assert state["reply_reasoning_content"] == "".join(tokens[:end]).strip()
     assert state.text().endswith("<think>\n" + reply + "<|im_end|>\n")
+
+
+def test_tool_call_grammar_applies_after_the_thinking_and_parses_from_the_answer(client):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}},
+            "required": ["city"]}}}]
+    out = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
+        tool_choice="required", max_tokens=90, temperature=1.0, seed=4,
+        extra_body={"thinking_budget": 9})
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Oslo", "Lima")
+    assert choice.message.reasoning_content is not None  # split off first
+
+
+def test_strict_thinking_keeps_the_turn_open_and_the_answer_non_empty(model_path):
+    with Engine(model_path, reasoning_parser="qwen3", enable_strict_thinking=True,
+                dtype="float32", weight_quant="none", max_total_tokens=8192,
+                log_level="warning") as strict:
+        tok = strict.tokenizer
+        _, end_id = _think_ids(tok)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True,
+                                      add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        # <|im_end|> pushed up hard: only the strict mask keeps it out of the block and off
+        # the answer's first token
+        outs = strict.generate(input_ids=[list(ids)] * 8, sampling_params=[
+            {"max_new_tokens": 40, "thinking_budget": 6, "temperature": 1.0, "seed": s,
+             "logit_bias": {str(eos): 8.0}} for s in range(8)])
+        for out in outs:
+            out_ids = out["output_ids"]
+            at = out_ids.index(end_id)
+            assert at <= 6 and eos not in out_ids[:at]
+            assert len(out_ids) > at + 1 and out_ids[at + 1] != eos
+    with Engine(model_path, reasoning_parser="qwen3", dtype="float32", weight_quant="none",
+                max_total_tokens=8192, log_level="warning") as loose:
+        outs = loose.generate(input_ids=[list(ids)] * 8, sampling_params=[
+            {"max_new_tokens": 40, "thinking_budget": 6, "temperature": 1.0, "seed": s,
+             "logit_bias": {str(eos): 8.0}} for s in range(8)])
+        assert any(end_id not in o["output_ids"] for o in outs)  # ended inside the block
+
+
+def test_jump_forward_retokenization_keeps_the_streamed_text_a_prefix(tokenizer):
+    """A jump-forward that retokenizes the last tokens ("f" + forced "alse" -> "false") must
+    not leave the stale "f" in the incremental text (it did before: the stream read
+    '{"sure": f, ...' while the final text had 'false')."""
+    from radixlm.runtime.detokenizer import IncrementalDetokenizer
+
+    short = tokenizer.encode('{"sure": f', add_special_tokens=False)
+    full = tokenizer.encode('{"sure": false, "x"', add_special_tokens=False)
+    assert full[:len(short) - 1] == short[:-1] and full[len(short) - 1] != short[-1]
+    d = IncrementalDetokenizer(tokenizer)
+    for n in range(1, len(short) + 1):
+        d.update(short[:n])
+    seen = d.text
+    for n in range(len(short), len(full) + 1):  # the plan replaced the last token, then more
+        d.update(full[:n])
+        assert d.text.startswith(seen)
+        seen = d.text
+    assert d.text == '{"sure": false, "x"'
+
+
+def test_cli_flags_reach_the_engine_config():
+    from radixlm.cli import build_parser, engine_kwargs_from_args
+    from radixlm.runtime.config import EngineConfig
+
+    args = build_parser().parse_args(["serve", "--reasoning-parser", "deepseek-r1",
+                                      "--enable-strict-thinking"])
+    config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+    assert (config.reasoning_parser, config.enable_strict_thinking) == ("deepseek-r1", True)
+    args = build_parser().parse_args(["serve", "--reasoning-parser", "r2"])
+    with pytest.raises(ValueError, match="unknown reasoning parser 'r2'; choose one of"):
+        EngineConfig.from_kwargs(**engine_kwargs_from_args(args))

@@ -279,6 +279,8 @@ class AfterReasoningGrammar(Grammar):
     def _fill_answer(self, bitmask: np.ndarray, row: int) -> None:
         if self.inner is not None:
             self.inner.fill_bitmask(bitmask, row)
+            if self.error() is not None:  # out of budget: sampling runs, accept then fails
+                bitmask[row] = -1
         elif self.eos_done:
             bitmask[row] = self.s.eos_row
         else:

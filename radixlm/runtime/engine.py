@@ -241,10 +241,11 @@ class Engine:
         with a reasoning parser, a constraint starts at the end of the thinking block)."""
         budget = params.thinking_budget
         if budget is not None and self.reasoning is None:
-            why = (self._grammar_error if self.config.reasoning_parser is not None
-                   else "start the engine with a reasoning parser (reasoning_parser=..., "
-                        "--reasoning-parser)")
-            raise ValueError(f"thinking_budget needs a reasoning parser: {why}")
+            if self.config.reasoning_parser is not None:
+                raise ValueError("thinking_budget is unavailable: constrained decoding is off "
+                                 f"for this model ({self._grammar_error})")
+            raise ValueError("thinking_budget needs a reasoning parser: start the engine with "
+                             "reasoning_parser=... (--reasoning-parser)")
         if budget is not None and budget > params.max_new_tokens:
             raise ValueError(f"thinking_budget={budget} is above max_new_tokens="
                              f"{params.max_new_tokens} (what is left of the context)")
