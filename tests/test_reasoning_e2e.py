@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import httpx
 import jsonschema
@@ -407,3 +408,20 @@ def test_cli_flags_reach_the_engine_config():
     args = build_parser().parse_args(["serve", "--reasoning-parser", "r2"])
     with pytest.raises(ValueError, match="unknown reasoning parser 'r2'; choose one of"):
         EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+
+
+@pytest.mark.parametrize("constraint, language", [
+    ({"regex": r"(yes|no) [0-9]{2}"}, r"(yes|no) [0-9]{2}"),
+    ({"ebnf": 'root ::= "ok" | "x=" [0-9] [0-9]?'}, r"ok|x=[0-9]{1,2}"),
+])
+def test_regex_and_ebnf_apply_after_the_thinking(client, constraint, language):
+    for seed in range(4):
+        out = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Answer."}], max_tokens=40,
+            temperature=1.0, seed=seed, extra_body={"thinking_budget": 6, **constraint},
+            logprobs=True)
+        msg = out.choices[0].message
+        assert out.choices[0].finish_reason == "stop"
+        assert re.fullmatch(language, msg.content), msg.content
+        tokens = [t.token for t in out.choices[0].logprobs.content]
+        assert tokens.index("</think>") <= 6
