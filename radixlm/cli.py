@@ -24,6 +24,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_memory_args(e)
     _add_scheduling_args(e)
     _add_decoding_args(e)
+    _add_reasoning_args(e)
     _add_parallel_args(e)
     _add_server_args(p.add_argument_group("server"))
     for name, takes_value in IGNORED.items():  # SGLang flags with no meaning here
@@ -92,6 +93,18 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--random-seed", type=int)
 
 
+def _add_reasoning_args(e: argparse._ArgumentGroup) -> None:
+    """Reasoning models: the thinking block's format and strict thinking (SGLang's flags)."""
+    from radixlm.constraints.reasoning import REASONING_PARSERS
+
+    e.add_argument("--reasoning-parser",
+                   help=f"{' | '.join(REASONING_PARSERS)}: split the thinking off into "
+                        "reasoning_content, apply constraints after it, take thinking_budget")
+    e.add_argument("--enable-strict-thinking", action="store_true", default=None,
+                   help="forbid end-of-turn and tool-call tokens inside the thinking block "
+                        "and an empty answer after it")
+
+
 def _add_parallel_args(e: argparse._ArgumentGroup) -> None:
     """Tensor parallel ranks (over hosts) and data parallel replicas."""
     e.add_argument("--tp-size", "--tp", dest="tp_size", type=int,
@@ -157,6 +170,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,
         "tool_call_parser": args.tool_call_parser,
         "random_seed": args.random_seed,
+        "reasoning_parser": args.reasoning_parser,
+        "enable_strict_thinking": args.enable_strict_thinking,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
         "nnodes": args.nnodes, "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,

@@ -86,8 +86,11 @@ def gen(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
     parallel_tool_calls: bool | None = None,
+    thinking_budget: int | None = None,
 ) -> Expr:
     """Generate text into variable `name`. Unset parameters take the run-level defaults.
+    `thinking_budget`: the most tokens a reasoning model may think before its answer (the
+    engine's or server's reasoning parser enforces it; the constraint starts after it).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model),
     `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
@@ -118,7 +121,7 @@ def gen(
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
         json_schema=json_schema, tools=tools, tool_choice=tool_choice,
-        parallel_tool_calls=parallel_tool_calls).checked())
+        parallel_tool_calls=parallel_tool_calls, thinking_budget=thinking_budget).checked())
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

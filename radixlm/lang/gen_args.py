@@ -32,7 +32,7 @@ _JSON_TYPES = frozenset(("array", "boolean", "integer", "null", "number", "objec
 _SAMPLING_FIELDS = (
     "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "ignore_eos", "dtype", "regex", "json_schema", "ebnf",
+    "ignore_eos", "dtype", "regex", "json_schema", "ebnf", "thinking_budget",
 )
 
 
@@ -70,6 +70,8 @@ class GenArgs:
     parallel_tool_calls: bool | None = None
     ebnf: str | None = None
     skip_special_tokens: bool | None = None
+    # tokens the model may think before its answer (a server / engine reasoning parser)
+    thinking_budget: int | None = None
 
     def merged_over(self, defaults: GenArgs) -> GenArgs:
         """Return a copy where every field left `None` here takes the value from `defaults`."""
@@ -87,6 +89,7 @@ class GenArgs:
         _check_int("max_tokens", self.max_new_tokens, 0)
         _check_int("min_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
+        _check_int("thinking_budget", self.thinking_budget, 0)
         stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         for pattern in stop_regex or ():
             validate_regex(pattern)

@@ -80,6 +80,13 @@ class EngineConfig:
     tool_call_parser: str | None = None
     random_seed: int = 0
     log_level: str = "info"
+    # Reasoning models (SGLang's names): the format of the thinking block
+    # (radixlm.constraints.reasoning.REASONING_PARSERS; None: no reasoning parser). With
+    # one, constraints apply from the end of the thinking block and requests may set a
+    # thinking_budget; with strict thinking, the format's excluded tokens (end of turn,
+    # tool-call tags) are forbidden inside the block and the answer may not be empty.
+    reasoning_parser: str | None = None
+    enable_strict_thinking: bool = False
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
     # the other ranks itself) and data-parallel replicas (a server-level option: one
     # Engine is one replica, so here it is always 1).
@@ -135,6 +142,7 @@ class EngineConfig:
             from radixlm.runtime.tool_parsers import check_parser_name
 
             check_parser_name(self.tool_call_parser)
+        self._check_reasoning()
         if self.priority_preemption_threshold < 0:
             raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
@@ -153,6 +161,15 @@ class EngineConfig:
             raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
                              "replicas behind sglang-router); one Engine is one replica")
         self._check_nodes()
+
+    def _check_reasoning(self) -> None:
+        if self.reasoning_parser is not None:
+            from radixlm.constraints.reasoning import get_format
+
+            get_format(self.reasoning_parser)  # an unknown name lists the choices
+        elif self.enable_strict_thinking:
+            raise ValueError("enable_strict_thinking needs a reasoning_parser "
+                             "(--reasoning-parser)")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:

@@ -68,6 +68,7 @@ class _Prepared:
     rid: str
     grammar_spec: object = None
     priority: int = 0
+    reasoning: object = None  # constraints.after_reasoning.ReasoningSpec, or None
 
 
 class Engine:
@@ -95,6 +96,7 @@ class Engine:
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         self.eos_ids = self._eos_ids()
         self.grammar_backend = None
+        self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
         self._grammar_error: Exception | None = None
         try:
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
@@ -134,6 +136,11 @@ class Engine:
             logger.warning("constrained decoding unavailable for this model: %s", e)
             self._grammar_error = e
             return None
+        if self.config.reasoning_parser is not None:
+            from radixlm.constraints.after_reasoning import ReasoningGrammars
+
+            self.reasoning = ReasoningGrammars(self.grammar_backend, self.config.reasoning_parser,
+                                               self.config.enable_strict_thinking)
         return self.grammar_backend
 
     # ------------------------------------------------------------------ validation
@@ -183,7 +190,7 @@ class Engine:
             lp = LogprobOptions(bool(lp_l[i]), int(start_l[i] if start_l[i] is not None else -1),
                                 int(top_l[i] or 0), bool(return_text_in_logprobs))
             check_top_logprobs_num(lp.top_logprobs_num)
-            spec = self._grammar_spec(params)
+            spec, reasoning = self._grammar_spec(params, ids)
             prio = self._priority(prio_l[i])
             base_rid = rid_l[i] or uuid.uuid4().hex
             for j in range(params.n):
@@ -191,7 +198,7 @@ class Engine:
                 sub = params
                 if params.n > 1 and params.seed is not None:
                     sub = params.with_seed(params.seed + j)
-                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio))
+                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio, reasoning))
         return prepared, single and len(prepared) == 1
 
     def _priority(self, value) -> int:
@@ -229,16 +236,30 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) "
                              f"exceeds the KV pool ({capacity} tokens)")
 
-    def _grammar_spec(self, params: SamplingParams):
-        if not params.constraint_kinds():
-            return None
-        if self.grammar_backend is None:
-            raise ValueError(f"constraints are unavailable: {self._grammar_error}")
-        from radixlm.constraints import spec_from_sampling_params
+    def _grammar_spec(self, params: SamplingParams, ids: list[int]):
+        """(the request's constraint spec or None, its grammar-after-reasoning spec or None:
+        with a reasoning parser, a constraint starts at the end of the thinking block)."""
+        budget = params.thinking_budget
+        if budget is not None and self.reasoning is None:
+            if self.config.reasoning_parser is not None:
+                raise ValueError("thinking_budget is unavailable: constrained decoding is off "
+                                 f"for this model ({self._grammar_error})")
+            raise ValueError("thinking_budget needs a reasoning parser: start the engine with "
+                             "reasoning_parser=... (--reasoning-parser)")
+        if budget is not None and budget > params.max_new_tokens:
+            raise ValueError(f"thinking_budget={budget} is above max_new_tokens="
+                             f"{params.max_new_tokens} (what is left of the context)")
+        spec = None
+        if params.constraint_kinds():
+            if self.grammar_backend is None:
+                raise ValueError(f"constraints are unavailable: {self._grammar_error}")
+            from radixlm.constraints import spec_from_sampling_params
 
-        spec = spec_from_sampling_params(params, self.config.json_whitespace)
-        self.grammar_backend.validate(spec)
-        return spec
+            spec = spec_from_sampling_params(params, self.config.json_whitespace)
+            self.grammar_backend.validate(spec)
+        if self.reasoning is None or not self.reasoning.needed(spec is not None, budget):
+            return spec, None
+        return spec, self.reasoning.plan(spec, self.tokenizer, ids, budget)
 
     def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
         params = p.params
@@ -250,7 +271,9 @@ class Engine:
                   detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
                   seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
                   priority=p.priority)
-        if p.grammar_spec is not None:
+        if p.reasoning is not None:
+            req.grammar_future = self.reasoning.compile_async(p.reasoning)
+        elif p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         return req
 

@@ -34,6 +34,7 @@ from radixlm.server.protocol import (
     CompletionRequest,
     _OpenAIBase,
 )
+from radixlm.server.reasoning import ReasoningSetup, reasoning_setup, split_stream, split_text
 from radixlm.server.state import ServerState, get_state
 from radixlm.server.streaming import SSEResponse
 from radixlm.server.tool_calls import (
@@ -323,20 +324,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     head = {"id": f"chatcmpl-{calls[0].rid}", "created": int(time.time()),
             "model": state.model_id}
     parsing = tools if tools is not None and tools.active else None
+    reasoning = reasoning_setup(state, body.separate_reasoning, body.stream_reasoning)
     if body.stream:
         streams = await open_streams(state, calls)
         return SSEResponse(_chat_stream(state, body, calls, streams,
                                         {**head, "object": "chat.completion.chunk"}, parsing,
-                                        constrained),
+                                        constrained, reasoning),
                            on_close=lambda: abandon(state, calls),
                            stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
     choices = []
     for k, r in enumerate(results):
-        message: dict[str, Any] = {"role": "assistant", "content": r["text"]}
+        thought, text = split_text(reasoning, state, calls[k], r["text"])
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = thought
         finish = _finish(r["meta_info"])
         if parsing is not None:
-            message["content"], tool_calls = parsing.parse(r["text"])
+            message["content"], tool_calls = parsing.parse(text)
             if tool_calls:
                 message["tool_calls"] = tool_calls
             finish = finish_reason(finish, bool(tool_calls))
@@ -358,7 +363,8 @@ def _tool_chunks(stream: ToolCallStream, text: str, final: bool, k: int,
 async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: list[GenCall],
                        streams: list[Any], head: dict[str, Any],
                        tools: ToolSetup | None = None,
-                       constrained: bool = False) -> AsyncIterator[dict[str, Any]]:
+                       constrained: bool = False,
+                       reasoning: ReasoningSetup | None = None) -> AsyncIterator[dict[str, Any]]:
     for k in range(len(calls)):
         yield {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
@@ -367,7 +373,11 @@ async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: l
     finals: dict[int, dict[str, Any]] = {}
     parsers = [ToolCallStream(tools, constrained) if tools is not None else None
                for _ in calls]
-    async for k, chunk in merge_streams(state, calls, streams):
+    async for k, chunk, thought in split_stream(reasoning, state, calls,
+                                                merge_streams(state, calls, streams)):
+        if thought:  # the thinking streams as its own deltas; chunk["text"] is the answer
+            yield {**head, "choices": [{"index": k, "delta": {"reasoning_content": thought},
+                                        "logprobs": None, "finish_reason": None}]}
         meta = chunk["meta_info"]
         finish = _finish(meta)
         tool_chunks: list[dict[str, Any]] = []

@@ -49,6 +49,10 @@ class RuntimeEndpoint(Backend):
         self._template_source = chat_template or self.model_info.get("chat_template")
         self._chat_template: ChatTemplate | None = None
         self._tool_parser: ToolCallParser | None = None
+        # a radixlm server with a reasoning parser splits the thinking off /generate's text
+        # unless asked not to; a program reads the raw text (separate_reasoning splits it)
+        self._raw = {"separate_reasoning": False} if self.model_info.get("reasoning_parser") \
+            else {}
 
     # ---- HTTP ------------------------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class RuntimeEndpoint(Backend):
         return tok.chat_template
 
     def generate(self, prompt: Prompt, params: GenArgs) -> tuple[Any, Any]:
-        out = self._generate({"text": prompt.text, **params.wire_request()})
+        out = self._generate({"text": prompt.text, **params.wire_request(), **self._raw})
         if isinstance(out, list):  # n > 1: one result per sample
             return [o["text"] for o in out], [o["meta_info"] for o in out]
         return out["text"], out["meta_info"]
@@ -119,7 +123,8 @@ class RuntimeEndpoint(Backend):
     def generate_stream(self, prompt: Prompt,
                         params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
         resp = self._request("POST", "/generate", {
-            "text": prompt.text, **params.wire_request(), "stream": True}, stream=True)
+            "text": prompt.text, **params.wire_request(), **self._raw, "stream": True},
+            stream=True)
         sent = ""
         try:
             for line in resp.iter_lines(decode_unicode=True):
