@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.radix import TreeView
 from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
@@ -403,6 +404,14 @@ class Engine:
         is consistent on its own, not necessarily with the others)."""
         return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
                 "dp_size": self.config.dp_size}
+
+    def radix_tree_view(self, max_nodes: int = 256, max_ids: int = 16,
+                        timeout: float = 10.0) -> TreeView:
+        """A bounded snapshot of the prefix cache for display (radix.TreeView: at most
+        ``max_nodes`` nodes with at most ``max_ids`` token ids each, no KV slots), taken on
+        the scheduler thread between two steps; ``queue.Empty`` after ``timeout`` s."""
+        s = self.scheduler
+        return s.call(lambda: s.kv.cache.view(max_nodes, max_ids), timeout=timeout)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""
