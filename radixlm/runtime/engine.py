@@ -71,6 +71,18 @@ class _Prepared:
     priority: int = 0
 
 
+def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
+    """The ids that end a generation: the tokenizer's, the config's, generation_config's."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(hf_config, "eos_token_id", None),
+                  generation_eos_ids(model_path)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
+
+
 class Engine:
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """`model`: an alias, HF directory or .gguf file (default: the embedded model).
@@ -94,7 +106,7 @@ class Engine:
                                self.hf_config.max_position_embeddings)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
         self.grammar_backend = None
         self._grammar_error: Exception | None = None
         try:
@@ -108,16 +120,6 @@ class Engine:
         self._closed = False
         envs.freeze_gc()
         self.scheduler.start()
-
-    def _eos_ids(self) -> frozenset[int]:
-        ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None),
-                      generation_eos_ids(self.model_path)):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | tuple):
-                ids.update(v for v in value if isinstance(v, int))
-        return frozenset(ids)
 
     def _make_grammar_backend(self):
         try:
