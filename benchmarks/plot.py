@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,14 @@ def _plain_ticks(ax: Any, values: list[int]) -> None:
     ax.minorticks_off()
 
 
-def _footer(fig: Any, hosts: list[str], note: str) -> None:
+def _save(plt: Any, fig: Any, out: Path, hosts: list[str], note: str) -> None:
+    """Write `fig` with the hosts and the note under it."""
     text = "; ".join(sorted(set(hosts))) + (f". {note}" if note else "")
-    fig.text(0.01, 0.01, text, fontsize=7, color="#555")
+    lines = textwrap.wrap(text, int(fig.get_figwidth() * 17))
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555")
+    fig.tight_layout(rect=(0, 0.015 + 0.035 * len(lines) * 4.2 / fig.get_figheight(), 1, 1))
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def plot_headline(files: list[dict[str, Any]], out: Path, note: str) -> None:
@@ -157,10 +163,7 @@ def plot_headline(files: list[dict[str, Any]], out: Path, note: str) -> None:
         ax.set_title(host, fontsize=9)
         ax.set_xlabel("radixlm speedup (median of rounds; dots: each round)")
     fig.suptitle("radixlm vs llama.cpp and HF transformers, SmolLM2-135M Q4_1")
-    _footer(fig, list(rows), note)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out, list(rows), note)
 
 
 def plot_decode_step(results: dict[str, Any], out: Path, note: str) -> None:
@@ -187,10 +190,7 @@ def plot_decode_step(results: dict[str, Any], out: Path, note: str) -> None:
                  f"{results['reference_path']}", fontsize=9)
     ax.legend(fontsize=8)
     ax.margins(y=0.15)
-    _footer(fig, [host_label(results["host"])], note)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out, [host_label(results["host"])], note)
 
 
 def plot_throughput(files: list[dict[str, Any]], out: Path, note: str) -> None:
@@ -207,10 +207,7 @@ def plot_throughput(files: list[dict[str, Any]], out: Path, note: str) -> None:
     ax.set_title("Throughput against batch size")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    _footer(fig, [host_label(r["host"]) for r in files], note)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out, [host_label(r["host"]) for r in files], note)
 
 
 def plot_prefix(files: list[dict[str, Any]], out: Path, note: str) -> None:
@@ -230,10 +227,7 @@ def plot_prefix(files: list[dict[str, Any]], out: Path, note: str) -> None:
     ax.set_title("Prefix hit rate against cache size (bench_prefix.py)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    _footer(fig, [host_label(r["host"]) for r in files], note)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out, [host_label(r["host"]) for r in files], note)
 
 
 def main(argv: list[str] | None = None) -> int:
