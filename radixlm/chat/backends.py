@@ -4,11 +4,12 @@ KeyboardInterrupt while waiting on it) stops the generation there."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from radixlm.server.streaming import SSE_DONE, StreamError, sse_event
 
 
 @dataclass
@@ -137,15 +138,14 @@ class HttpBackend:
         with res:  # leaving early closes the connection: the server aborts the request
             self._check(res)
             for raw in res.iter_lines(chunk_size=None):  # each line as soon as it arrives
-                line = raw.decode("utf-8")
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                try:
+                    event = sse_event(raw.decode("utf-8"))
+                except StreamError as exc:
+                    raise ChatError(str(exc)) from exc
+                if event == SSE_DONE:
                     return
-                event = json.loads(data)
-                if "error" in event:
-                    raise ChatError(event["error"].get("message", "the request failed"))
+                if not isinstance(event, dict):
+                    continue
                 for choice in event.get("choices", []):
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
