@@ -213,12 +213,12 @@ def test_chat_streams_the_engines_answer_and_the_radix_view_shows_reuse(
     set_fields(page, system=system, temperature="0", max_tokens="24")
     first_q = "What is the capital of France?"
     first = send(page, first_q)
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": first_q}]
-    assert first == engine_answer(engine, messages, 24)
     page.wait_for_function("() => document.querySelectorAll('[data-testid=radix-node]')"
                            ".length > 1", timeout=30_000)
     after_one = radix_nodes(page)
-    assert all(n["hits"] == 0 for n in after_one)
+    assert all(n["hits"] == 0 for n in after_one)  # nothing reused yet
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first_q}]
+    assert first == engine_answer(engine, messages, 24)  # (this one reuses the page's)
     second_q = "And what is the capital of Italy?"
     second = send(page, second_q)  # the history is the first exchange: a shared prefix
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": second_q}]
