@@ -265,6 +265,10 @@ def test_schema_mode_answer_follows_the_schema_and_is_shown_pretty(page: Any) ->
     page.get_by_test_id("prompt").fill("again")
     page.get_by_test_id("send").click()
     sync_api.expect(page.get_by_test_id("error")).to_contain_text("not valid JSON")
+    page.get_by_test_id("schema").fill('{"type": "integer", "minimum": "zero"}')
+    page.get_by_test_id("send").click()  # the server refuses it: its message is shown
+    sync_api.expect(page.get_by_test_id("error")).to_contain_text("400: ", timeout=WAIT_MS)
+    sync_api.expect(page.locator(".turn.assistant .foot").last).to_contain_text("failed")
 
 
 def test_a_script_tag_in_an_answer_is_text(page: Any) -> None:

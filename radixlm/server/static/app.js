@@ -176,6 +176,7 @@
         state.history.push({ role: "user", content: text }, { role: "assistant", content });
       } else {
         showError(e.message);
+        footer(turn, "failed (the error is above)", null, t0, first);
       }
     } finally {
       setBusy(false, null);
