@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench bench-llamacpp bench-avx2 stress plots clean
+.PHONY: install serve test lint bench bench-llamacpp bench-avx2 stress clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -62,12 +62,6 @@ bench-avx2: install .venv-llamacpp-avx2/bin/python
 	$(AVX2_ENV) $(PY) benchmarks/bench_vs_llamacpp.py --rounds 3 \
 		--llama-python .venv-llamacpp-avx2/bin/python
 	$(AVX2_ENV) $(PY) benchmarks/bench_offline.py --rounds 2
-
-# The benchmarks' JSON (their --out files) as PNGs; PLOT_JSON: the files to draw.
-PLOT_JSON ?= docs/img/data/*.json
-plots: install
-	$(PIP) install -q -e '.[plot]'
-	$(PY) benchmarks/plot.py $(PLOT_JSON) --out-dir docs/img
 
 clean:
 	rm -rf $(VENV) build *.egg-info
