@@ -1,4 +1,5 @@
-"""`radixlm` command line: `radixlm serve ...` and `radixlm bench serving ...`."""
+"""`radixlm` command line: `radixlm serve ...`, `radixlm run [MODEL]`, `radixlm list` and
+`radixlm bench serving ...`."""
 
 from __future__ import annotations
 
@@ -139,6 +140,9 @@ def _add_server_args(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     s.add_argument("--log-level", default=None, help="debug|info|warning|error")
+    s.add_argument("--playground-show-text", action="store_true",
+                   help="the playground's radix tree view shows prompt text (only without "
+                        "--api-key on a loopback --host; default: token counts and ids)")
 
 
 def ignored_flags(args: argparse.Namespace) -> list[str]:
@@ -202,6 +206,18 @@ def _serve(args: argparse.Namespace) -> int:
         code = _check_nodes(args)
         if code is not None:
             return code
+    try:
+        settings = ServerSettings(
+            host=args.host, port=args.port, api_key=args.api_key,
+            max_queued_requests=args.max_queued_requests,
+            request_timeout=args.request_timeout or None,
+            stream_stall_timeout=args.stream_stall_timeout,
+            max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
+            shutdown_timeout=args.shutdown_timeout,
+            playground_show_text=args.playground_show_text)
+    except ValueError as exc:
+        print(f"radixlm serve: {exc}", file=sys.stderr)
+        return 2
     if dp_size > 1:
         from radixlm.server import data_parallel as dp
 
@@ -216,13 +232,6 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         return dp.serve_data_parallel(args.serve_argv, args.host, args.port, dp_size,
                                       args.router_policy, args.shutdown_timeout)
-    settings = ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key,
-        max_queued_requests=args.max_queued_requests,
-        request_timeout=args.request_timeout or None,
-        stream_stall_timeout=args.stream_stall_timeout,
-        max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
-        shutdown_timeout=args.shutdown_timeout)
     return serve(engine_kwargs_from_args(args), settings, log_level)
 
 
@@ -250,13 +259,20 @@ def _check_nodes(args: argparse.Namespace) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `radixlm` argument parser."""
+    from radixlm.chat import commands as chat
     from radixlm.server import bench
 
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_p = sub.add_parser("serve", help="run the HTTP server (native + OpenAI API)")
+    serve_p = sub.add_parser("serve", help="run the HTTP server (native + OpenAI API) and "
+                                           "the playground at /")
     _add_serve_args(serve_p)
     serve_p.set_defaults(func=_serve)
+    run_p = sub.add_parser("run", help="chat in the terminal (in-process, or with --url)")
+    chat.add_run_args(run_p, DEFAULT_MODEL)
+    run_p.set_defaults(func=chat.run_main)
+    list_p = sub.add_parser("list", help="the models `radixlm run` can load")
+    list_p.set_defaults(func=chat.list_main)
     bench_p = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench_p.add_subparsers(dest="bench_command", required=True)
     serving = bench_sub.add_parser("serving", help="load-test a running server")

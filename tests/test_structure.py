@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parent.parent / "radixlm"
 # Layers from the top down: a module may import its own layer's modules and any below it.
 # lang and server sit side by side; neither imports the other.
 LAYERS: list[tuple[str, ...]] = [
-    ("radixlm.cli", "radixlm.launch_server", "radixlm"),
+    ("radixlm.cli", "radixlm.launch_server", "radixlm.chat", "radixlm"),
     ("radixlm.lang", "radixlm.server"),
     ("radixlm.runtime",),
     ("radixlm.constraints", "radixlm.native", "radixlm.kernels"),

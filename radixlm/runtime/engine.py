@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.radix import TreeView
 from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
@@ -71,6 +72,18 @@ class _Prepared:
     reasoning: object = None  # constraints.after_reasoning.ReasoningSpec, or None
 
 
+def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
+    """The ids that end a generation: the tokenizer's, the config's, generation_config's."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(hf_config, "eos_token_id", None),
+                  generation_eos_ids(model_path)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
+
+
 class Engine:
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """`model`: an alias, HF directory or .gguf file (default: the embedded model).
@@ -94,7 +107,7 @@ class Engine:
                                self.hf_config.max_position_embeddings)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
         self.grammar_backend = None
         self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
         self._grammar_error: Exception | None = None
@@ -109,16 +122,6 @@ class Engine:
         self._closed = False
         envs.freeze_gc()
         self.scheduler.start()
-
-    def _eos_ids(self) -> frozenset[int]:
-        ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None),
-                      generation_eos_ids(self.model_path)):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | tuple):
-                ids.update(v for v in value if isinstance(v, int))
-        return frozenset(ids)
 
     def _make_grammar_backend(self):
         try:
@@ -426,6 +429,14 @@ class Engine:
         is consistent on its own, not necessarily with the others)."""
         return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
                 "dp_size": self.config.dp_size}
+
+    def radix_tree_view(self, max_nodes: int = 256, max_ids: int = 16,
+                        timeout: float = 10.0) -> TreeView:
+        """A bounded snapshot of the prefix cache for display (radix.TreeView: at most
+        ``max_nodes`` nodes with at most ``max_ids`` token ids each, no KV slots), taken on
+        the scheduler thread between two steps; ``queue.Empty`` after ``timeout`` s."""
+        s = self.scheduler
+        return s.call(lambda: s.kv.cache.view(max_nodes, max_ids), timeout=timeout)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""
