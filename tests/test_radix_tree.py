@@ -80,7 +80,7 @@ def cache_req(
     tokens, slots = req.tokens[:insert_len], req.slots[:insert_len]
     already = cache.insert(tokens, slots)
     pool.free(req.slots[req.prefix_len : already])  # our duplicates of what the tree held
-    match = cache.match_prefix(tokens)  # the cache owns exactly match.slots now
+    match = cache.match_prefix(tokens, count_hit=False)  # the cache owns exactly match.slots
     if finished:
         cache.unlock(req.node)
         pool.free(req.slots[match.prefix_len :])
@@ -374,6 +374,56 @@ def test_protocol_two_requests_racing_on_one_prompt(kind: str) -> None:
     assert cache.protected_size == 0
 
 
+def test_view_counts_hits_of_admissions_not_of_bookkeeping_rematches() -> None:
+    cache, _ = make_radix()
+    pool = FakePool(64)
+    first = admit(cache, pool, [1, 2, 3, 4, 5, 6])
+    assert first is not None
+    cache_req(cache, pool, first, 6, finished=True)  # its re-match counts no hit
+    (root, node) = cache.view(10).nodes
+    assert (node.parent_id, node.num_tokens, node.hits) == (root.node_id, 6, 0)
+    second = admit(cache, pool, [1, 2, 3, 7, 8])  # reuses [1, 2, 3]: the edge splits
+    assert second is not None and second.prefix_len == 3
+    view = cache.view(10)
+    by_len = {n.prefix_len: n for n in view.nodes}
+    shared, rest = by_len[3], by_len[6]
+    assert (shared.hits, shared.locked, shared.evictable) == (1, True, False)
+    assert (rest.parent_id, rest.num_tokens, rest.hits) == (shared.node_id, 3, 0)
+    assert rest.evictable and not rest.locked and shared.num_children == 1
+    cache_req(cache, pool, second, 5, finished=True)
+    view = cache.view(10)
+    assert view.num_nodes == 3 and view.protected_tokens == 0 and view.total_tokens == 8
+    assert [n.hits for n in view.nodes if n.prefix_len == 3] == [1]
+    assert all(n.tier == "device" for n in view.nodes)
+
+
+def test_view_is_bounded_and_keeps_the_most_recently_used_children() -> None:
+    cache, _ = make_radix()
+    for first in range(5):  # five children of the root, used in this order
+        cache.insert([first, *range(100, 140)], list(range(first * 41, first * 41 + 41)))
+    cache.match_prefix([2, 100])  # 2 becomes the most recent (and splits after 100)
+    view = cache.view(3, max_ids=4)
+    assert view.truncated and view.num_nodes == 6 and len(view.nodes) == 3
+    assert [n.token_ids for n in view.nodes[1:]] == [(2, 100), (4, 100, 101, 102)]
+    assert view.nodes[2].num_tokens == 41 and view.nodes[1].num_children == 1
+    full = cache.view(100, max_ids=0)
+    assert not full.truncated and len(full.nodes) == 7
+    assert all(n.token_ids == () for n in full.nodes)
+    with pytest.raises(ValueError, match="max_nodes"):
+        cache.view(0)
+    cache.evict(cache.total_size)
+    assert cache.num_nodes == 0 and cache.view(5).nodes[0].num_children == 0
+    cache.check_integrity()
+
+
+def test_no_sharing_view_is_the_root_alone() -> None:
+    cache = NoSharingCache(lambda slots: None)
+    cache.insert([1, 2, 3], [0, 1, 2])
+    view = cache.view(10)
+    assert not view.enabled and view.num_nodes == 0 and len(view.nodes) == 1
+    assert view.total_tokens == 0 and not view.truncated
+
+
 # ---------------------------------------------------------------------- stateful properties
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=10)
@@ -487,6 +537,34 @@ class CacheMachine(RuleBasedStateMachine):
                 assert self.pool.kv[slot] == tuple(req.tokens[: i + 1])
         for _, slots in self.pins:
             assert set(slots) <= cached_set, "pinned prefix evicted"
+
+    @invariant()
+    def view_shows_the_tree(self) -> None:
+        """The full view is the tree (sizes, prefixes, locks); a bounded one its top."""
+        cache = self.cache
+        full = cache.view(10**6, max_ids=10**6)
+        nodes = {n.node_id: n for n in full.nodes}
+        assert full.nodes[0].parent_id is None and not full.truncated
+        assert len(full.nodes) == 1 + full.num_nodes
+        assert full.num_nodes == getattr(cache, "num_nodes", 0)
+        prefixes: dict[int, tuple[int, ...]] = {full.nodes[0].node_id: ()}
+        for n in full.nodes[1:]:
+            assert n.parent_id in prefixes, "a child before its parent"
+            prefixes[n.node_id] = prefixes[n.parent_id] + n.token_ids
+            assert n.prefix_len == nodes[n.parent_id].prefix_len + n.num_tokens
+            assert cache.cached_prefix_len(list(prefixes[n.node_id])) == n.prefix_len
+            assert n.locked != n.evictable
+        assert sum(n.num_tokens for n in full.nodes) == cache.total_size == full.total_tokens
+        assert sum(n.num_tokens for n in full.nodes if n.locked) == cache.protected_size
+        assert sum(n.num_tokens for n in full.nodes if n.evictable) == cache.evictable_size
+        for k in (1, 2, 3):
+            part = cache.view(k, max_ids=1)
+            assert len(part.nodes) == min(k, len(full.nodes))
+            assert part.truncated == (k < len(full.nodes))
+            seen = {part.nodes[0].node_id}
+            for n in part.nodes[1:]:
+                assert n.parent_id in seen and len(n.token_ids) == 1
+                seen.add(n.node_id)
 
     @invariant()
     def tree_maps_prefixes_to_their_kv(self) -> None:

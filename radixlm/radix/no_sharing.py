@@ -48,7 +48,7 @@ class NoSharingCache(BasePrefixCache):
         self.page_size = page_size
         self._root = _NoSharingRoot()
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
         return MatchResult(slots=[], last_node=self._root)
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:

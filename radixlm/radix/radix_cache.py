@@ -14,10 +14,11 @@ Bookkeeping kept incrementally, so every operation is proportional to the path i
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult
+from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, NodeView, TreeView
 
 EvictionPolicy = Literal["lru", "lfu"]
 
@@ -61,6 +62,10 @@ def _as_list(values: Sequence[int]) -> list[int]:
         return values
     tolist = getattr(values, "tolist", None)  # numpy arrays, torch tensors, array.array
     return list(tolist()) if tolist is not None else list(values)
+
+
+def _recency(node: TreeNode) -> tuple[int, int]:
+    return node.last_access, node.node_id
 
 
 def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
@@ -112,12 +117,14 @@ class RadixCache(BasePrefixCache):
         self.page_size = page_size
         self._clock = 0
         self._next_id = 0
+        self._num_nodes = 0  # nodes in the tree, the root excluded
         self._fresh_tree()
 
     # ------------------------------------------------------------------ helpers
 
     def _new_node(self, key: list[int], slots: list[int], parent: TreeNode | None) -> TreeNode:
         self._next_id += 1
+        self._num_nodes += 1
         return TreeNode(key, slots, parent, self._next_id)
 
     def _child_key(self, tokens: list[int], pos: int) -> int | tuple[int, ...]:
@@ -181,14 +188,15 @@ class RadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------ interface
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
         """Longest cached prefix of ``token_ids`` (rounded down to whole pages).
 
         Splits the last node when the match ends inside its edge, so ``last_node`` covers
-        exactly the returned slots. Touches the path (access time, LFU hit count).
+        exactly the returned slots. Touches the path (access time; with ``count_hit`` the
+        hit count that LFU and ``view`` read).
         """
         tokens = _as_list(token_ids)
-        node, _ = self._walk(tokens, self._tick(), hits=1)
+        node, _ = self._walk(tokens, self._tick(), hits=int(count_hit))
         pieces: list[list[int]] = []
         walk = node
         while walk is not self._root:
@@ -273,6 +281,7 @@ class RadixCache(BasePrefixCache):
             self._evictable_size -= len(node.key)
             freed += node.slots
             node.dead, node.parent = True, None
+            self._num_nodes -= 1
             if self._is_evictable_leaf(parent):
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, self._priority(parent))
@@ -300,7 +309,35 @@ class RadixCache(BasePrefixCache):
 
     @property
     def num_nodes(self) -> int:
-        return len(self._nodes())
+        """Nodes in the tree, the root excluded (kept incrementally)."""
+        return self._num_nodes
+
+    def view(self, max_nodes: int, max_ids: int = 16) -> TreeView:
+        """See ``BasePrefixCache.view``. Breadth-first from the root, so what is left out
+        when the tree is larger than ``max_nodes`` is its deepest part; among siblings the
+        most recently used come first (and stay when only some fit)."""
+        if max_nodes < 1 or max_ids < 0:
+            raise ValueError(f"max_nodes must be >= 1 and max_ids >= 0, got {max_nodes}, "
+                             f"{max_ids}")
+        root = self._root
+        out = [NodeView(root.node_id, None, 0, 0, (), root.hit_count, False, False,
+                        len(root.children), root.last_access)]
+        todo: deque[tuple[TreeNode, int]] = deque([(root, 0)])
+        while todo and len(out) < max_nodes:
+            node, prefix_len = todo.popleft()
+            room = max_nodes - len(out)
+            kids = (heapq.nlargest(room, node.children.values(), key=_recency)
+                    if len(node.children) > room
+                    else sorted(node.children.values(), key=_recency, reverse=True))
+            for child in kids:
+                end = prefix_len + len(child.key)
+                out.append(NodeView(child.node_id, node.node_id, end, len(child.key),
+                                    tuple(child.key[:max_ids]), child.hit_count,
+                                    child.lock_ref > 0, child.lock_ref == 0,
+                                    len(child.children), child.last_access))
+                todo.append((child, end))
+        return TreeView(True, self._num_nodes, self.total_size, self.evictable_size,
+                        self.protected_size, out, truncated=len(out) - 1 < self._num_nodes)
 
     def all_slots(self) -> list[int]:
         slots: list[int] = []
@@ -310,6 +347,7 @@ class RadixCache(BasePrefixCache):
 
     def _fresh_tree(self) -> None:
         self._root = self._new_node([], [], None)
+        self._num_nodes = 0
         self._evictable_size = 0
         self._protected_size = 0
         self._evictable_leaves: set[TreeNode] = set()
@@ -354,6 +392,7 @@ class RadixCache(BasePrefixCache):
         assert evictable == self._evictable_size, f"evictable {evictable} != {self._evictable_size}"
         assert protected == self._protected_size, f"protected {protected} != {self._protected_size}"
         assert leaves == self._evictable_leaves, "evictable-leaf set out of date"
+        assert len(self._nodes()) == self._num_nodes, "node count out of date"
 
     def pretty_print(self) -> str:
         lines = [

@@ -81,6 +81,9 @@ class EngineConfig:
     # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
+    # Tool-call format of the model (runtime/tool_parsers; SGLang's --tool-call-parser
+    # names); None: the one its chat template shows, else qwen25's <tool_call> blocks
+    tool_call_parser: str | None = None
     # Speculative decoding (SGLang's names): NGRAM drafts continuations from n-gram
     # matches (runtime/speculative) and verifies them in one model step, exactly (greedy
     # and sampled outputs as without it); "none": off; unset: NGRAM where the native CPU
@@ -93,6 +96,13 @@ class EngineConfig:
     speculative_ngram_max_match_window_size: int = 12  # longest suffix matched (tokens)
     random_seed: int = 0
     log_level: str = "info"
+    # Reasoning models (SGLang's names): the format of the thinking block
+    # (radixlm.constraints.reasoning.REASONING_PARSERS; None: no reasoning parser). With
+    # one, constraints apply from the end of the thinking block and requests may set a
+    # thinking_budget; with strict thinking, the format's excluded tokens (end of turn,
+    # tool-call tags) are forbidden inside the block and the answer may not be empty.
+    reasoning_parser: str | None = None
+    enable_strict_thinking: bool = False
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
     # the other ranks itself) and data-parallel replicas (a server-level option: one
     # Engine is one replica, so here it is always 1).
@@ -144,6 +154,11 @@ class EngineConfig:
             from radixlm.constraints.schema import check_whitespace_pattern
 
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
+        if self.tool_call_parser is not None:
+            from radixlm.runtime.tool_parsers import check_parser_name
+
+            check_parser_name(self.tool_call_parser)
+        self._check_reasoning()
         if self.priority_preemption_threshold < 0:
             raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
@@ -177,6 +192,15 @@ class EngineConfig:
             raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
                              f"speculative_ngram_max_match_window_size <= {MAX_NGRAM_WINDOW}, "
                              f"got {small} and {large}")
+
+    def _check_reasoning(self) -> None:
+        if self.reasoning_parser is not None:
+            from radixlm.constraints.reasoning import get_format
+
+            get_format(self.reasoning_parser)  # an unknown name lists the choices
+        elif self.enable_strict_thinking:
+            raise ValueError("enable_strict_thinking needs a reasoning_parser "
+                             "(--reasoning-parser)")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:

@@ -76,7 +76,7 @@ class KVManager:
             return
         if kv_len < req.cache_owned_len:  # keep the cache's slots, lock a shorter prefix
             self.slots.free(req.kv_slots[req.cache_owned_len:])
-            match = self.cache.match_prefix(req.fill_slice(0, kv_len))
+            match = self.cache.match_prefix(req.fill_slice(0, kv_len), count_hit=False)
             self.cache.lock(match.last_node)
             self.cache.unlock(req.cache_node)
             req.cache_node, req.cache_owned_len = match.last_node, len(match.slots)
@@ -96,7 +96,7 @@ class KVManager:
         already = self.cache.insert(tokens, req.kv_slots[:length])
         if already > req.cache_owned_len:
             self.slots.free(req.kv_slots[req.cache_owned_len:already])
-        match = self.cache.match_prefix(tokens)
+        match = self.cache.match_prefix(tokens, count_hit=False)
         self.cache.lock(match.last_node)
         self.cache.unlock(req.cache_node)
         old_owned = req.cache_owned_len
@@ -116,7 +116,7 @@ class KVManager:
             already = self.cache.insert(tokens, req.kv_slots)
             if already > req.cache_owned_len:
                 self.slots.free(req.kv_slots[req.cache_owned_len:already])
-            owned_from = len(self.cache.match_prefix(tokens).slots)
+            owned_from = len(self.cache.match_prefix(tokens, count_hit=False).slots)
         self.slots.free(req.kv_slots[max(owned_from, req.cache_owned_len):])
         self.cache.unlock(req.cache_node)
         self.rows.free(req.row)
