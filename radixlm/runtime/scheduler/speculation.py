@@ -5,10 +5,12 @@ Before a step, every request that samples at its end (decoding, or after jump-fo
 forced text) is a candidate for a draft. ``plan_budgets`` (runtime/speculative/cost.py)
 splits draft tokens among them from the measured step times and each request's
 acceptance so far (none at all where they do not pay, e.g. at a large batch); the drafter
-proposes up to that many; a constrained request's draft is cut at the first token its
-grammar forbids (accepting it on the grammar and rolling back), keeping the mask of every
-verification row; and the draft gets free K/V slots after the request's pending tokens (a
-draft never evicts the cache and never writes outside the slots it was given).
+proposes up to that many (a few requests without a draft are asked for one token, only to
+compare it with the step's sample: how their rates are learned while they do not draft);
+a constrained request's draft is cut at the first token its grammar forbids (accepting it
+on the grammar and rolling back), keeping the mask of every verification row; and the
+draft gets free K/V slots after the request's pending tokens (a draft never evicts the
+cache and never writes outside the slots it was given).
 
 The step then computes the pending and draft tokens together, samples a token at each
 position as decoding would (``ModelRunner.sampling_inputs`` with the drafts), and accepts
@@ -21,8 +23,11 @@ K/V leaks, and the radix tree only ever receives tokens the request really produ
 No sampling feature is exempt: each verification row is processed with the request's own
 state at that point (penalties counting the earlier draft tokens, ``min_new_tokens``'
 banned ids, logit bias, the grammar's mask after the earlier draft tokens), so drafts are
-exact for all of them. A request gets no draft when it has fewer than two tokens of
-budget left, no room left in the context, or no free K/V slots.
+exact for all of them (a repetition penalty counts the context once for all the rows).
+A request gets no draft when it has fewer than two tokens of budget left, no room left in
+the context, or no free K/V slots; a step gets none when its drafts would move it off the
+kernels it runs without them (``ModelRunner.draft_room``: a native step holds 64 tokens,
+so a batch of 64 decodes without drafts).
 """
 
 from __future__ import annotations
