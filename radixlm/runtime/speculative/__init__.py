@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters that propose tokens, and the step that verifies them."""
