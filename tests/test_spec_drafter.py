@@ -265,3 +265,36 @@ def test_tree_failures_do_not_pause_prompt_lookup() -> None:
     drafter.observe(req, 3, 0)  # rejected: the tree pauses for this request
     cache.insert(prompt + [9, 9], list(range(20, 28)))  # a newer run, but the tree is paused
     assert drafter.propose(req, 4) == [5, 6]  # prompt lookup still drafts
+
+
+# ---------------------------------------------------------------------- on the real model
+
+
+def test_drafts_follow_the_real_models_copy_of_its_input(engine_fp32) -> None:
+    """Greedy output of a proofreading request (the model copies the passage; the bench's
+    first rewrite prompt) replayed as a verifying step would: most steps carry a draft and
+    a step yields several tokens."""
+    from spec_tasks import build_prompts  # benchmarks/, on the path through conftest
+
+    tok = engine_fp32.tokenizer
+    chat = tok.apply_chat_template(build_prompts("rewrite", 1)[0].messages, tokenize=False,
+                                   add_generation_prompt=True)
+    prompt = tok.encode(chat, add_special_tokens=False)
+    out = engine_fp32.generate(input_ids=prompt, sampling_params={
+        "max_new_tokens": 64, "temperature": 0})["output_ids"]
+    assert len(out) >= 24
+    drafter = NgramDrafter(radix(), max_draft_tokens=8)
+    req = make_req(prompt, max_new_tokens=len(out) + 1)
+    pos = steps = drafted_steps = 0
+    while pos < len(out):
+        req.output_ids = out[:pos]
+        draft = drafter.propose(req, 8)
+        ok = 0
+        while ok < len(draft) and pos + ok < len(out) and draft[ok] == out[pos + ok]:
+            ok += 1
+        if draft:
+            drafter.observe(req, len(draft), ok)
+            drafted_steps += 1
+        steps, pos = steps + 1, pos + ok + 1
+    assert len(out) / steps >= 1.6, (len(out), steps)  # 1.0 without drafts
+    assert drafted_steps >= steps / 3
