@@ -60,7 +60,9 @@ class NgramDrafter:
     suffix lengths prompt lookup tries; ``max_candidates``: earlier occurrences of the last
     ``min_match`` tokens it compares. ``policy`` sets the prompt-lookup budget (its
     ``max_tokens`` is replaced by ``max_draft_tokens``); tree drafts start at full length.
-    ``use_tree=False`` leaves the tree out.
+    ``use_tree=False`` leaves the tree out. Of a request it reads ``uid`` (the key of its
+    state), ``input_ids``, ``output_ids`` and ``params.max_new_tokens``. ``stats`` counts
+    drafts, drafted and accepted tokens per source (``tree_*``, ``ngram_*``).
     """
 
     def __init__(self, cache: BasePrefixCache, *, max_draft_tokens: int = 8,
