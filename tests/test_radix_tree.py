@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixlm.radix import (
     BasePrefixCache,
+    ContinuationCursor,
     NoSharingCache,
     RadixCache,
     TreeNode,
@@ -605,3 +606,148 @@ TestNoSharing = NoSharingMachine.TestCase
 for _case in (TestRadixLru, TestRadixLfuPaged, TestNoSharing):
     _case.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
 del _case
+
+
+# ---------------------------------------------------------------------- continuation queries
+
+
+def cached_paths(cache: RadixCache) -> list[list[int]]:
+    """Every root-to-leaf token sequence of the tree (the reference for continuations)."""
+    paths: list[list[int]] = []
+    stack: list[tuple[TreeNode, list[int]]] = [(cache._root, [])]
+    while stack:
+        node, prefix = stack.pop()
+        here = prefix + node.key
+        if not node.children:
+            paths.append(here)
+        stack.extend((child, here) for child in node.children.values())
+    return paths
+
+
+def test_continuation_returns_what_follows_on_a_tiny_tree() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14])
+    assert cache.continuation([1, 2], 10) == [3, 4, 5]
+    assert cache.continuation([1, 2], 2) == [3, 4]
+    assert cache.continuation([], 2) == [1, 2]
+    assert cache.continuation([1, 2, 3, 4, 5], 4) == []  # nothing cached goes further
+    assert cache.continuation([1, 2, 9], 4) == []  # left the tree inside the edge
+    assert cache.continuation([7], 4) == []  # no such first token
+    assert cache.continuation([1, 2], 0) == []
+    assert cache.continuation((1, 2, 3), 1) == [4]  # any sequence type
+
+
+def test_continuation_follows_the_most_recently_used_branch() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    cache.insert([1, 2, 7, 8, 9], [20, 21, 22, 23, 24])  # [1, 2] -> {[3, 4], [7, 8, 9]}
+    assert cache.continuation([1], 10) == [2, 7, 8, 9]  # the later insert
+    cache.match_prefix([1, 2, 3, 4])  # now the [3, 4] branch is the most recent
+    assert cache.continuation([1], 10) == [2, 3, 4]
+    assert cache.continuation([1, 2, 7], 10) == [8, 9]  # an exact path wins over recency
+
+
+def test_continuation_is_read_only() -> None:
+    cache, freed = make_radix()
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    cache.insert([5, 6], [20, 21])
+    before = [(n.key, n.last_access, n.hit_count) for n in cache._nodes()]
+    assert cache.continuation([1, 2], 5) == [3, 4]  # ends inside an edge: no split
+    assert cache.continuation([1, 2, 3, 4], 5) == []
+    assert [(n.key, n.last_access, n.hit_count) for n in cache._nodes()] == before
+    assert cache.evict(1) == 4 and freed == [10, 11, 12, 13]  # LRU order untouched
+    cache.check_integrity()
+
+
+def test_continuation_with_pages_matches_partial_last_pages() -> None:
+    cache, _ = make_radix(page_size=2)
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cache.insert([1, 2, 3, 9], list(range(10, 14)))  # split on the page boundary at 2
+    assert cache.continuation([1, 2, 3], 4) == [9]  # partial page: most recent that fits
+    cache.match_prefix([1, 2, 3, 4])
+    assert cache.continuation([1, 2, 3], 4) == [4, 5, 6]
+    assert cache.continuation([1, 2, 3, 4], 4) == [5, 6]
+    assert cache.continuation([1], 1) == [2]
+    assert cache.continuation([1, 2, 8], 4) == []
+    cache.check_integrity()
+
+
+def test_no_sharing_cache_continues_nothing() -> None:
+    cache = NoSharingCache(lambda s: None)
+    cache.insert([1, 2, 3], [10, 11, 12])
+    assert cache.continuation([1], 5) == [] and cache.continuation([], 5) == []
+    assert cache.continuation([1], 5, ContinuationCursor()) == []
+
+
+def test_cursor_survives_splits_and_falls_back_after_eviction_and_reset() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cursor = ContinuationCursor()
+    assert cache.continuation([1, 2, 3], 2, cursor) == [4, 5]  # stops inside the edge
+    cache.insert([1, 2, 3, 4, 7], list(range(10, 15)))  # splits that edge below the cursor
+    assert cache.continuation([1, 2, 3, 4], 5, cursor) == [7]
+    assert cache.continuation([1, 2, 3, 4, 5], 5, cursor) == [6]
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == []
+    cache.evict(cache.total_size)  # every node the cursor knew is gone
+    cache.insert([1, 2, 3, 4, 5, 6, 8], list(range(20, 27)))
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [8]
+    cache.reset()
+    cache.insert([1, 2, 3, 4, 5, 6, 9, 9], list(range(30, 38)))
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [9, 9]
+    other, _ = make_radix()
+    other.insert([1, 2, 3, 4, 5, 6, 4], list(range(7)))
+    assert other.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [4]  # another cache
+
+
+def test_cursor_sees_a_branch_added_where_the_sequence_left_the_tree() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cursor = ContinuationCursor()
+    assert cache.continuation([1, 2, 3, 9], 3, cursor) == []  # diverges inside the edge
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == []  # known stuck
+    cache.insert([1, 2, 8, 8], list(range(10, 14)))  # a split above the divergence
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == []
+    cache.insert([1, 2, 3, 9, 9, 7, 7], list(range(20, 27)))  # the branch that continues
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == [7, 7]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_continuation_agrees_with_the_cached_paths_with_and_without_a_cursor(
+    seed: int, page_size: int
+) -> None:
+    """Random inserts, matches and evictions while a growing sequence queries with a cursor:
+    the cursor never changes an answer, and every answer is what one cached path says."""
+    rng = random.Random(seed)
+    cache, _ = make_radix(page_size=page_size)
+    next_slot = 0
+    seq: list[int] = []
+    cursor = ContinuationCursor()
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3:  # another request's sequence: shares a random prefix of ``seq``
+            cut = rng.randrange(len(seq) + 1)
+            tokens = seq[:cut] + [rng.randrange(4) for _ in range(rng.randrange(1, 9))]
+            tokens = tokens[: len(tokens) - len(tokens) % page_size]
+            cache.insert(tokens, list(range(next_slot, next_slot + len(tokens))))
+            next_slot += len(tokens)
+        elif op < 0.4:
+            cache.match_prefix(seq[: rng.randrange(len(seq) + 1)])
+        elif op < 0.5:
+            cache.evict(rng.randrange(1, 8))
+        elif op < 0.52:
+            seq, _ = [], cursor.reset()
+        else:  # the sequence grows: often by what the tree says, sometimes not
+            ahead = cache.continuation(seq, 3)
+            seq += ahead[: rng.randrange(1, 4)] if ahead and rng.random() < 0.7 else [
+                rng.randrange(4)]
+        max_len = rng.randrange(1, 6)
+        plain = cache.continuation(seq, max_len)
+        assert cache.continuation(seq, max_len, cursor) == plain
+        n = len(seq)
+        longer = [p for p in cached_paths(cache) if len(p) > n and p[:n] == seq]
+        if not longer:
+            assert plain == []
+        else:
+            assert any(plain == p[n : n + max_len] for p in longer), (seq, plain)
+    cache.check_integrity()

@@ -27,9 +27,9 @@ from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampler import Sampler, accept_prefix
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.speculation import Speculation
+from radixlm.runtime.speculative import create_drafter
 from radixlm.runtime.speculative.base import resolve_algorithm
 from radixlm.runtime.speculative.cost import StepCosts, plan_budgets
-from radixlm.runtime.speculative.lookup import PromptLookupDrafter
 
 # --------------------------------------------------------------------------- the rule
 
@@ -193,23 +193,6 @@ def _req(ids: list[int], out: list[int] | None = None, rid: str = "r") -> Req:
               detok=None, sink=None)
     req.output_ids = list(out or [])
     return req
-
-
-def test_prompt_lookup_proposes_what_followed_the_suffix():
-    config = EngineConfig(speculative_algorithm="NGRAM",
-                          speculative_ngram_max_match_window_size=4)
-    drafter = PromptLookupDrafter(config)
-    req = _req([1, 2, 3, 4, 5, 6, 9, 9, 2, 3], [4])  # ... 2 3 4 | 5 6 ...
-    before = list(req.output_ids)
-    assert drafter.propose(req, 3) == [5, 6, 9]
-    assert req.output_ids == before  # does not mutate the request
-    assert drafter.propose(req, 0) == []
-    req.output_ids.append(7)  # "3 4 7" never occurred; "7" neither
-    assert drafter.propose(req, 3) == []
-    req.output_ids[-1:] = [5]  # rolled back and rewritten: the index is rebuilt
-    assert drafter.propose(req, 2) == [6, 9]
-    drafter.release(req)
-    assert req.rid not in drafter._index
 
 
 # --------------------------------------------------------------------------- grammar
@@ -616,7 +599,8 @@ def test_prompt_lookup_on_a_repeating_prompt(engine):
     assert engine.flush_cache()
     off = engine.generate(input_ids=prompt, sampling_params=params)
     spec = engine.scheduler.speculation
-    spec.drafter, spec.costs = PromptLookupDrafter(engine.config), StepCosts()
+    spec.drafter = create_drafter(engine.config, engine.scheduler.kv.cache, True)
+    spec.costs = StepCosts()
     on = engine.generate(input_ids=prompt, sampling_params=params)
     assert on["output_ids"] == off["output_ids"]
     assert on["meta_info"]["spec_verify_ct"] > 0

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.radix.continuation import ContinuationCursor
+
 FreeSlotsFn = Callable[[list[int]], None]
 
 
@@ -98,6 +100,21 @@ class BasePrefixCache(ABC):
         exactly the slots that a following ``match_prefix(token_ids)`` returns (all of them
         for the radix tree, none for the no-sharing twin); the caller keeps the rest and
         frees its duplicates ``slots[its_cached_prefix_len:returned]``.
+        """
+
+    @abstractmethod
+    def continuation(self, token_ids: Sequence[int], max_len: int,
+                     cursor: ContinuationCursor | None = None) -> list[int]:
+        """What the cached sequences say comes after ``token_ids``: up to ``max_len`` tokens
+        that follow them on a cached path, or [] when no cached sequence extends all of
+        ``token_ids`` (the no-sharing twin: always []).
+
+        Where cached sequences branch after the match, the most recently used branch is
+        followed. Read-only: no split, no access-time or hit-count change, no lock, so a query
+        never changes what is evicted. The answer is a suggestion read at call time (the
+        tree may evict it right after); it holds no slot. ``cursor`` (a
+        ``ContinuationCursor`` kept per growing sequence) makes the cost of repeated
+        queries proportional to the tokens appended since the last one.
         """
 
     @abstractmethod

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, NodeView, TreeView
+from radixlm.radix.continuation import ContinuationCursor, continuation
 
 EvictionPolicy = Literal["lru", "lfu"]
 
@@ -210,6 +211,13 @@ class RadixCache(BasePrefixCache):
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Length ``match_prefix`` would return, without splitting or touching anything."""
         return self._walk(_as_list(token_ids), read_only=True)[1]
+
+    def continuation(self, token_ids: Sequence[int], max_len: int,
+                     cursor: ContinuationCursor | None = None) -> list[int]:
+        """Up to ``max_len`` cached tokens after ``token_ids`` (most recently used branch
+        where paths fork), [] unless a cached path extends all of ``token_ids``. Read-only;
+        see ``BasePrefixCache.continuation`` and ``ContinuationCursor``."""
+        return continuation(self, _as_list(token_ids), max_len, cursor)
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int]) -> int:
         """Add ``token_ids`` with their KV ``slots``; return how many leading tokens were

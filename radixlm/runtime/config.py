@@ -92,8 +92,10 @@ class EngineConfig:
     # so they are skipped where they do not pay (large batches, text that repeats nothing).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8  # most draft tokens per request and step
-    speculative_ngram_min_match_window_size: int = 1  # shortest suffix matched (tokens)
-    speculative_ngram_max_match_window_size: int = 12  # longest suffix matched (tokens)
+    # shortest / longest suffix matched (tokens; 2..8 measured best on replays of the
+    # speculative benchmark's tasks, benchmarks/bench_speculative.py)
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 8
     random_seed: int = 0
     log_level: str = "info"
     # Reasoning models (SGLang's names): the format of the thinking block

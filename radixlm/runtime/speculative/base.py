@@ -28,9 +28,9 @@ Contract (what the scheduler guarantees and expects):
 - ids returned must be ints in the model's vocabulary; anything else is the drafter's bug,
   and the scheduler drops such a draft.
 
-A drafter class is built as ``cls(config, cache=cache)``: ``config`` is the engine's
-``EngineConfig`` (``speculative_num_draft_tokens``, ``speculative_ngram_*``), ``cache`` the
-radix cache (``radixlm.radix``), which the drafter may read (``match_prefix``) but must not
+``create_drafter`` (``speculative/__init__.py``) builds the engine's drafter from its
+``EngineConfig`` (``speculative_num_draft_tokens``, ``speculative_ngram_*``) and the radix
+cache (``radixlm.radix``), which the drafter may read (``continuation``) but must not
 change.
 """
 
