@@ -14,12 +14,12 @@ Bookkeeping kept incrementally, so every operation is proportional to the path i
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, NodeView, TreeView
+from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, TreeView
 from radixlm.radix.continuation import ContinuationCursor, continuation
+from radixlm.radix.view import pretty_tree, tree_view
 
 EvictionPolicy = Literal["lru", "lfu"]
 
@@ -65,8 +65,9 @@ def _as_list(values: Sequence[int]) -> list[int]:
     return list(tolist()) if tolist is not None else list(values)
 
 
-def _recency(node: TreeNode) -> tuple[int, int]:
-    return node.last_access, node.node_id
+def _is_evictable_leaf(node: TreeNode) -> bool:
+    """Unlocked, childless and not the root (the only node without a parent)."""
+    return node.parent is not None and not node.children and node.lock_ref == 0
 
 
 def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
@@ -136,9 +137,6 @@ class RadixCache(BasePrefixCache):
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
-
-    def _is_evictable_leaf(self, node: TreeNode) -> bool:
-        return node is not self._root and not node.children and node.lock_ref == 0
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut ``child``'s edge after ``split_len`` tokens; return the new upper node."""
@@ -264,7 +262,7 @@ class RadixCache(BasePrefixCache):
                 self._evictable_size += len(node.key)
                 self._protected_size -= len(node.key)
             node = node.parent  # type: ignore[assignment]
-        if self._is_evictable_leaf(start):
+        if _is_evictable_leaf(start):
             self._evictable_leaves.add(start)
 
     def _priority(self, node: TreeNode) -> tuple[int, int, int, TreeNode]:
@@ -290,7 +288,7 @@ class RadixCache(BasePrefixCache):
             freed += node.slots
             node.dead, node.parent = True, None
             self._num_nodes -= 1
-            if self._is_evictable_leaf(parent):
+            if _is_evictable_leaf(parent):
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, self._priority(parent))
         if freed:
@@ -321,31 +319,8 @@ class RadixCache(BasePrefixCache):
         return self._num_nodes
 
     def view(self, max_nodes: int, max_ids: int = 16) -> TreeView:
-        """See ``BasePrefixCache.view``. Breadth-first from the root, so what is left out
-        when the tree is larger than ``max_nodes`` is its deepest part; among siblings the
-        most recently used come first (and stay when only some fit)."""
-        if max_nodes < 1 or max_ids < 0:
-            raise ValueError(f"max_nodes must be >= 1 and max_ids >= 0, got {max_nodes}, "
-                             f"{max_ids}")
-        root = self._root
-        out = [NodeView(root.node_id, None, 0, 0, (), root.hit_count, False, False,
-                        len(root.children), root.last_access)]
-        todo: deque[tuple[TreeNode, int]] = deque([(root, 0)])
-        while todo and len(out) < max_nodes:
-            node, prefix_len = todo.popleft()
-            room = max_nodes - len(out)
-            kids = (heapq.nlargest(room, node.children.values(), key=_recency)
-                    if len(node.children) > room
-                    else sorted(node.children.values(), key=_recency, reverse=True))
-            for child in kids:
-                end = prefix_len + len(child.key)
-                out.append(NodeView(child.node_id, node.node_id, end, len(child.key),
-                                    tuple(child.key[:max_ids]), child.hit_count,
-                                    child.lock_ref > 0, child.lock_ref == 0,
-                                    len(child.children), child.last_access))
-                todo.append((child, end))
-        return TreeView(True, self._num_nodes, self.total_size, self.evictable_size,
-                        self.protected_size, out, truncated=len(out) - 1 < self._num_nodes)
+        """See ``BasePrefixCache.view`` and ``radix.view.tree_view``."""
+        return tree_view(self, self._root, max_nodes, max_ids)
 
     def all_slots(self) -> list[int]:
         slots: list[int] = []
@@ -392,7 +367,7 @@ class RadixCache(BasePrefixCache):
                 protected += size
             else:
                 evictable += size
-            if self._is_evictable_leaf(node):
+            if _is_evictable_leaf(node):
                 leaves.add(node)
             for slot in node.slots:
                 assert slot not in seen, f"slot {slot} owned twice"
@@ -403,19 +378,6 @@ class RadixCache(BasePrefixCache):
         assert len(self._nodes()) == self._num_nodes, "node count out of date"
 
     def pretty_print(self) -> str:
-        lines = [
-            f"RadixCache(total={self.total_size}, evictable={self.evictable_size}, "
-            f"protected={self.protected_size}, policy={self.eviction_policy})"
-        ]
-
-        def visit(node: TreeNode, depth: int) -> None:
-            for child in sorted(node.children.values(), key=lambda n: n.key[0]):
-                key = child.key if len(child.key) <= 8 else [*child.key[:8], "..."]
-                lines.append(
-                    f"{'  ' * depth}{key} len={len(child.key)} ref={child.lock_ref} "
-                    f"t={child.last_access} hits={child.hit_count}"
-                )
-                visit(child, depth + 1)
-
-        visit(self._root, 1)
-        return "\n".join(lines)
+        return pretty_tree(self._root, f"RadixCache(total={self.total_size}, evictable="
+                                       f"{self.evictable_size}, protected="
+                                       f"{self.protected_size}, policy={self.eviction_policy})")
