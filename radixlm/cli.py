@@ -1,4 +1,5 @@
-"""`radixlm` command line: `radixlm serve ...` and `radixlm bench serving ...`."""
+"""`radixlm` command line: `radixlm serve ...`, `radixlm run [MODEL]`, `radixlm list` and
+`radixlm bench serving ...`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlm.runtime.server_args import IGNORED, warn_ignored
+from radixlm.runtime.tool_parsers import TOOL_CALL_PARSERS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 IGNORED_PREFIX = "ignored_"
@@ -23,6 +25,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_memory_args(e)
     _add_scheduling_args(e)
     _add_decoding_args(e)
+    _add_reasoning_args(e)
     _add_parallel_args(e)
     _add_server_args(p.add_argument_group("server"))
     for name, takes_value in IGNORED.items():  # SGLang flags with no meaning here
@@ -79,7 +82,8 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
 
 
 def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
-    """Constrained decoding (jump-forward, grammar backend, JSON whitespace) and the seed."""
+    """Constrained decoding (jump-forward, grammar backend, JSON whitespace), the tool-call
+    format, the seed and speculative decoding."""
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
@@ -88,7 +92,32 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
                    default=None, help="JSON output with no whitespace between tokens "
                                       "(compact), where a request names no pattern")
+    e.add_argument("--tool-call-parser",
+                   help=f"tool-call format: {' | '.join(TOOL_CALL_PARSERS)} (default: the one "
+                        "the chat template shows, else qwen25)")
     e.add_argument("--random-seed", type=int)
+    e.add_argument("--speculative-algorithm",
+                   help="NGRAM: speculative decoding with n-gram drafts (no draft model), "
+                        "sized per step to where it pays | none: off (default: NGRAM where "
+                        "the native CPU library runs the steps, else off)")
+    e.add_argument("--speculative-num-draft-tokens", type=int,
+                   help="most draft tokens a request verifies per step")
+    e.add_argument("--speculative-ngram-min-match-window-size", type=int,
+                   help="shortest suffix (tokens) an n-gram draft is matched on")
+    e.add_argument("--speculative-ngram-max-match-window-size", type=int,
+                   help="longest suffix (tokens) an n-gram draft is matched on")
+
+
+def _add_reasoning_args(e: argparse._ArgumentGroup) -> None:
+    """Reasoning models: the thinking block's format and strict thinking (SGLang's flags)."""
+    from radixlm.constraints.reasoning import REASONING_PARSERS
+
+    e.add_argument("--reasoning-parser",
+                   help=f"{' | '.join(REASONING_PARSERS)}: split the thinking off into "
+                        "reasoning_content, apply constraints after it, take thinking_budget")
+    e.add_argument("--enable-strict-thinking", action="store_true", default=None,
+                   help="forbid end-of-turn and tool-call tokens inside the thinking block "
+                        "and an empty answer after it")
 
 
 def _add_parallel_args(e: argparse._ArgumentGroup) -> None:
@@ -125,6 +154,9 @@ def _add_server_args(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     s.add_argument("--log-level", default=None, help="debug|info|warning|error")
+    s.add_argument("--playground-show-text", action="store_true",
+                   help="the playground's radix tree view shows prompt text (only without "
+                        "--api-key on a loopback --host; default: token counts and ids)")
 
 
 def ignored_flags(args: argparse.Namespace) -> list[str]:
@@ -155,7 +187,14 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "grammar_backend": args.grammar_backend,
         "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,
         "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,
+        "tool_call_parser": args.tool_call_parser,
         "random_seed": args.random_seed,
+        "speculative_algorithm": args.speculative_algorithm,
+        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
+        "speculative_ngram_min_match_window_size": args.speculative_ngram_min_match_window_size,
+        "speculative_ngram_max_match_window_size": args.speculative_ngram_max_match_window_size,
+        "reasoning_parser": args.reasoning_parser,
+        "enable_strict_thinking": args.enable_strict_thinking,
         "log_level": args.log_level, "tp_size": args.tp_size, "dp_size": args.dp_size,
         "nnodes": args.nnodes, "node_rank": args.node_rank,
         "dist_init_addr": args.dist_init_addr,
@@ -186,6 +225,18 @@ def _serve(args: argparse.Namespace) -> int:
         code = _check_nodes(args)
         if code is not None:
             return code
+    try:
+        settings = ServerSettings(
+            host=args.host, port=args.port, api_key=args.api_key,
+            max_queued_requests=args.max_queued_requests,
+            request_timeout=args.request_timeout or None,
+            stream_stall_timeout=args.stream_stall_timeout,
+            max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
+            shutdown_timeout=args.shutdown_timeout,
+            playground_show_text=args.playground_show_text)
+    except ValueError as exc:
+        print(f"radixlm serve: {exc}", file=sys.stderr)
+        return 2
     if dp_size > 1:
         from radixlm.server import data_parallel as dp
 
@@ -200,13 +251,6 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         return dp.serve_data_parallel(args.serve_argv, args.host, args.port, dp_size,
                                       args.router_policy, args.shutdown_timeout)
-    settings = ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key,
-        max_queued_requests=args.max_queued_requests,
-        request_timeout=args.request_timeout or None,
-        stream_stall_timeout=args.stream_stall_timeout,
-        max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
-        shutdown_timeout=args.shutdown_timeout)
     return serve(engine_kwargs_from_args(args), settings, log_level)
 
 
@@ -234,13 +278,20 @@ def _check_nodes(args: argparse.Namespace) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `radixlm` argument parser."""
+    from radixlm.chat import commands as chat
     from radixlm.server import bench
 
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_p = sub.add_parser("serve", help="run the HTTP server (native + OpenAI API)")
+    serve_p = sub.add_parser("serve", help="run the HTTP server (native + OpenAI API) and "
+                                           "the playground at /")
     _add_serve_args(serve_p)
     serve_p.set_defaults(func=_serve)
+    run_p = sub.add_parser("run", help="chat in the terminal (in-process, or with --url)")
+    chat.add_run_args(run_p, DEFAULT_MODEL)
+    run_p.set_defaults(func=chat.run_main)
+    list_p = sub.add_parser("list", help="the models `radixlm run` can load")
+    list_p.set_defaults(func=chat.list_main)
     bench_p = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench_p.add_subparsers(dest="bench_command", required=True)
     serving = bench_sub.add_parser("serving", help="load-test a running server")

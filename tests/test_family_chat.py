@@ -71,26 +71,27 @@ SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|e
            "<|end|>"]
 
 
-@pytest.fixture(scope="module")
-def chat_engine(tmp_path_factory, tokenizer):
-    """A tiny random Llama whose tokenizer knows every family's special tokens and whose
-    generation_config.json lists every end-of-turn token (as the families' own do)."""
+def tiny_llama_dir(out, tokenizer, special: list[str], end_of_turn: list[str],
+                   plain: tuple[str, ...] = ()):
+    """A tiny random Llama in ``out`` whose tokenizer is ``tokenizer`` with ``special``
+    added as special tokens and ``plain`` as plain added ones, and whose
+    generation_config.json lists ``end_of_turn`` as end-of-sequence tokens (as the families'
+    own do). Returns the saved tokenizer."""
     from safetensors.torch import save_file
+    from tokenizers import AddedToken
     from transformers import AutoTokenizer, LlamaConfig
 
-    from radixlm.runtime.engine import Engine
-
-    out = tmp_path_factory.mktemp("chat-llama")
     tokenizer.save_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.add_special_tokens({"additional_special_tokens": special})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tok.bos_token = "<|begin_of_text|>"
     tok.save_pretrained(out)
     vocab = len(tok)
     LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                 tie_word_embeddings=True, eos_token_id=tok.eos_token_id).save_pretrained(out)
-    eot = [tok.convert_tokens_to_ids(t) for _, t, _ in TEMPLATES.values()]
+    eot = [tok.convert_tokens_to_ids(t) for t in end_of_turn]
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [tok.eos_token_id, *eot]}))
     gen = torch.Generator().manual_seed(0)
@@ -104,6 +105,17 @@ def chat_engine(tmp_path_factory, tokenizer):
         w = torch.ones(shape) if len(shape) == 1 else torch.randn(*shape, generator=gen) * 0.1
         state[f"model.layers.0.{name}.weight"] = w
     save_file(state, str(out / "model.safetensors"))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def chat_engine(tmp_path_factory, tokenizer):
+    """A tiny random Llama whose tokenizer knows every family's special tokens and whose
+    generation_config.json lists every end-of-turn token (as the families' own do)."""
+    from radixlm.runtime.engine import Engine
+
+    out = tmp_path_factory.mktemp("chat-llama")
+    tiny_llama_dir(out, tokenizer, SPECIAL, [t for _, t, _ in TEMPLATES.values()])
     with Engine(str(out), dtype="float32", max_total_tokens=2048, log_level="warning") as engine:
         yield engine
 
@@ -153,3 +165,54 @@ def test_phi3_end_of_chat_eos_is_not_part_of_a_segment():
     assert t.segments("system") == ("<|system|>\n", "<|end|>\n")
     assert t.segments("user") == ("<|user|>\n", "<|end|>\n")
     assert t.segments("assistant") == ("<|assistant|>\n", "<|end|>\n")
+
+
+@pytest.mark.parametrize("family, parser_name, call_text, result", [
+    ("llama3", "llama3", '{"name": "get_time", "parameters": {"city": "Oslo"}}',
+     "<|start_header_id|>ipython<|end_header_id|>\n\n12:00<|eot_id|>"),
+    ("qwen2.5", "qwen25",
+     '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>',
+     "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>"),
+])
+def test_templates_without_tools_get_the_family_documented_format(chat_engine, family,
+                                                                   parser_name, call_text,
+                                                                   result):
+    """A family template without a tools branch: the parser is still the family's (from its
+    turn markers), the functions are listed in the family's documented system text, earlier
+    calls are written in the family's form and results in its result turn; a required call
+    generated under it reads back."""
+    from radixlm.runtime.tool_parsers import parse_tools
+    from radixlm.runtime.tool_parsers.grammar import token_lookup, tool_sampling
+    from radixlm.server.protocol import ChatMessage
+    from radixlm.server.tool_calls import (
+        message_dicts,
+        render_messages,
+        server_parser,
+        template_reads_tools,
+    )
+
+    tok = chat_engine.tokenizer
+    tok.chat_template = TEMPLATES[family][0]
+    parser = server_parser(chat_engine)
+    assert parser.name == parser_name and not template_reads_tools(tok)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"]}}}
+    setup = parse_tools([tool], "required", False, parser)
+    history = [ChatMessage(**m) for m in [
+        {"role": "user", "content": "Time in Oslo?"},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_time", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "user", "content": "And in Rome?"}]]
+    messages = render_messages(message_dicts(history), parser, setup, native=False)
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert parser.tools_prompt(setup.functions) in prompt and '"get_time"' in prompt
+    assert call_text in prompt and result in prompt
+    params = {**tool_sampling(setup, token_lookup(
+        lambda t: tok.encode(t, add_special_tokens=False))), "max_new_tokens": 60,
+        "temperature": 0}
+    out = chat_engine.generate(prompt=prompt, sampling_params=params)
+    content, calls = setup.parse(out["text"])
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"]
+    assert isinstance(json.loads(calls[0]["function"]["arguments"])["city"], str)

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixlm.radix import (
     BasePrefixCache,
+    ContinuationCursor,
     NoSharingCache,
     RadixCache,
     TreeNode,
@@ -80,7 +81,7 @@ def cache_req(
     tokens, slots = req.tokens[:insert_len], req.slots[:insert_len]
     already = cache.insert(tokens, slots)
     pool.free(req.slots[req.prefix_len : already])  # our duplicates of what the tree held
-    match = cache.match_prefix(tokens)  # the cache owns exactly match.slots now
+    match = cache.match_prefix(tokens, count_hit=False)  # the cache owns exactly match.slots
     if finished:
         cache.unlock(req.node)
         pool.free(req.slots[match.prefix_len :])
@@ -374,6 +375,56 @@ def test_protocol_two_requests_racing_on_one_prompt(kind: str) -> None:
     assert cache.protected_size == 0
 
 
+def test_view_counts_hits_of_admissions_not_of_bookkeeping_rematches() -> None:
+    cache, _ = make_radix()
+    pool = FakePool(64)
+    first = admit(cache, pool, [1, 2, 3, 4, 5, 6])
+    assert first is not None
+    cache_req(cache, pool, first, 6, finished=True)  # its re-match counts no hit
+    (root, node) = cache.view(10).nodes
+    assert (node.parent_id, node.num_tokens, node.hits) == (root.node_id, 6, 0)
+    second = admit(cache, pool, [1, 2, 3, 7, 8])  # reuses [1, 2, 3]: the edge splits
+    assert second is not None and second.prefix_len == 3
+    view = cache.view(10)
+    by_len = {n.prefix_len: n for n in view.nodes}
+    shared, rest = by_len[3], by_len[6]
+    assert (shared.hits, shared.locked, shared.evictable) == (1, True, False)
+    assert (rest.parent_id, rest.num_tokens, rest.hits) == (shared.node_id, 3, 0)
+    assert rest.evictable and not rest.locked and shared.num_children == 1
+    cache_req(cache, pool, second, 5, finished=True)
+    view = cache.view(10)
+    assert view.num_nodes == 3 and view.protected_tokens == 0 and view.total_tokens == 8
+    assert [n.hits for n in view.nodes if n.prefix_len == 3] == [1]
+    assert all(n.tier == "device" for n in view.nodes)
+
+
+def test_view_is_bounded_and_keeps_the_most_recently_used_children() -> None:
+    cache, _ = make_radix()
+    for first in range(5):  # five children of the root, used in this order
+        cache.insert([first, *range(100, 140)], list(range(first * 41, first * 41 + 41)))
+    cache.match_prefix([2, 100])  # 2 becomes the most recent (and splits after 100)
+    view = cache.view(3, max_ids=4)
+    assert view.truncated and view.num_nodes == 6 and len(view.nodes) == 3
+    assert [n.token_ids for n in view.nodes[1:]] == [(2, 100), (4, 100, 101, 102)]
+    assert view.nodes[2].num_tokens == 41 and view.nodes[1].num_children == 1
+    full = cache.view(100, max_ids=0)
+    assert not full.truncated and len(full.nodes) == 7
+    assert all(n.token_ids == () for n in full.nodes)
+    with pytest.raises(ValueError, match="max_nodes"):
+        cache.view(0)
+    cache.evict(cache.total_size)
+    assert cache.num_nodes == 0 and cache.view(5).nodes[0].num_children == 0
+    cache.check_integrity()
+
+
+def test_no_sharing_view_is_the_root_alone() -> None:
+    cache = NoSharingCache(lambda slots: None)
+    cache.insert([1, 2, 3], [0, 1, 2])
+    view = cache.view(10)
+    assert not view.enabled and view.num_nodes == 0 and len(view.nodes) == 1
+    assert view.total_tokens == 0 and not view.truncated
+
+
 # ---------------------------------------------------------------------- stateful properties
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=10)
@@ -489,6 +540,34 @@ class CacheMachine(RuleBasedStateMachine):
             assert set(slots) <= cached_set, "pinned prefix evicted"
 
     @invariant()
+    def view_shows_the_tree(self) -> None:
+        """The full view is the tree (sizes, prefixes, locks); a bounded one its top."""
+        cache = self.cache
+        full = cache.view(10**6, max_ids=10**6)
+        nodes = {n.node_id: n for n in full.nodes}
+        assert full.nodes[0].parent_id is None and not full.truncated
+        assert len(full.nodes) == 1 + full.num_nodes
+        assert full.num_nodes == getattr(cache, "num_nodes", 0)
+        prefixes: dict[int, tuple[int, ...]] = {full.nodes[0].node_id: ()}
+        for n in full.nodes[1:]:
+            assert n.parent_id in prefixes, "a child before its parent"
+            prefixes[n.node_id] = prefixes[n.parent_id] + n.token_ids
+            assert n.prefix_len == nodes[n.parent_id].prefix_len + n.num_tokens
+            assert cache.cached_prefix_len(list(prefixes[n.node_id])) == n.prefix_len
+            assert n.locked != n.evictable
+        assert sum(n.num_tokens for n in full.nodes) == cache.total_size == full.total_tokens
+        assert sum(n.num_tokens for n in full.nodes if n.locked) == cache.protected_size
+        assert sum(n.num_tokens for n in full.nodes if n.evictable) == cache.evictable_size
+        for k in (1, 2, 3):
+            part = cache.view(k, max_ids=1)
+            assert len(part.nodes) == min(k, len(full.nodes))
+            assert part.truncated == (k < len(full.nodes))
+            seen = {part.nodes[0].node_id}
+            for n in part.nodes[1:]:
+                assert n.parent_id in seen and len(n.token_ids) == 1
+                seen.add(n.node_id)
+
+    @invariant()
     def tree_maps_prefixes_to_their_kv(self) -> None:
         root = getattr(self.cache, "_root", None)
         stack = [(child, ()) for child in getattr(root, "children", {}).values()]
@@ -527,3 +606,148 @@ TestNoSharing = NoSharingMachine.TestCase
 for _case in (TestRadixLru, TestRadixLfuPaged, TestNoSharing):
     _case.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
 del _case
+
+
+# ---------------------------------------------------------------------- continuation queries
+
+
+def cached_paths(cache: RadixCache) -> list[list[int]]:
+    """Every root-to-leaf token sequence of the tree (the reference for continuations)."""
+    paths: list[list[int]] = []
+    stack: list[tuple[TreeNode, list[int]]] = [(cache._root, [])]
+    while stack:
+        node, prefix = stack.pop()
+        here = prefix + node.key
+        if not node.children:
+            paths.append(here)
+        stack.extend((child, here) for child in node.children.values())
+    return paths
+
+
+def test_continuation_returns_what_follows_on_a_tiny_tree() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14])
+    assert cache.continuation([1, 2], 10) == [3, 4, 5]
+    assert cache.continuation([1, 2], 2) == [3, 4]
+    assert cache.continuation([], 2) == [1, 2]
+    assert cache.continuation([1, 2, 3, 4, 5], 4) == []  # nothing cached goes further
+    assert cache.continuation([1, 2, 9], 4) == []  # left the tree inside the edge
+    assert cache.continuation([7], 4) == []  # no such first token
+    assert cache.continuation([1, 2], 0) == []
+    assert cache.continuation((1, 2, 3), 1) == [4]  # any sequence type
+
+
+def test_continuation_follows_the_most_recently_used_branch() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    cache.insert([1, 2, 7, 8, 9], [20, 21, 22, 23, 24])  # [1, 2] -> {[3, 4], [7, 8, 9]}
+    assert cache.continuation([1], 10) == [2, 7, 8, 9]  # the later insert
+    cache.match_prefix([1, 2, 3, 4])  # now the [3, 4] branch is the most recent
+    assert cache.continuation([1], 10) == [2, 3, 4]
+    assert cache.continuation([1, 2, 7], 10) == [8, 9]  # an exact path wins over recency
+
+
+def test_continuation_is_read_only() -> None:
+    cache, freed = make_radix()
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    cache.insert([5, 6], [20, 21])
+    before = [(n.key, n.last_access, n.hit_count) for n in cache._nodes()]
+    assert cache.continuation([1, 2], 5) == [3, 4]  # ends inside an edge: no split
+    assert cache.continuation([1, 2, 3, 4], 5) == []
+    assert [(n.key, n.last_access, n.hit_count) for n in cache._nodes()] == before
+    assert cache.evict(1) == 4 and freed == [10, 11, 12, 13]  # LRU order untouched
+    cache.check_integrity()
+
+
+def test_continuation_with_pages_matches_partial_last_pages() -> None:
+    cache, _ = make_radix(page_size=2)
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cache.insert([1, 2, 3, 9], list(range(10, 14)))  # split on the page boundary at 2
+    assert cache.continuation([1, 2, 3], 4) == [9]  # partial page: most recent that fits
+    cache.match_prefix([1, 2, 3, 4])
+    assert cache.continuation([1, 2, 3], 4) == [4, 5, 6]
+    assert cache.continuation([1, 2, 3, 4], 4) == [5, 6]
+    assert cache.continuation([1], 1) == [2]
+    assert cache.continuation([1, 2, 8], 4) == []
+    cache.check_integrity()
+
+
+def test_no_sharing_cache_continues_nothing() -> None:
+    cache = NoSharingCache(lambda s: None)
+    cache.insert([1, 2, 3], [10, 11, 12])
+    assert cache.continuation([1], 5) == [] and cache.continuation([], 5) == []
+    assert cache.continuation([1], 5, ContinuationCursor()) == []
+
+
+def test_cursor_survives_splits_and_falls_back_after_eviction_and_reset() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cursor = ContinuationCursor()
+    assert cache.continuation([1, 2, 3], 2, cursor) == [4, 5]  # stops inside the edge
+    cache.insert([1, 2, 3, 4, 7], list(range(10, 15)))  # splits that edge below the cursor
+    assert cache.continuation([1, 2, 3, 4], 5, cursor) == [7]
+    assert cache.continuation([1, 2, 3, 4, 5], 5, cursor) == [6]
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == []
+    cache.evict(cache.total_size)  # every node the cursor knew is gone
+    cache.insert([1, 2, 3, 4, 5, 6, 8], list(range(20, 27)))
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [8]
+    cache.reset()
+    cache.insert([1, 2, 3, 4, 5, 6, 9, 9], list(range(30, 38)))
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [9, 9]
+    other, _ = make_radix()
+    other.insert([1, 2, 3, 4, 5, 6, 4], list(range(7)))
+    assert other.continuation([1, 2, 3, 4, 5, 6], 5, cursor) == [4]  # another cache
+
+
+def test_cursor_sees_a_branch_added_where_the_sequence_left_the_tree() -> None:
+    cache, _ = make_radix()
+    cache.insert([1, 2, 3, 4, 5, 6], list(range(6)))
+    cursor = ContinuationCursor()
+    assert cache.continuation([1, 2, 3, 9], 3, cursor) == []  # diverges inside the edge
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == []  # known stuck
+    cache.insert([1, 2, 8, 8], list(range(10, 14)))  # a split above the divergence
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == []
+    cache.insert([1, 2, 3, 9, 9, 7, 7], list(range(20, 27)))  # the branch that continues
+    assert cache.continuation([1, 2, 3, 9, 9], 3, cursor) == [7, 7]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_continuation_agrees_with_the_cached_paths_with_and_without_a_cursor(
+    seed: int, page_size: int
+) -> None:
+    """Random inserts, matches and evictions while a growing sequence queries with a cursor:
+    the cursor never changes an answer, and every answer is what one cached path says."""
+    rng = random.Random(seed)
+    cache, _ = make_radix(page_size=page_size)
+    next_slot = 0
+    seq: list[int] = []
+    cursor = ContinuationCursor()
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3:  # another request's sequence: shares a random prefix of ``seq``
+            cut = rng.randrange(len(seq) + 1)
+            tokens = seq[:cut] + [rng.randrange(4) for _ in range(rng.randrange(1, 9))]
+            tokens = tokens[: len(tokens) - len(tokens) % page_size]
+            cache.insert(tokens, list(range(next_slot, next_slot + len(tokens))))
+            next_slot += len(tokens)
+        elif op < 0.4:
+            cache.match_prefix(seq[: rng.randrange(len(seq) + 1)])
+        elif op < 0.5:
+            cache.evict(rng.randrange(1, 8))
+        elif op < 0.52:
+            seq, _ = [], cursor.reset()
+        else:  # the sequence grows: often by what the tree says, sometimes not
+            ahead = cache.continuation(seq, 3)
+            seq += ahead[: rng.randrange(1, 4)] if ahead and rng.random() < 0.7 else [
+                rng.randrange(4)]
+        max_len = rng.randrange(1, 6)
+        plain = cache.continuation(seq, max_len)
+        assert cache.continuation(seq, max_len, cursor) == plain
+        n = len(seq)
+        longer = [p for p in cached_paths(cache) if len(p) > n and p[:n] == seq]
+        if not longer:
+            assert plain == []
+        else:
+            assert any(plain == p[n : n + max_len] for p in longer), (seq, plain)
+    cache.check_integrity()

@@ -158,6 +158,8 @@ def test_engine_keywords_take_sglang_names(caplog: pytest.LogCaptureFixture) -> 
     with pytest.raises(ValueError, match="same setting"):
         EngineConfig.from_kwargs(model="a", model_path="b")
     with pytest.raises(ValueError, match="unknown engine option"):
+        EngineConfig.from_kwargs(model_path="m", speculative_eagle_topk=4)
+    with pytest.raises(ValueError, match="speculative_algorithm='EAGLE' needs a draft model"):
         EngineConfig.from_kwargs(model_path="m", speculative_algorithm="EAGLE")
     assert EngineConfig.from_kwargs(tp_size=2).tp_size == 2  # checked against the model later
     with pytest.raises(ValueError, match="radixlm serve --dp-size"):

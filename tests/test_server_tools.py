@@ -212,32 +212,31 @@ def test_bad_tool_definitions_are_400(client: openai.OpenAI, kwargs: dict, needl
 
 
 def test_generic_format_round_trip_without_a_model() -> None:
-    from radixlm.server.tool_calls import (
-        parse_output,
-        parse_tools,
-        render_messages,
-        streamable_prefix,
-    )
+    from radixlm.runtime.tool_parsers import ToolCallStream, get_parser, parse_tools
+    from radixlm.server.tool_calls import render_messages
 
-    auto = parse_tools([WEATHER], None, None)
+    parser = get_parser("qwen25")
+    auto = parse_tools([WEATHER], None, None, parser)
     history = [{"role": "user", "content": "hi"},
                {"role": "assistant", "content": "", "tool_calls": [{
                    "id": "call_1", "type": "function",
                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
-    out = render_messages(history, auto, native=False)
+    out = render_messages(history, parser, auto, native=False)
     assert out[0]["role"] == "system" and '"get_weather"' in out[0]["content"]
     assert out[2]["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": '
                                  '{"city": "Oslo"}}\n</tool_call>')
     assert out[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
     text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n' \
            '</tool_call>'
-    content, calls = parse_output(text, auto)
+    content, calls = auto.parse(text)
     assert content == "Sure." and json.loads(calls[0]["function"]["arguments"]) == \
         {"city": "Rome"}
-    assert parse_output("plain <tool_call>{broken</tool_call>", auto)[1] == []
-    assert streamable_prefix("Sure. <tool_ca", auto) == len("Sure. ")
-    assert streamable_prefix("Sure. <b>", auto) == len("Sure. <b>")
-    required = parse_tools([WEATHER], "required", True)
-    assert streamable_prefix('[{"name"', required) == 0
-    assert parse_output('[{"name": "get_weather", "arguments": {}}]', required)[0] is None
+    assert auto.parse("plain <tool_call>{broken</tool_call>") == (
+        "plain <tool_call>{broken</tool_call>", [])
+    stream = ToolCallStream(auto, incremental=False)
+    assert stream.feed("Sure. <tool_ca", False) == ("Sure.", [])  # a possible call held back
+    assert stream.feed("Sure. <tool_cab>", False) == (" <tool_cab>", [])  # it was not one
+    required = parse_tools([WEATHER], "required", True, parser)
+    assert required.parse('<tool_call>\n{"name": "get_weather", "arguments": {}}\n'
+                          '</tool_call>')[0] is None

@@ -8,6 +8,7 @@ fails with the names to fix.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "radixlm"
 # Layers from the top down: a module may import its own layer's modules and any below it.
 # lang and server sit side by side; neither imports the other.
 LAYERS: list[tuple[str, ...]] = [
-    ("radixlm.cli", "radixlm.launch_server", "radixlm"),
+    ("radixlm.cli", "radixlm.launch_server", "radixlm.chat", "radixlm"),
     ("radixlm.lang", "radixlm.server"),
     ("radixlm.runtime",),
     ("radixlm.constraints", "radixlm.native", "radixlm.kernels"),
@@ -219,3 +220,18 @@ def test_no_c_file_over_800_lines():
 def test_cycle_finder_finds_a_cycle():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+ROOT = PKG.parent
+HISTORY = re.compile(r"\bsessions?\s+\d|\bat (the )?session start|\bbefore this change|"
+                     r"\bwork period", re.I)
+
+
+def test_readme_is_short_and_docs_carry_no_history():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted(PKG.rglob("README.md"))]
+    diary = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in pages
+             for i, line in enumerate(p.read_text().splitlines(), 1) if HISTORY.search(line)]
+    assert diary == []

@@ -83,22 +83,29 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    thinking_budget: int | None = None,
 ) -> Expr:
     """Generate text into variable `name`. Unset parameters take the run-level defaults.
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model),
-    `dtype` (int, float, bool, str) or `choices` (which makes this a `select`). Bad values
-    raise ValueError here, where the program is written.
+    `dtype` (int, float, bool, str), `choices` (which makes this a `select`) or `tools`
+    (OpenAI's; with `tool_choice` "auto" / "required" / "none" / a named function and
+    `parallel_tool_calls`, the output follows the backend's tool-call format, lang/tools.py,
+    its calls parsed into `<name>_tool_calls` in OpenAI's shape; `name` keeps the text).
+    `thinking_budget`: the most tokens a reasoning model may think before its answer (the
+    reasoning parser enforces it; a constraint starts after the thinking). Bad values raise
+    ValueError here, where the program is written.
     """
     if _placeholder(max_tokens, min_tokens, stop, temperature, regex, json_schema, dtype,
                     choices):
         return Gen(name)  # tracing with placeholder arguments: the trace stops here anyway
     if name is not None and not isinstance(name, str):
         raise TypeError(f"gen: name must be a str, got {type(name).__name__}")
-    constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema),
-                                  ("dtype", dtype), ("choices", choices)) if v is not None]
-    if len(constraints) > 1:
-        raise ValueError(f"gen: at most one constraint allowed, got {constraints}")
+    _check_one_constraint(regex=regex, json_schema=json_schema, dtype=dtype, choices=choices,
+                          tools=tools)
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method or token_length_normalized)
@@ -109,7 +116,14 @@ def gen(
         presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-        json_schema=json_schema).checked())
+        json_schema=json_schema, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls, thinking_budget=thinking_budget).checked())
+
+
+def _check_one_constraint(**given: Any) -> None:
+    constraints = [k for k, v in given.items() if v is not None]
+    if len(constraints) > 1:
+        raise ValueError(f"gen: at most one constraint allowed, got {constraints}")
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

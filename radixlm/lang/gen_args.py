@@ -23,6 +23,7 @@ from typing import Any
 from radixlm.constraints.specs import DTYPE_REGEX
 from radixlm.constraints.specs import normalize_json_schema as _schema_text
 from radixlm.lang.global_config import global_config
+from radixlm.lang.tools import check_tool_fields
 
 _DTYPE_ALIASES = {int: "int", float: "float", bool: "bool", str: "str"}
 _JSON_TYPES = frozenset(("array", "boolean", "integer", "null", "number", "object", "string"))
@@ -31,7 +32,7 @@ _JSON_TYPES = frozenset(("array", "boolean", "integer", "null", "number", "objec
 _SAMPLING_FIELDS = (
     "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "ignore_eos", "dtype", "regex", "json_schema",
+    "ignore_eos", "dtype", "regex", "json_schema", "ebnf", "thinking_budget",
 )
 
 
@@ -62,6 +63,15 @@ class GenArgs:
     dtype: str | None = None
     regex: str | None = None
     json_schema: str | None = None  # a JSON string once `checked`
+    # tool use (lang/tools.py): the OpenAI fields, checked by `checked`; the backend's
+    # format turns them into `ebnf` and `skip_special_tokens` when the gen runs
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    ebnf: str | None = None
+    skip_special_tokens: bool | None = None
+    # tokens the model may think before its answer (a server / engine reasoning parser)
+    thinking_budget: int | None = None
 
     def merged_over(self, defaults: GenArgs) -> GenArgs:
         """Return a copy where every field left `None` here takes the value from `defaults`."""
@@ -79,11 +89,14 @@ class GenArgs:
         _check_int("max_tokens", self.max_new_tokens, 0)
         _check_int("min_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
+        _check_int("thinking_budget", self.thinking_budget, 0)
         stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         for pattern in stop_regex or ():
             validate_regex(pattern)
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"gen: temperature must be >= 0, got {self.temperature}")
+        if self.tools is not None or self.tool_choice is not None:
+            check_tool_fields(self.tools, self.tool_choice, self.parallel_tool_calls)
         return dataclasses.replace(
             self, stop=[self.stop] if isinstance(self.stop, str) else self.stop,
             stop_regex=stop_regex, dtype=normalize_dtype(self.dtype),
@@ -105,6 +118,8 @@ class GenArgs:
             out["n"] = self.n
         if not global_config.skip_special_tokens_in_output:
             out["skip_special_tokens"] = False
+        if self.skip_special_tokens is not None:
+            out["skip_special_tokens"] = self.skip_special_tokens
         if not global_config.spaces_between_special_tokens_in_out:
             out["spaces_between_special_tokens"] = False
         return out

@@ -33,6 +33,7 @@ from radixlm.lang.ir import (
     VarScopeEnd,
 )
 from radixlm.lang.reasoning import reasoning_var, split_reasoning
+from radixlm.lang.tools import parse_calls, tool_calls_var, tool_params
 
 _POLL_S = 0.05
 
@@ -94,6 +95,8 @@ class StreamExecutor:
                 if isinstance(leaf, (Gen, Select)):
                     self._check(VarScopeBegin(reasoning_var(leaf.name)))  # registers the name
             return
+        if isinstance(e, Gen) and e.params.tools is not None:
+            self._check(VarScopeBegin(tool_calls_var(name)))  # registers <name>_tool_calls
         if isinstance(e, (Gen, Select, VarScopeBegin)) and name is not None:
             if name in self._names:
                 raise ValueError(f"variable name {name!r} is already used in this program")
@@ -236,6 +239,15 @@ class StreamExecutor:
 
     def _gen(self, expr: Gen) -> None:
         params = expr.params.merged_over(self.default_params)
+        if params.tools is None:
+            self._gen_text(expr, params)
+            return
+        params, setup = tool_params(self.backend, params)
+        self._gen_text(expr, params)
+        self._set(tool_calls_var(expr.name), parse_calls(setup, self.variables[expr.name]),
+                  self.meta_info.get(expr.name))
+
+    def _gen_text(self, expr: Gen, params: GenArgs) -> None:
         numeric = params.dtype in ("int", "float")  # may end in the space/newline it stopped on
         samples = params.n or 1
         if not self.stream or samples > 1:

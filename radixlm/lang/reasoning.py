@@ -1,53 +1,31 @@
 """`separate_reasoning`: split a reasoning model's thinking from its answer.
 
-Model types and their markers follow SGLang's reasoning parsers. Rules (SGLang's
-non-streaming parse): the text is reasoning if it holds the start marker, or always for
-models that may omit it (`forced`); markers are removed and the text stripped; without an
-end marker all of it is reasoning (cut off while thinking); otherwise reasoning is what
-precedes the end marker and the answer what follows it (stripped).
+The model types, their markers and the split are the server's reasoning parsers
+(``radixlm.constraints.reasoning``, SGLang's ``--reasoning-parser`` names). A program's
+variables get both parts stripped of surrounding whitespace (the answer is what the chat
+history keeps); without an end marker all of the text is reasoning (cut off while thinking).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from radixlm.constraints.reasoning import FORMATS, ReasoningFormat, get_format
+from radixlm.constraints.reasoning import split_reasoning as _split
 
-
-@dataclass(frozen=True)
-class ReasoningFormat:
-    start: str
-    end: str
-    forced: bool  # the model starts inside its reasoning (the template opened it)
-
-
-FORMATS = {
-    "deepseek-r1": ReasoningFormat("<think>", "</think>", forced=True),
-    "deepseek-v3": ReasoningFormat("<think>", "</think>", forced=False),
-    "qwen3": ReasoningFormat("<think>", "</think>", forced=False),
-    "qwen3-thinking": ReasoningFormat("<think>", "</think>", forced=True),
-    "glm45": ReasoningFormat("<think>", "</think>", forced=False),
-    "step3": ReasoningFormat("<think>", "</think>", forced=True),
-    "kimi": ReasoningFormat("\u25c1think\u25b7", "\u25c1/think\u25b7", forced=False),
-}
+__all__ = ["FORMATS", "ReasoningFormat", "check_model_type", "reasoning_var", "split_reasoning"]
 
 
 def check_model_type(model_type: str | None) -> ReasoningFormat:
     """The format of ``model_type``; ValueError naming the known ones otherwise."""
-    if model_type not in FORMATS:
-        raise ValueError(f"separate_reasoning: unknown model_type {model_type!r}; known: "
-                         f"{', '.join(sorted(FORMATS))}")
-    return FORMATS[model_type]
+    try:
+        return get_format(model_type, what="model_type")
+    except ValueError as e:
+        raise ValueError(f"separate_reasoning: {e}") from None
 
 
 def split_reasoning(text: str, model_type: str) -> tuple[str, str]:
-    """(reasoning, answer) of ``text`` under ``model_type``'s format."""
-    fmt = check_model_type(model_type)
-    if not fmt.forced and fmt.start not in text:
-        return "", text
-    body = text.replace(fmt.start, "").strip()
-    if fmt.end not in body:
-        return body, ""
-    reasoning, answer = body.split(fmt.end, 1)
-    return reasoning, answer.strip()
+    """(reasoning, answer) of ``text`` under ``model_type``'s format, each stripped."""
+    reasoning, answer = _split(text, check_model_type(model_type))
+    return (reasoning or "").strip(), answer.strip()
 
 
 def reasoning_var(name: str | None) -> str:

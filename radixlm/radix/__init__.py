@@ -5,7 +5,8 @@ Pure Python, no torch. See ``base.py`` for the slot-ownership contract.
 
 from __future__ import annotations
 
-from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult
+from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, NodeView, TreeView
+from radixlm.radix.continuation import ContinuationCursor
 from radixlm.radix.no_sharing import NoSharingCache
 from radixlm.radix.radix_cache import EvictionPolicy, RadixCache, TreeNode
 
@@ -25,11 +26,14 @@ def create_prefix_cache(
 
 __all__ = [
     "BasePrefixCache",
+    "ContinuationCursor",
     "EvictionPolicy",
     "FreeSlotsFn",
     "MatchResult",
     "NoSharingCache",
+    "NodeView",
     "RadixCache",
     "TreeNode",
+    "TreeView",
     "create_prefix_cache",
 ]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from radixlm.radix.continuation import ContinuationCursor
 
 FreeSlotsFn = Callable[[list[int]], None]
 
@@ -38,15 +40,56 @@ class MatchResult:
         return len(self.slots)
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """One node of ``TreeView``: what a display of the tree needs, never the KV slots.
+
+    ``prefix_len`` counts the tokens from the root to the end of this node's edge,
+    ``num_tokens`` those of the edge itself, ``token_ids`` its first few ids. ``hits``:
+    admissions whose cached prefix ran through this node. ``locked``: a running request
+    holds it (or a descendant); ``evictable``: not locked, so its slots count as
+    evictable. ``tier``: where its K/V lives (``"device"``, the KV pool; further tiers
+    such as host memory would show here).
+    """
+
+    node_id: int
+    parent_id: int | None
+    prefix_len: int
+    num_tokens: int
+    token_ids: tuple[int, ...]
+    hits: int
+    locked: bool
+    evictable: bool
+    num_children: int
+    last_access: int
+    tier: str = "device"
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """A bounded snapshot of a prefix cache: ``nodes`` (the root first, each parent before
+    its children) and the totals of the whole cache. ``truncated``: nodes were left out."""
+
+    enabled: bool
+    num_nodes: int  # nodes in the whole tree, the root excluded
+    total_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    nodes: list[NodeView] = field(default_factory=list)
+    truncated: bool = False
+
+
 class BasePrefixCache(ABC):
     """Contract shared by the radix tree and its no-sharing twin."""
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
         """Longest cached prefix of ``token_ids``; touches its nodes for LRU.
 
         Matches may end inside an edge: the tree splits the node so that the returned
-        handle covers exactly the matched tokens.
+        handle covers exactly the matched tokens. ``count_hit``: the match serves a
+        request (its nodes' hit counts, which LFU and ``view`` read, go up); False for a
+        re-match of the caller's own bookkeeping.
         """
 
     @abstractmethod
@@ -57,6 +100,21 @@ class BasePrefixCache(ABC):
         exactly the slots that a following ``match_prefix(token_ids)`` returns (all of them
         for the radix tree, none for the no-sharing twin); the caller keeps the rest and
         frees its duplicates ``slots[its_cached_prefix_len:returned]``.
+        """
+
+    @abstractmethod
+    def continuation(self, token_ids: Sequence[int], max_len: int,
+                     cursor: ContinuationCursor | None = None) -> list[int]:
+        """What the cached sequences say comes after ``token_ids``: up to ``max_len`` tokens
+        that follow them on a cached path, or [] when no cached sequence extends all of
+        ``token_ids`` (the no-sharing twin: always []).
+
+        Where cached sequences branch after the match, the most recently used branch is
+        followed. Read-only: no split, no access-time or hit-count change, no lock, so a query
+        never changes what is evicted. The answer is a suggestion read at call time (the
+        tree may evict it right after); it holds no slot. ``cursor`` (a
+        ``ContinuationCursor`` kept per growing sequence) makes the cost of repeated
+        queries proportional to the tokens appended since the last one.
         """
 
     @abstractmethod
@@ -97,6 +155,15 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if internal bookkeeping is inconsistent."""
+
+    def view(self, max_nodes: int, max_ids: int = 16) -> TreeView:
+        """At most ``max_nodes`` nodes (``max_nodes >= 1``; the root is one) for display,
+        each with at most ``max_ids`` token ids. Reads only: no split, no touch. Cost: the
+        nodes returned and the children looked at, never the whole tree. This default
+        shows a cache without a tree: its root alone."""
+        root = NodeView(0, None, 0, 0, (), 0, False, True, 0, 0)
+        return TreeView(False, 0, self.total_size, self.evictable_size,
+                        self.protected_size, [root])
 
     def pretty_print(self) -> str:
         return f"{type(self).__name__}(total={self.total_size})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult
+from radixlm.radix.continuation import ContinuationCursor
 
 
 class _NoSharingRoot:
@@ -48,7 +49,7 @@ class NoSharingCache(BasePrefixCache):
         self.page_size = page_size
         self._root = _NoSharingRoot()
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
         return MatchResult(slots=[], last_node=self._root)
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
@@ -61,6 +62,11 @@ class NoSharingCache(BasePrefixCache):
         if len(token_ids) % self.page_size:
             raise ValueError(f"insert length {len(token_ids)} is not a multiple of page_size")
         return 0
+
+    def continuation(self, token_ids: Sequence[int], max_len: int,
+                     cursor: ContinuationCursor | None = None) -> list[int]:
+        """Nothing is cached, so nothing continues: always []."""
+        return []
 
     def _check_handle(self, node: object) -> None:
         if node is not self._root:

@@ -17,7 +17,9 @@ import heapq
 from collections.abc import Sequence
 from typing import Literal
 
-from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult
+from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, TreeView
+from radixlm.radix.continuation import ContinuationCursor, continuation
+from radixlm.radix.view import pretty_tree, tree_view
 
 EvictionPolicy = Literal["lru", "lfu"]
 
@@ -61,6 +63,11 @@ def _as_list(values: Sequence[int]) -> list[int]:
         return values
     tolist = getattr(values, "tolist", None)  # numpy arrays, torch tensors, array.array
     return list(tolist()) if tolist is not None else list(values)
+
+
+def _is_evictable_leaf(node: TreeNode) -> bool:
+    """Unlocked, childless and not the root (the only node without a parent)."""
+    return node.parent is not None and not node.children and node.lock_ref == 0
 
 
 def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
@@ -112,12 +119,14 @@ class RadixCache(BasePrefixCache):
         self.page_size = page_size
         self._clock = 0
         self._next_id = 0
+        self._num_nodes = 0  # nodes in the tree, the root excluded
         self._fresh_tree()
 
     # ------------------------------------------------------------------ helpers
 
     def _new_node(self, key: list[int], slots: list[int], parent: TreeNode | None) -> TreeNode:
         self._next_id += 1
+        self._num_nodes += 1
         return TreeNode(key, slots, parent, self._next_id)
 
     def _child_key(self, tokens: list[int], pos: int) -> int | tuple[int, ...]:
@@ -128,9 +137,6 @@ class RadixCache(BasePrefixCache):
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
-
-    def _is_evictable_leaf(self, node: TreeNode) -> bool:
-        return node is not self._root and not node.children and node.lock_ref == 0
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut ``child``'s edge after ``split_len`` tokens; return the new upper node."""
@@ -181,14 +187,15 @@ class RadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------ interface
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
         """Longest cached prefix of ``token_ids`` (rounded down to whole pages).
 
         Splits the last node when the match ends inside its edge, so ``last_node`` covers
-        exactly the returned slots. Touches the path (access time, LFU hit count).
+        exactly the returned slots. Touches the path (access time; with ``count_hit`` the
+        hit count that LFU and ``view`` read).
         """
         tokens = _as_list(token_ids)
-        node, _ = self._walk(tokens, self._tick(), hits=1)
+        node, _ = self._walk(tokens, self._tick(), hits=int(count_hit))
         pieces: list[list[int]] = []
         walk = node
         while walk is not self._root:
@@ -202,6 +209,13 @@ class RadixCache(BasePrefixCache):
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Length ``match_prefix`` would return, without splitting or touching anything."""
         return self._walk(_as_list(token_ids), read_only=True)[1]
+
+    def continuation(self, token_ids: Sequence[int], max_len: int,
+                     cursor: ContinuationCursor | None = None) -> list[int]:
+        """Up to ``max_len`` cached tokens after ``token_ids`` (most recently used branch
+        where paths fork), [] unless a cached path extends all of ``token_ids``. Read-only;
+        see ``BasePrefixCache.continuation`` and ``ContinuationCursor``."""
+        return continuation(self, _as_list(token_ids), max_len, cursor)
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int]) -> int:
         """Add ``token_ids`` with their KV ``slots``; return how many leading tokens were
@@ -248,7 +262,7 @@ class RadixCache(BasePrefixCache):
                 self._evictable_size += len(node.key)
                 self._protected_size -= len(node.key)
             node = node.parent  # type: ignore[assignment]
-        if self._is_evictable_leaf(start):
+        if _is_evictable_leaf(start):
             self._evictable_leaves.add(start)
 
     def _priority(self, node: TreeNode) -> tuple[int, int, int, TreeNode]:
@@ -273,7 +287,8 @@ class RadixCache(BasePrefixCache):
             self._evictable_size -= len(node.key)
             freed += node.slots
             node.dead, node.parent = True, None
-            if self._is_evictable_leaf(parent):
+            self._num_nodes -= 1
+            if _is_evictable_leaf(parent):
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, self._priority(parent))
         if freed:
@@ -300,7 +315,12 @@ class RadixCache(BasePrefixCache):
 
     @property
     def num_nodes(self) -> int:
-        return len(self._nodes())
+        """Nodes in the tree, the root excluded (kept incrementally)."""
+        return self._num_nodes
+
+    def view(self, max_nodes: int, max_ids: int = 16) -> TreeView:
+        """See ``BasePrefixCache.view`` and ``radix.view.tree_view``."""
+        return tree_view(self, self._root, max_nodes, max_ids)
 
     def all_slots(self) -> list[int]:
         slots: list[int] = []
@@ -310,6 +330,7 @@ class RadixCache(BasePrefixCache):
 
     def _fresh_tree(self) -> None:
         self._root = self._new_node([], [], None)
+        self._num_nodes = 0
         self._evictable_size = 0
         self._protected_size = 0
         self._evictable_leaves: set[TreeNode] = set()
@@ -346,7 +367,7 @@ class RadixCache(BasePrefixCache):
                 protected += size
             else:
                 evictable += size
-            if self._is_evictable_leaf(node):
+            if _is_evictable_leaf(node):
                 leaves.add(node)
             for slot in node.slots:
                 assert slot not in seen, f"slot {slot} owned twice"
@@ -354,21 +375,9 @@ class RadixCache(BasePrefixCache):
         assert evictable == self._evictable_size, f"evictable {evictable} != {self._evictable_size}"
         assert protected == self._protected_size, f"protected {protected} != {self._protected_size}"
         assert leaves == self._evictable_leaves, "evictable-leaf set out of date"
+        assert len(self._nodes()) == self._num_nodes, "node count out of date"
 
     def pretty_print(self) -> str:
-        lines = [
-            f"RadixCache(total={self.total_size}, evictable={self.evictable_size}, "
-            f"protected={self.protected_size}, policy={self.eviction_policy})"
-        ]
-
-        def visit(node: TreeNode, depth: int) -> None:
-            for child in sorted(node.children.values(), key=lambda n: n.key[0]):
-                key = child.key if len(child.key) <= 8 else [*child.key[:8], "..."]
-                lines.append(
-                    f"{'  ' * depth}{key} len={len(child.key)} ref={child.lock_ref} "
-                    f"t={child.last_access} hits={child.hit_count}"
-                )
-                visit(child, depth + 1)
-
-        visit(self._root, 1)
-        return "\n".join(lines)
+        return pretty_tree(self._root, f"RadixCache(total={self.total_size}, evictable="
+                                       f"{self.evictable_size}, protected="
+                                       f"{self.protected_size}, policy={self.eviction_policy})")

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.runtime.speculative.base import normalize_algorithm
 
 # Block types `quantization` accepts (what the native library runs: radixlm.native.qweights).
 QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")
@@ -27,6 +28,11 @@ def master_address() -> tuple[str, int] | None:
     if not addr or not port:
         return None
     return parse_host_port(f"{addr}:{port}", "MASTER_ADDR:MASTER_PORT")
+
+
+# Bounds of the speculative-decoding settings (a native step holds at most 64 tokens).
+MAX_DRAFT_TOKENS = 32
+MAX_NGRAM_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,30 @@ class EngineConfig:
     # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
+    # Tool-call format of the model (runtime/tool_parsers; SGLang's --tool-call-parser
+    # names); None: the one its chat template shows, else qwen25's <tool_call> blocks
+    tool_call_parser: str | None = None
+    # Speculative decoding (SGLang's names): NGRAM drafts continuations from n-gram
+    # matches (runtime/speculative) and verifies them in one model step, exactly (greedy
+    # and sampled outputs as without it); "none": off; unset: NGRAM where the native CPU
+    # library runs the steps, off elsewhere (speculative.base.resolve_algorithm). Each
+    # step sizes the drafts from measured step times and each request's acceptance so far,
+    # so they are skipped where they do not pay (large batches, text that repeats nothing).
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 8  # most draft tokens per request and step
+    # shortest / longest suffix matched (tokens; 2..8 measured best on replays of the
+    # speculative benchmark's tasks, benchmarks/bench_speculative.py)
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 8
     random_seed: int = 0
     log_level: str = "info"
+    # Reasoning models (SGLang's names): the format of the thinking block
+    # (radixlm.constraints.reasoning.REASONING_PARSERS; None: no reasoning parser). With
+    # one, constraints apply from the end of the thinking block and requests may set a
+    # thinking_budget; with strict thinking, the format's excluded tokens (end of turn,
+    # tool-call tags) are forbidden inside the block and the answer may not be empty.
+    reasoning_parser: str | None = None
+    enable_strict_thinking: bool = False
     # Scale-out: tensor-parallel ranks of this engine (torch.distributed; the engine starts
     # the other ranks itself) and data-parallel replicas (a server-level option: one
     # Engine is one replica, so here it is always 1).
@@ -139,6 +167,11 @@ class EngineConfig:
             from radixlm.constraints.schema import check_whitespace_pattern
 
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
+        if self.tool_call_parser is not None:
+            from radixlm.runtime.tool_parsers import check_parser_name
+
+            check_parser_name(self.tool_call_parser)
+        self._check_reasoning()
         if self.priority_preemption_threshold < 0:
             raise ValueError("priority_preemption_threshold must be >= 0")
         if self.max_running_requests < 1:
@@ -157,6 +190,30 @@ class EngineConfig:
             raise ValueError("dp_size > 1 is served by `radixlm serve --dp-size N` (N engine "
                              "replicas behind sglang-router); one Engine is one replica")
         self._check_nodes()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        object.__setattr__(self, "speculative_algorithm",
+                           normalize_algorithm(self.speculative_algorithm))
+        lo, hi = 1, MAX_DRAFT_TOKENS
+        if not lo <= self.speculative_num_draft_tokens <= hi:
+            raise ValueError(f"speculative_num_draft_tokens must be in {lo}..{hi}, got "
+                             f"{self.speculative_num_draft_tokens}")
+        small = self.speculative_ngram_min_match_window_size
+        large = self.speculative_ngram_max_match_window_size
+        if not 1 <= small <= large <= MAX_NGRAM_WINDOW:
+            raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
+                             f"speculative_ngram_max_match_window_size <= {MAX_NGRAM_WINDOW}, "
+                             f"got {small} and {large}")
+
+    def _check_reasoning(self) -> None:
+        if self.reasoning_parser is not None:
+            from radixlm.constraints.reasoning import get_format
+
+            get_format(self.reasoning_parser)  # an unknown name lists the choices
+        elif self.enable_strict_thinking:
+            raise ValueError("enable_strict_thinking needs a reasoning_parser "
+                             "(--reasoning-parser)")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import re
 
+# ids before the read offset compared on each update: more than a jump-forward plan may roll
+# back (constraints.jump_forward.LOOKBACK_TOKENS)
+READ_TAIL = 8
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, *, skip_special_tokens: bool = True,
@@ -29,6 +33,7 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.stop_at: int | None = None  # end of the text to return, once a stop matched
         self.matched: str | None = None
+        self._read_tail: list[int] = []  # the last ids read (a jump-forward may rewrite them)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
@@ -38,8 +43,10 @@ class IncrementalDetokenizer:
     def update(self, output_ids: list[int]) -> None:
         """Consume ``output_ids`` (the whole output so far; it may have been rolled back and
         regrown by jump-forward as long as its text only grew)."""
-        if self.read_offset > len(output_ids):
-            self.reset(output_ids)
+        tail_from = max(self.read_offset - READ_TAIL, 0)
+        if self.read_offset > len(output_ids) or \
+                output_ids[tail_from:self.read_offset] != self._read_tail:
+            self.reset(output_ids)  # rolled back, or its last tokens retokenized
             return
         before = self._decode(output_ids[self.prefix_offset:self.read_offset])
         after = self._decode(output_ids[self.prefix_offset:])
@@ -47,6 +54,7 @@ class IncrementalDetokenizer:
             self.text += after[len(before):]
             self.prefix_offset = self.read_offset
             self.read_offset = len(output_ids)
+            self._read_tail = output_ids[max(self.read_offset - READ_TAIL, 0):]
 
     def reset(self, output_ids: list[int]) -> None:
         text = self._decode(output_ids)
@@ -56,6 +64,7 @@ class IncrementalDetokenizer:
         self.text = text
         self.prefix_offset = max(len(output_ids) - 6, 0)
         self.read_offset = len(output_ids)
+        self._read_tail = list(output_ids[max(self.read_offset - READ_TAIL, 0):])
 
     def flush(self, output_ids: list[int]) -> None:
         """At the end: decode everything (an incomplete character becomes U+FFFD)."""

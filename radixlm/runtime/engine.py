@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from radixlm import envs
+from radixlm.radix import TreeView
 from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
@@ -68,6 +69,19 @@ class _Prepared:
     rid: str
     grammar_spec: object = None
     priority: int = 0
+    reasoning: object = None  # constraints.after_reasoning.ReasoningSpec, or None
+
+
+def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
+    """The ids that end a generation: the tokenizer's, the config's, generation_config's."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(hf_config, "eos_token_id", None),
+                  generation_eos_ids(model_path)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
 
 
 class Engine:
@@ -93,8 +107,9 @@ class Engine:
                                self.hf_config.max_position_embeddings)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
         self.grammar_backend = None
+        self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
         self._grammar_error: Exception | None = None
         try:
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
@@ -107,16 +122,6 @@ class Engine:
         self._closed = False
         envs.freeze_gc()
         self.scheduler.start()
-
-    def _eos_ids(self) -> frozenset[int]:
-        ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self.hf_config, "eos_token_id", None),
-                      generation_eos_ids(self.model_path)):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | tuple):
-                ids.update(v for v in value if isinstance(v, int))
-        return frozenset(ids)
 
     def _make_grammar_backend(self):
         try:
@@ -134,6 +139,11 @@ class Engine:
             logger.warning("constrained decoding unavailable for this model: %s", e)
             self._grammar_error = e
             return None
+        if self.config.reasoning_parser is not None:
+            from radixlm.constraints.after_reasoning import ReasoningGrammars
+
+            self.reasoning = ReasoningGrammars(self.grammar_backend, self.config.reasoning_parser,
+                                               self.config.enable_strict_thinking)
         return self.grammar_backend
 
     # ------------------------------------------------------------------ validation
@@ -183,7 +193,7 @@ class Engine:
             lp = LogprobOptions(bool(lp_l[i]), int(start_l[i] if start_l[i] is not None else -1),
                                 int(top_l[i] or 0), bool(return_text_in_logprobs))
             check_top_logprobs_num(lp.top_logprobs_num)
-            spec = self._grammar_spec(params)
+            spec, reasoning = self._grammar_spec(params, ids)
             prio = self._priority(prio_l[i])
             base_rid = rid_l[i] or uuid.uuid4().hex
             for j in range(params.n):
@@ -191,7 +201,7 @@ class Engine:
                 sub = params
                 if params.n > 1 and params.seed is not None:
                     sub = params.with_seed(params.seed + j)
-                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio))
+                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio, reasoning))
         return prepared, single and len(prepared) == 1
 
     def _priority(self, value) -> int:
@@ -229,16 +239,30 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) "
                              f"exceeds the KV pool ({capacity} tokens)")
 
-    def _grammar_spec(self, params: SamplingParams):
-        if not params.constraint_kinds():
-            return None
-        if self.grammar_backend is None:
-            raise ValueError(f"constraints are unavailable: {self._grammar_error}")
-        from radixlm.constraints import spec_from_sampling_params
+    def _grammar_spec(self, params: SamplingParams, ids: list[int]):
+        """(the request's constraint spec or None, its grammar-after-reasoning spec or None:
+        with a reasoning parser, a constraint starts at the end of the thinking block)."""
+        budget = params.thinking_budget
+        if budget is not None and self.reasoning is None:
+            if self.config.reasoning_parser is not None:
+                raise ValueError("thinking_budget is unavailable: constrained decoding is off "
+                                 f"for this model ({self._grammar_error})")
+            raise ValueError("thinking_budget needs a reasoning parser: start the engine with "
+                             "reasoning_parser=... (--reasoning-parser)")
+        if budget is not None and budget > params.max_new_tokens:
+            raise ValueError(f"thinking_budget={budget} is above max_new_tokens="
+                             f"{params.max_new_tokens} (what is left of the context)")
+        spec = None
+        if params.constraint_kinds():
+            if self.grammar_backend is None:
+                raise ValueError(f"constraints are unavailable: {self._grammar_error}")
+            from radixlm.constraints import spec_from_sampling_params
 
-        spec = spec_from_sampling_params(params, self.config.json_whitespace)
-        self.grammar_backend.validate(spec)
-        return spec
+            spec = spec_from_sampling_params(params, self.config.json_whitespace)
+            self.grammar_backend.validate(spec)
+        if self.reasoning is None or not self.reasoning.needed(spec is not None, budget):
+            return spec, None
+        return spec, self.reasoning.plan(spec, self.tokenizer, ids, budget)
 
     def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
         params = p.params
@@ -249,8 +273,11 @@ class Engine:
         req = Req(rid=p.rid, input_ids=p.input_ids, params=params, logprob=p.logprob,
                   detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
                   seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
-                  priority=p.priority)
-        if p.grammar_spec is not None:
+                  priority=p.priority,
+                  speculative=self.scheduler.speculation.drafter is not None)
+        if p.reasoning is not None:
+            req.grammar_future = self.reasoning.compile_async(p.reasoning)
+        elif p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         return req
 
@@ -403,6 +430,14 @@ class Engine:
         is consistent on its own, not necessarily with the others)."""
         return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
                 "dp_size": self.config.dp_size}
+
+    def radix_tree_view(self, max_nodes: int = 256, max_ids: int = 16,
+                        timeout: float = 10.0) -> TreeView:
+        """A bounded snapshot of the prefix cache for display (radix.TreeView: at most
+        ``max_nodes`` nodes with at most ``max_ids`` token ids each, no KV slots), taken on
+        the scheduler thread between two steps; ``queue.Empty`` after ``timeout`` s."""
+        s = self.scheduler
+        return s.call(lambda: s.kv.cache.view(max_nodes, max_ids), timeout=timeout)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every KV slot is in exactly one place."""

@@ -36,6 +36,10 @@ class ForwardBatch:
     extend_lens_cpu: list[int] = field(default_factory=list)
     # Unique id of the request on each row (a row is reused by later requests).
     owner_ids: list[int] = field(default_factory=list)
+    # Speculative verification: the tokens of the step without its draft tokens. The native
+    # library picks its activation rounding by this count instead of num_tokens, so that
+    # a verified token is computed as a decode step of the batch would compute it.
+    act_rows: int | None = None
     # Filled by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: Any = None
 

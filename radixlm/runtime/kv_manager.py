@@ -52,13 +52,31 @@ class KVManager:
         req.kv_slots.extend(new)
         return True
 
+    def extend_free(self, req: Req, n: int) -> bool:
+        """Allocate slots for ``n`` more tokens of ``req`` from free slots only (a draft:
+        it never evicts the cache, and it has no slots unless they are free)."""
+        new = self.slots.alloc(n) if n <= self.slots.num_free else None
+        if new is None:
+            return False
+        req.kv_slots.extend(new)
+        return True
+
+    def detach(self, req: Req, kv_len: int) -> list[int]:
+        """Take the request's own slots past ``kv_len`` out of it, unfreed: the caller
+        gives each back in order (``req.kv_slots.append``) or frees it."""
+        assert kv_len >= req.cache_owned_len, "detach reaches into the cache's slots"
+        taken = req.kv_slots[kv_len:]
+        del req.kv_slots[kv_len:]
+        req.row_synced = min(req.row_synced, kv_len)
+        return taken
+
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the request's own K/V past ``kv_len`` (after a jump-forward rollback)."""
         if kv_len >= req.kv_len:
             return
         if kv_len < req.cache_owned_len:  # keep the cache's slots, lock a shorter prefix
             self.slots.free(req.kv_slots[req.cache_owned_len:])
-            match = self.cache.match_prefix(req.fill_slice(0, kv_len))
+            match = self.cache.match_prefix(req.fill_slice(0, kv_len), count_hit=False)
             self.cache.lock(match.last_node)
             self.cache.unlock(req.cache_node)
             req.cache_node, req.cache_owned_len = match.last_node, len(match.slots)
@@ -78,7 +96,7 @@ class KVManager:
         already = self.cache.insert(tokens, req.kv_slots[:length])
         if already > req.cache_owned_len:
             self.slots.free(req.kv_slots[req.cache_owned_len:already])
-        match = self.cache.match_prefix(tokens)
+        match = self.cache.match_prefix(tokens, count_hit=False)
         self.cache.lock(match.last_node)
         self.cache.unlock(req.cache_node)
         old_owned = req.cache_owned_len
@@ -98,7 +116,7 @@ class KVManager:
             already = self.cache.insert(tokens, req.kv_slots)
             if already > req.cache_owned_len:
                 self.slots.free(req.kv_slots[req.cache_owned_len:already])
-            owned_from = len(self.cache.match_prefix(tokens).slots)
+            owned_from = len(self.cache.match_prefix(tokens, count_hit=False).slots)
         self.slots.free(req.kv_slots[max(owned_from, req.cache_owned_len):])
         self.cache.unlock(req.cache_node)
         self.rows.free(req.row)

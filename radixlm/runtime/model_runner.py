@@ -15,7 +15,7 @@ from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.kv_pool import KVPool
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
-from radixlm.runtime.models.quant import int4_supported
+from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
 from radixlm.runtime.parallel import (
     TPGroup,
     TPGroupError,
@@ -25,7 +25,7 @@ from radixlm.runtime.parallel import (
     start_group,
 )
 from radixlm.runtime.request import Req
-from radixlm.runtime.sampler import Sampler, SamplingInputs
+from radixlm.runtime.sampler import Sampler, SamplingInputs, accept_prefix, draw_uniform
 from radixlm.runtime.weights import (
     checkpoint_dtype,
     gguf_file_types,
@@ -49,15 +49,20 @@ class ScheduleBatch:
 
     Request ``reqs[i]`` computes tokens ``fill_ids[prefix_lens[i]:prefix_lens[i] +
     extend_lens[i]]``, whose slots are already in ``kv_slots``. ``sample[i]`` says whether
-    this step ends its pending tokens (then a next token is drawn)."""
+    this step ends its pending tokens (then a next token is drawn).
+
+    ``drafts[i]`` (speculative decoding; None: no request has one): draft tokens that
+    follow request ``i``'s pending ones in this step, their K/V slots allocated after the
+    pending tokens' (``kv_slots[prefix + extend:][:len(draft)]``). A request with a draft
+    is verified: a token is sampled at its last pending position and at every draft
+    position, and the draft tokens the samples agree with are accepted (``StepOutput``)."""
 
     mode: ForwardMode
     reqs: list[Req]
     prefix_lens: list[int]
     extend_lens: list[int]
     sample: list[bool]
-    bitmask: object = None  # numpy int32 [num sampled rows, words] or None
-    generators: list = field(default_factory=list)  # per sampled row
+    drafts: list[list[int]] | None = None
 
 
 @dataclass
@@ -77,14 +82,29 @@ class StepPlan:
     logits_indices: list[int]
     owner_ids: list[int]
     table_writes: tuple[list[int], list[int], list[int]]  # req_to_token rows, cols, slots
+    act_rows: int | None = None  # ForwardBatch.act_rows
 
 
 @dataclass
 class StepOutput:
+    """A step's results by batch index. A verified request (one with a draft) emits its
+    ``accepted`` draft tokens, then ``next_ids``: the model's own token after them (the
+    correction of the first rejected draft token, or one more after a fully accepted
+    draft)."""
+
     next_ids: dict[int, int]  # batch index -> sampled token
     logprobs: dict[int, tuple[float | None, list | None]]  # batch index -> (chosen, top)
     # batch index -> list of (fill position, logprob, top) for prompt/forced tokens
     fill_logprobs: dict[int, list[tuple[int, float, list]]]
+    accepted: dict[int, list[int]] = field(default_factory=dict)  # draft tokens accepted
+    accepted_logprobs: dict[int, list[tuple]] = field(default_factory=dict)  # (chosen, top)
+    # a sampled verified request's RNG state before the step (see rewind_generator)
+    rng_states: dict[int, object] = field(default_factory=dict)
+    # Filled by the scheduler between the step and postprocessing: the K/V slots of the
+    # accepted draft tokens, taken out of the request until each token is applied
+    # (``held``), and how many tokens postprocessing applied (``emitted``).
+    held: dict[int, list[int]] = field(default_factory=dict)
+    emitted: dict[int, int] = field(default_factory=dict)
 
 
 def mix_seed(seed: int) -> int:
@@ -292,9 +312,34 @@ class ModelRunner:
     def release_generator(self, req: Req) -> None:
         self._generators.pop(req.rid, None)
 
+    def rewind_generator(self, req: Req, state, draws: int) -> None:
+        """Set a verified request's RNG to ``state`` (from ``StepOutput.rng_states``) and
+        advance it by ``draws`` uniforms: one per token the step emitted for it, so its
+        draws stay one per token, as without drafts (a seed gives the same text)."""
+        gen = self._generators.get(req.rid)
+        if gen is None:
+            return
+        gen.set_state(state)
+        for _ in range(draws):
+            draw_uniform(gen, self.device)
+
+    def draft_room(self, base_tokens: int) -> int:
+        """How many draft tokens a step of ``base_tokens`` tokens may add and still run on
+        the path it runs on without them, with the same weights and activation rounding
+        (so verification agrees with decoding): the native library up to its step size
+        (``ForwardBatch.act_rows`` keeps the rounding); int4 linears up to theirs."""
+        if self.native is not None:
+            return max(self.native.max_rows - base_tokens, 0)
+        if self.int4 is not None:
+            return max(INT4_MAX_ROWS - base_tokens, 0) if base_tokens <= INT4_MAX_ROWS else 64
+        return 64
+
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
     def forward(self, sb: ScheduleBatch, sampling: SamplingInputs | None) -> StepOutput:
+        """Run the step; ``sampling`` has one row per sampled request, in batch order, and
+        a verified request (``sb.drafts``) one row per position it samples at (its last
+        pending token's, then each draft token's: ``sampling_inputs(..., drafts)``)."""
         plan, logit_rows, synced = self._plan(sb)
         if self.tp is None:
             logits = self.run_plan(plan)  # (L, V)
@@ -310,72 +355,103 @@ class ModelRunner:
         for req, end in synced:  # only once written (a failed step is retried)
             req.row_synced = end
         out = StepOutput({}, {}, {})
-        # fill-position logprobs (prompt tokens, forced tokens)
-        lp_rows = [(i, pos, r) for i, rows in enumerate(logit_rows) for pos, r in rows["lp"]]
-        if lp_rows:
-            rows_t = torch.tensor([r for _, _, r in lp_rows], device=self.device)
-            lps = torch.log_softmax(logits[rows_t], dim=-1)
-            targets = torch.tensor([sb.reqs[i].fill_slice(pos + 1, pos + 2)[0]
-                                    for i, pos, _ in lp_rows],
-                                   device=self.device)
-            chosen = lps.gather(1, targets[:, None]).squeeze(1).tolist()
-            max_top = max(sb.reqs[i].logprob.top_logprobs_num for i, _, _ in lp_rows)
-            if max_top > 0:
-                top_v, top_i = lps.topk(max_top, dim=-1)
-                top_v, top_i = top_v.tolist(), top_i.tolist()
-            for j, (i, pos, _) in enumerate(lp_rows):
-                n = sb.reqs[i].logprob.top_logprobs_num
-                top = list(zip(top_v[j][:n], top_i[j][:n])) if n > 0 else []
-                out.fill_logprobs.setdefault(i, []).append((pos + 1, chosen[j], top))
+        self._fill_logprobs(sb, logits, logit_rows, out)
         sample_idx = [i for i, s in enumerate(sb.sample) if s]
         if sample_idx:
-            rows = [logit_rows[i]["last"] for i in sample_idx]
-            if rows != list(range(logits.shape[0])):  # (decode: all rows, in order)
-                logits = logits[torch.tensor(rows, device=self.device)]
-            result = self.sampler(logits, sampling)
-            for j, i in enumerate(sample_idx):
-                out.next_ids[i] = result.next_ids[j]
-                out.logprobs[i] = (result.logprobs[j], result.top_logprobs[j])
+            self._sample(sb, logits, [logit_rows[i]["sample"] for i in sample_idx],
+                         sample_idx, sampling, out)
         return out
+
+    def _fill_logprobs(self, sb: ScheduleBatch, logits: torch.Tensor, logit_rows: list[dict],
+                       out: StepOutput) -> None:
+        """Logprobs of the prompt and forced tokens whose logits the step computed."""
+        lp_rows = [(i, pos, r) for i, rows in enumerate(logit_rows) for pos, r in rows["lp"]]
+        if not lp_rows:
+            return
+        rows_t = torch.tensor([r for _, _, r in lp_rows], device=self.device)
+        lps = torch.log_softmax(logits[rows_t], dim=-1)
+        targets = torch.tensor([sb.reqs[i].fill_slice(pos + 1, pos + 2)[0]
+                                for i, pos, _ in lp_rows], device=self.device)
+        chosen = lps.gather(1, targets[:, None]).squeeze(1).tolist()
+        max_top = max(sb.reqs[i].logprob.top_logprobs_num for i, _, _ in lp_rows)
+        if max_top > 0:
+            top_v, top_i = lps.topk(max_top, dim=-1)
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+        for j, (i, pos, _) in enumerate(lp_rows):
+            n = sb.reqs[i].logprob.top_logprobs_num
+            top = list(zip(top_v[j][:n], top_i[j][:n])) if n > 0 else []
+            out.fill_logprobs.setdefault(i, []).append((pos + 1, chosen[j], top))
+
+    def _sample(self, sb: ScheduleBatch, logits: torch.Tensor, rows: list[list[int]],
+                sample_idx: list[int], sampling: SamplingInputs, out: StepOutput) -> None:
+        """Sample every row; a verified request keeps the draft tokens the model's own
+        samples agree with (``accept_prefix``) and the sample after them."""
+        flat = [r for rs in rows for r in rs]
+        if flat != list(range(logits.shape[0])):  # (decode: all rows, in order)
+            logits = logits[torch.tensor(flat, device=self.device)]
+        drafts = sb.drafts
+        if drafts:  # the RNG state before a verified request's draws (rewind_generator)
+            for i in sample_idx:
+                gen = self._generators.get(sb.reqs[i].rid) if drafts[i] else None
+                if gen is not None:
+                    out.rng_states[i] = gen.get_state()
+        result = self.sampler(logits, sampling)
+        start = 0
+        for i, rs in zip(sample_idx, rows):
+            ids = result.next_ids[start:start + len(rs)]
+            lps = list(zip(result.logprobs[start:start + len(rs)],
+                           result.top_logprobs[start:start + len(rs)]))
+            start += len(rs)
+            m = accept_prefix(drafts[i], ids) if drafts and drafts[i] else 0
+            out.next_ids[i] = ids[m]
+            out.logprobs[i] = lps[m]
+            if drafts and drafts[i]:
+                out.accepted[i] = drafts[i][:m]
+                out.accepted_logprobs[i] = lps[:m]
 
     def _plan(self, sb: ScheduleBatch) -> tuple[StepPlan, list[dict], list[tuple[Req, int]]]:
         """The step's forward inputs as plain lists, which logits rows belong to which
         request, and the (request, end) pairs whose req_to_token rows the plan writes."""
-        plan = StepPlan(sb.mode, [], [], [], [r.row for r in sb.reqs],
-                        [p + n for p, n in zip(sb.prefix_lens, sb.extend_lens)],
-                        list(sb.prefix_lens), list(sb.extend_lens), [], [],
-                        [r.uid for r in sb.reqs], ([], [], []))
+        drafts = sb.drafts or [()] * len(sb.reqs)
+        lens = [n + len(d) for n, d in zip(sb.extend_lens, drafts)]
+        plan = StepPlan(ForwardMode.EXTEND if sb.drafts else sb.mode, [], [], [],
+                        [r.row for r in sb.reqs], [p + n for p, n in zip(sb.prefix_lens, lens)],
+                        list(sb.prefix_lens), lens, [], [], [r.uid for r in sb.reqs],
+                        ([], [], []), act_rows=sum(sb.extend_lens) if sb.drafts else None)
         sync_rows, sync_cols, sync_vals = plan.table_writes
         synced: list[tuple[Req, int]] = []
         logits_indices = plan.logits_indices
         logit_rows: list[dict] = []
         t = 0
-        for req, p, n, sample in zip(sb.reqs, sb.prefix_lens, sb.extend_lens, sb.sample):
+        for req, p, n, sample, draft in zip(sb.reqs, sb.prefix_lens, sb.extend_lens, sb.sample,
+                                            drafts):
+            k = len(draft)
             plan.input_ids.extend(req.fill_slice(p, p + n))
-            plan.positions.extend(range(p, p + n))
-            plan.out_loc.extend(req.kv_slots[p:p + n])
-            end = p + n
+            plan.input_ids.extend(draft)
+            plan.positions.extend(range(p, p + n + k))
+            plan.out_loc.extend(req.kv_slots[p:p + n + k])
+            end = p + n + k
             if req.row_synced < end:
                 sync_rows.extend([req.row] * (end - req.row_synced))
                 sync_cols.extend(range(req.row_synced, end))
                 sync_vals.extend(req.kv_slots[req.row_synced:end])
                 synced.append((req, end))
-            rows = {"lp": [], "last": None}
+            rows = {"lp": [], "sample": []}
             if req.logprob.return_logprob:
                 n_input, n_known = len(req.input_ids), len(req.output_token_logprobs)
-                for pos in range(p, min(end, req.fill_len - 1)):
+                for pos in range(p, min(p + n, req.fill_len - 1)):
                     nxt = pos + 1  # the token whose logprob the logits at `pos` give
                     wanted = (nxt >= req.logprob_start if nxt < n_input
                               else nxt - n_input >= n_known)
                     if wanted:
                         rows["lp"].append((pos, len(logits_indices)))
                         logits_indices.append(t + pos - p)
-            if sample:
-                rows["last"] = len(logits_indices)
-                logits_indices.append(t + n - 1)
+            if sample:  # the last pending token's position, then each draft token's
+                rows["sample"] = list(range(len(logits_indices), len(logits_indices) + k + 1))
+                logits_indices.extend(range(t + n - 1, t + n + k))
             logit_rows.append(rows)
             plan.extend_starts.append(t)
-            t += n
+            t += n + k
         return plan, logit_rows, synced
 
     @torch.inference_mode()
@@ -404,6 +480,7 @@ class ModelRunner:
             extend_lens=tensor(plan.extend_lens),
             extend_start_loc=tensor(plan.extend_starts),
             logits_indices=tensor(plan.logits_indices),
+            act_rows=plan.act_rows,
             seq_lens_cpu=plan.seq_lens,
             prefix_lens_cpu=plan.prefix_lens,
             extend_lens_cpu=plan.extend_lens,
@@ -414,30 +491,43 @@ class ModelRunner:
         self.attn.init_forward_metadata(fb)
         return self.model.forward(fb, self.attn)
 
-    def sampling_inputs(self, reqs: list[Req], generators: list, bitmask) -> SamplingInputs:
-        """Per-row sampling tensors for the requests that draw a token this step."""
-        rep = [r.params.repetition_penalty for r in reqs]
+    def sampling_inputs(self, reqs: list[Req], generators: list, bitmask,
+                        drafts: list[list[int]] | None = None) -> SamplingInputs:
+        """Per-row sampling tensors for the requests that draw a token this step. With
+        ``drafts`` (one per request), request ``i`` has ``1 + len(drafts[i])`` rows: row
+        ``j`` samples the token after its first ``j`` draft tokens, with the penalties,
+        banned tokens and RNG of a decode step at that point (``bitmask`` has the rows)."""
+        if drafts is None:
+            drafts = [()] * len(reqs)
+        rows = [(r, g, list(d[:j])) for r, g, d in zip(reqs, generators, drafts)
+                for j in range(len(d) + 1)]
+        rep = [r.params.repetition_penalty for r, _, _ in rows]
+        seen = None
+        if any(x != 1.0 for x in rep):  # one list per request, shared by its rows
+            fills = {id(r): r.fill_ids for r in reqs}
+            seen = [fills[id(r)] for r, _, _ in rows]
         banned = []
-        for r in reqs:
-            if len(r.output_ids) < r.params.min_new_tokens:
+        for r, _, ahead in rows:
+            if len(r.output_ids) + len(ahead) < r.params.min_new_tokens:
                 banned.append(sorted(set(r.params.stop_token_ids) | set(r.eos_ids)))
             else:
                 banned.append([])
         return SamplingInputs(
-            temperatures=[r.params.temperature for r in reqs],
-            top_ks=[r.params.top_k for r in reqs],
-            top_ps=[r.params.top_p for r in reqs],
-            min_ps=[r.params.min_p for r in reqs],
-            frequency_penalties=[r.params.frequency_penalty for r in reqs],
-            presence_penalties=[r.params.presence_penalty for r in reqs],
+            temperatures=[r.params.temperature for r, _, _ in rows],
+            top_ks=[r.params.top_k for r, _, _ in rows],
+            top_ps=[r.params.top_p for r, _, _ in rows],
+            min_ps=[r.params.min_p for r, _, _ in rows],
+            frequency_penalties=[r.params.frequency_penalty for r, _, _ in rows],
+            presence_penalties=[r.params.presence_penalty for r, _, _ in rows],
             repetition_penalties=rep,
-            output_ids=[r.output_ids for r in reqs],
-            seen_ids=[r.fill_ids for r in reqs] if any(x != 1.0 for x in rep) else None,
+            output_ids=[r.output_ids + ahead if ahead else r.output_ids for r, _, ahead in rows],
+            seen_ids=seen,
+            seen_after=[ahead for _, _, ahead in rows] if seen is not None else None,
             banned_ids=banned,
-            generators=generators,
+            generators=[g for _, g, _ in rows],
             top_logprobs_nums=[r.logprob.top_logprobs_num if r.logprob.return_logprob else -1
-                               for r in reqs],
+                               for r, _, _ in rows],
             bitmask=(torch.from_numpy(bitmask).to(self.device) if bitmask is not None else None),
             logit_biases=[{int(t): b for t, b in r.params.logit_bias.items()}
-                          if r.params.logit_bias else None for r in reqs],
+                          if r.params.logit_bias else None for r, _, _ in rows],
         )

@@ -19,6 +19,20 @@ def _tops(tops, tokenizer, want_text: bool) -> list:
     return [None if t is None else _with_text(t, tokenizer, want_text) for t in tops]
 
 
+def spec_meta(req: Req) -> dict:
+    """Speculative decoding's per-request counters under SGLang's meta_info names:
+    verification steps, draft tokens verified and accepted, their ratio, and
+    ``spec_accept_length``: completion tokens per verification step (SGLang's formula)."""
+    verify, drafted = req.spec_verify_ct, req.spec_draft_token_num
+    return {
+        "spec_verify_ct": verify,
+        "spec_draft_token_num": drafted,
+        "spec_accept_token_num": req.spec_accept_token_num,
+        "spec_accept_rate": req.spec_accept_token_num / drafted if drafted else 0.0,
+        "spec_accept_length": len(req.output_ids) / verify if verify else 1.0,
+    }
+
+
 def make_output(req: Req, tokenizer, final: bool) -> dict:
     """The request's result so far (cumulative ``text``/``output_ids``)."""
     text = req.detok.visible_text(final=final)
@@ -34,6 +48,8 @@ def make_output(req: Req, tokenizer, final: bool) -> dict:
         meta["ttft"] = req.first_token_at - req.created_at
     if req.forced_tokens:
         meta["forced_tokens"] = req.forced_tokens
+    if req.speculative:
+        meta.update(spec_meta(req))
     if req.logprob.return_logprob:
         want = req.logprob.return_text_in_logprobs
         start = req.logprob_start

@@ -78,6 +78,16 @@ class Req:
     last_streamed_len: int = -1
     queued: bool = False  # holds a place in the admission bound (scheduler.num_queued)
     last_streamed_tokens: int = 0  # output length at the last stream check (stream_interval)
+    # speculative decoding (SGLang's meta_info names), counted while `speculative`:
+    # verification steps (its decode steps, with a draft or none), draft tokens verified,
+    # draft tokens accepted; and the acceptance history drafts are sized by (decayed
+    # counts of accepted tokens and of rejections)
+    speculative: bool = False
+    spec_verify_ct: int = 0
+    spec_draft_token_num: int = 0
+    spec_accept_token_num: int = 0
+    spec_hits: float = 0.0
+    spec_misses: float = 0.0
     uid: int = field(default_factory=lambda: next(_uids))
 
     @property

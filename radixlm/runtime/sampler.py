@@ -36,6 +36,9 @@ class SamplingInputs:
     top_logprobs_nums: list[int]  # -1: no logprobs for this row
     bitmask: torch.Tensor | None = None  # [B, ceil(V/32)] int32 or None
     logit_biases: list[dict[int, float] | None] | None = None  # per row, added to the logits
+    # per row, tokens seen after ``seen_ids[row]`` (a verification row's earlier draft
+    # tokens); the rows of one request share one ``seen_ids`` list, counted once
+    seen_after: list[list[int]] | None = None
 
 
 @dataclass
@@ -101,9 +104,16 @@ class Sampler:
             pres = torch.tensor([inp.presence_penalties[r] for r in rows_fp],
                                 device=logits.device)[:, None]
             logits[rows_fp] -= freq * counts + pres * (counts > 0).float()
+        unique: dict[int, set[int]] = {}  # id(seen list) -> its tokens
         for row, penalty in enumerate(inp.repetition_penalties):
             if penalty != 1.0 and inp.seen_ids is not None and inp.seen_ids[row]:
-                idx = torch.tensor(sorted(set(inp.seen_ids[row])), device=logits.device)
+                seen = inp.seen_ids[row]
+                tokens = unique.get(id(seen))
+                if tokens is None:
+                    tokens = unique[id(seen)] = set(seen)
+                if inp.seen_after and inp.seen_after[row]:
+                    tokens = tokens | set(inp.seen_after[row])
+                idx = torch.tensor(sorted(tokens), device=logits.device)
                 vals = logits[row, idx]
                 logits[row, idx] = torch.where(vals > 0, vals / penalty, vals * penalty)
         return logits
@@ -118,8 +128,7 @@ class Sampler:
         # One uniform per row from the request's own generator, then an inverse-CDF draw.
         # (torch.multinomial draws exponential noise over the whole vocabulary from the
         # generator: ~2 ms per row on this CPU, 0.1 s per step at batch 64.)
-        u = torch.cat([torch.rand(1, generator=inp.generators[r], device=logits.device)
-                       for r in rows])
+        u = torch.cat([draw_uniform(inp.generators[r], logits.device) for r in rows])
         out = [0] * len(rows)
         filtered = [inp.top_ks[r] >= 0 or inp.top_ps[r] < 1.0 or inp.min_ps[r] > 0.0
                     for r in rows]
@@ -136,6 +145,37 @@ class Sampler:
                 keep = _keep_sorted(vals, k, p, mp)
             out[j] = int(idx[draw_inverse_cdf((vals * keep)[None], u[j:j + 1])])
         return out
+
+
+def draw_uniform(generator: torch.Generator, device) -> torch.Tensor:
+    """One uniform in [0, 1) from a request's generator: the one draw a sampled token
+    takes (``Sampler``; ``ModelRunner.rewind_generator`` replays them)."""
+    return torch.rand(1, generator=generator, device=device)
+
+
+def accept_prefix(draft: list[int], sampled: list[int]) -> int:
+    """Speculative verification: how many draft tokens to accept.
+
+    ``sampled[j]`` is the token the sampler drew at the ``j``-th verification row (after
+    the request's last token and the first ``j`` draft tokens), exactly as a decode step at
+    that point would draw it: the same processed distribution ``p_j`` (penalties counting
+    the earlier draft tokens, logit bias, banned tokens, the grammar's mask after them,
+    temperature, top-k/p, min-p) and the same uniform, the next one of the request's
+    generator. Draft token ``draft[j]`` is accepted while every earlier one was and
+    ``sampled[j] == draft[j]``; the request then emits the accepted tokens and
+    ``sampled[m]`` (``m`` = the count returned), and its generator is rewound to one draw
+    per emitted token.
+
+    This is the standard rejection rule for a deterministic proposal: ``draft[j]`` is
+    accepted with probability ``p_j(draft[j])``, and on rejection the emitted token is
+    ``sampled[j]`` given that it differs from ``draft[j]``, distributed as ``p_j`` with
+    ``draft[j]``'s mass removed and renormalized; so every emitted token has the
+    distribution decoding gives it, and with the same seed the same value (the same draw
+    of the same distribution). Greedy rows are the case of a point mass at the argmax."""
+    m = 0
+    while m < len(draft) and sampled[m] == draft[m]:
+        m += 1
+    return m
 
 
 _BLOCK = 256

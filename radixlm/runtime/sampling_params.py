@@ -24,8 +24,9 @@ CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structur
 UNSUPPORTED = {
     "custom_params": "custom logit processors are not supported",
 }
-# SGLang spells the per-request seed `sampling_seed`; `seed` is the OpenAI spelling.
-ALIASES = {"sampling_seed": "seed"}
+# SGLang spells the per-request seed `sampling_seed`; `seed` is the OpenAI spelling. vLLM
+# spells SGLang's `thinking_budget` `thinking_token_budget`.
+ALIASES = {"sampling_seed": "seed", "thinking_token_budget": "thinking_budget"}
 
 # Bounds shared by every entry point (engine API, /generate, /v1/*).
 MAX_N = 64  # samples per prompt
@@ -99,6 +100,9 @@ class SamplingParams:
     # what is wrong with it
     ebnf: str | None = param(None, accepts=Any)
     structural_tag: Any = param(None, accepts=Any)  # {"structures": [...], "triggers": [...]}
+    # the most tokens of the thinking block before its end tag is forced (the engine's
+    # reasoning parser; SGLang's per-request budget, `custom_params.thinking_budget` there)
+    thinking_budget: int | None = param(None, accepts=int, ge=0)
 
     @classmethod
     def from_dict(cls, params: dict | SamplingParams | None) -> SamplingParams:
@@ -112,6 +116,7 @@ class SamplingParams:
             return params
         if not isinstance(params, dict):
             raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
+        params = _budget_from_custom_params(params)
         for name, why in UNSUPPORTED.items():
             if params.get(name) is not None:
                 raise ValueError(f"sampling parameter {name!r} is not supported: {why}")
@@ -175,6 +180,12 @@ class SamplingParams:
         _check_int("top_k", self.top_k, -1)
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (off) or >= 1, got 0")
+        if self.thinking_budget is not None:
+            _check_int("thinking_budget", self.thinking_budget, 0)
+            if self.thinking_budget > self.max_new_tokens:
+                raise ValueError(f"thinking_budget={self.thinking_budget} is above "
+                                 f"max_new_tokens={self.max_new_tokens} (max_tokens): the "
+                                 "thinking block must fit in the output")
 
     def _check_numbers(self) -> None:
         _check_range("temperature", self.temperature, TEMPERATURE_RANGE)
@@ -240,6 +251,23 @@ class SamplingParams:
                 json.loads(self.json_schema)
             except json.JSONDecodeError as e:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
+
+
+def _budget_from_custom_params(params: dict) -> dict:
+    """SGLang passes a per-request thinking budget as ``custom_params={"thinking_budget":
+    N}`` (its only built-in custom param): that is ``thinking_budget`` here. Other custom
+    params stay, to be refused by name."""
+    custom = params.get("custom_params")
+    if not isinstance(custom, dict) or set(custom) != {"thinking_budget"}:
+        return params
+    params = {k: v for k, v in params.items() if k != "custom_params"}
+    value, given = custom["thinking_budget"], params.get("thinking_budget")
+    if given is not None and value is not None and given != value:
+        raise ValueError(f"custom_params.thinking_budget and thinking_budget differ "
+                         f"({value!r}, {given!r})")
+    if value is not None:
+        params["thinking_budget"] = value
+    return params
 
 
 def check_logit_bias(bias: Any) -> dict[str, float]:

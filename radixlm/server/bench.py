@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from radixlm.server.streaming import SSE_DONE, sse_event
+
 _WORDS = ("time person year way day thing man world life hand part child eye woman place work "
           "week case point number group problem fact water room mother area money story month "
           "lot right study book job word business issue side kind head house service friend "
@@ -69,15 +71,11 @@ def make_dataset(kind: str, num: int, input_len: int, output_len: int, seed: int
 
 async def _sse_lines(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
+        event = sse_event(line)
+        if event == SSE_DONE:
             return
-        event = json.loads(data)
-        if "error" in event:
-            raise RuntimeError(event["error"].get("message", str(event["error"])))
-        yield event
+        if isinstance(event, dict):
+            yield event
 
 
 class _TokenClock:

@@ -42,6 +42,13 @@ _ENGINE_METRICS = (
     ("cache_hit_rate", "radixlm_cache_hit_rate", "Share of prompt tokens hit in the cache",
      "gauge"),
     ("tree_size", "radixlm_radix_tree_tokens", "Tokens held by the radix tree", "gauge"),
+    ("spec_verify_ct_total", "radixlm_spec_verify_steps",
+     "Speculative decoding: decode steps of requests (each verifies a draft, or none)",
+     "counter"),
+    ("spec_draft_tokens_total", "radixlm_spec_draft_tokens",
+     "Speculative decoding: draft tokens verified", "counter"),
+    ("spec_accepted_tokens_total", "radixlm_spec_accepted_tokens",
+     "Speculative decoding: draft tokens accepted", "counter"),
     ("tp_size", "radixlm_tp_size", "Tensor-parallel ranks of this engine", "gauge"),
     ("dp_size", "radixlm_dp_size",
      "Data-parallel size of this engine (1: a replica behind sglang-router is one rank)",
@@ -71,6 +78,25 @@ class _EngineStatsCollector(Collector):
         if used is not None and cap:
             yield GaugeMetricFamily("radixlm_kv_usage_ratio", "KV pool usage (0..1)",
                                     value=float(used) / float(cap))
+        yield from _spec_ratios(stats)
+
+
+def _spec_ratios(stats: dict[str, Any]) -> Iterator[Metric]:
+    """Speculative decoding's acceptance rate (accepted / drafted tokens) and acceptance
+    length (tokens emitted per verification step, SGLang's spec_accept_length), over the
+    engine's life; absent while speculation is off."""
+    verify = stats.get("spec_verify_ct_total")
+    if verify is None:
+        return
+    drafted = stats.get("spec_draft_tokens_total") or 0
+    accepted = stats.get("spec_accepted_tokens_total") or 0
+    emitted = stats.get("spec_emitted_tokens_total") or 0
+    yield GaugeMetricFamily("radixlm_spec_accept_rate",
+                            "Speculative decoding: accepted / drafted tokens",
+                            value=accepted / drafted if drafted else 0.0)
+    yield GaugeMetricFamily("radixlm_spec_accept_length",
+                            "Speculative decoding: tokens emitted per verification step",
+                            value=emitted / verify if verify else 1.0)
 
 
 class ServerMetrics:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
+from radixlm.constraints.reasoning import get_format, split_reasoning
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import (
     GenCall,
@@ -24,6 +25,13 @@ from radixlm.server.generation import (
     run_calls,
 )
 from radixlm.server.protocol import GenerateRequest
+from radixlm.server.reasoning import (
+    ReasoningSetup,
+    reasoning_parser_name,
+    reasoning_setup,
+    split_stream,
+    split_text,
+)
 from radixlm.server.state import ServerState, get_state
 from radixlm.server.streaming import SSEResponse
 from radixlm.server.validation import check_text
@@ -93,19 +101,46 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     calls = build_native_calls(body, request.state.request_id)
     await admit(state, calls)
     single = not body.is_batch and len(calls) == 1
+    reasoning = reasoning_setup(state, body.separate_reasoning)
     if body.stream:
         streams = await open_streams(state, calls)
-        return SSEResponse(_native_stream(state, calls, streams, single),
+        return SSEResponse(_native_stream(state, calls, streams, single, reasoning),
                            on_close=lambda: abandon(state, calls),
                            stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
+    if reasoning is not None:  # the answer in text, the thinking in reasoning_text
+        for call, r in zip(calls, results, strict=True):
+            thought, r["text"] = split_text(reasoning, state, call, r["text"])
+            r["reasoning_text"] = thought
     return JSONResponse(results[0] if single else results)
 
 
 async def _native_stream(state: ServerState, calls: list[GenCall], streams: list[Any],
-                         single: bool) -> AsyncIterator[dict[str, Any]]:
-    async for index, chunk in merge_streams(state, calls, streams):
+                         single: bool, reasoning: ReasoningSetup | None = None
+                         ) -> AsyncIterator[dict[str, Any]]:
+    merged = merge_streams(state, calls, streams)
+    async for index, chunk, _ in split_stream(reasoning, state, calls, merged):
         yield chunk if single else {**chunk, "index": index}
+
+
+class SeparateReasoningRequest(BaseModel):
+    """Body of POST /separate_reasoning (SGLang's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    reasoning_parser: str
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(body: SeparateReasoningRequest) -> dict[str, Any]:
+    """SGLang's: split ``text`` (an output that starts as the parser's format starts) into
+    ``reasoning_text`` and ``text`` (the answer)."""
+    try:
+        fmt = get_format(body.reasoning_parser)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="reasoning_parser") from exc
+    thought, answer = split_reasoning(body.text, fmt)
+    return {"text": answer, "reasoning_text": thought or ""}
 
 
 @router.get("/health")
@@ -172,6 +207,8 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "bos_token": getattr(tok, "bos_token", None),
         "eos_token": getattr(tok, "eos_token", None),
         "eos_token_id": getattr(tok, "eos_token_id", None),
+        # with one, /generate splits the thinking off unless told `separate_reasoning: false`
+        "reasoning_parser": reasoning_parser_name(state),
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from radixlm.runtime.tool_parsers import ToolCallStream, ToolSetup
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import (
     GenCall,
@@ -30,21 +31,22 @@ from radixlm.server.protocol import (
     OPENAI_CONSTRAINTS,
     OPENAI_SAMPLING,
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     _OpenAIBase,
 )
+from radixlm.server.reasoning import ReasoningSetup, reasoning_setup, split_stream, split_text
 from radixlm.server.state import ServerState, get_state
 from radixlm.server.streaming import SSEResponse
 from radixlm.server.tool_calls import (
-    ToolSetup,
-    parse_tools,
+    MessageError,
+    finish_reason,
+    message_dicts,
     render_messages,
-    streamable_prefix,
+    request_sampling,
+    request_tools,
+    server_parser,
     template_reads_tools,
 )
-from radixlm.server.tool_calls import constraint as tool_constraint
-from radixlm.server.tool_calls import parse_output as parse_tool_output
 from radixlm.server.validation import check_text
 
 router = APIRouter(prefix="/v1")
@@ -241,14 +243,16 @@ def _texts(content: Any) -> list[str]:
 
 def chat_input_ids(state: ServerState, body: ChatCompletionRequest,
                    tools: ToolSetup | None = None) -> list[int]:
-    """Token ids of the conversation under the tokenizer's chat template (with ``tools``
-    rendered as `tool_calls.py` describes)."""
+    """Token ids of the conversation under the tokenizer's chat template (with ``tools``,
+    earlier calls and tool results rendered as `tool_calls.py` describes)."""
     tok = state.engine.tokenizer
-    native = tools is not None and tools.active and template_reads_tools(tok)
+    native = template_reads_tools(tok)
     try:
-        messages = render_messages([_message_dict(m) for m in body.messages], tools, native)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), param="messages") from exc
+        messages = render_messages(message_dicts(body.messages),
+                                   tools.parser if tools is not None else
+                                   server_parser(state.engine), tools, native)
+    except MessageError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
     size = 0
     for m in messages:
         for text in _texts(m.get("content")):
@@ -259,8 +263,8 @@ def chat_input_ids(state: ServerState, body: ChatCompletionRequest,
                             f"{state.max_prompt_bytes} bytes fits the context",
                        param="messages", code="context_length_exceeded")
     kwargs = dict(body.chat_template_kwargs or {})
-    if native:
-        kwargs["tools"] = tools.openai_tools  # type: ignore[union-attr]
+    if native and tools is not None and tools.active:
+        kwargs["tools"] = tools.openai_tools
     try:
         out = tok.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=not body.continue_final_message,
@@ -274,27 +278,10 @@ def chat_input_ids(state: ServerState, body: ChatCompletionRequest,
     return [int(t) for t in ids]
 
 
-def _message_dict(m: ChatMessage) -> dict[str, Any]:
-    """A request message as the chat template sees it (tool fields kept)."""
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                           "content": m.text(), **({"name": m.name} if m.name else {})}
-    extra = m.model_extra or {}
-    if extra.get("tool_calls"):
-        calls = extra["tool_calls"]
-        if not isinstance(calls, list) or not all(
-                isinstance(c, dict) and isinstance(c.get("function"), dict)
-                and isinstance(c["function"].get("name"), str) for c in calls):
-            raise ValueError("assistant 'tool_calls' must be a list of "
-                             "{'type': 'function', 'function': {'name', 'arguments'}}")
-        out["tool_calls"] = calls
-    if m.role == "tool" and extra.get("tool_call_id") is not None:
-        out["tool_call_id"] = extra["tool_call_id"]
-    return out
-
-
-def _tool_setup(body: ChatCompletionRequest) -> ToolSetup | None:
+def _tool_setup(state: ServerState, body: ChatCompletionRequest) -> ToolSetup | None:
     try:
-        setup = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+        setup = request_tools(state.engine, body.tools, body.tool_choice,
+                              body.parallel_tool_calls)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="tools") from exc
     other = [k for k in OPENAI_CONSTRAINTS if getattr(body, k)]
@@ -306,102 +293,99 @@ def _tool_setup(body: ChatCompletionRequest) -> ToolSetup | None:
     return setup
 
 
+def _prepare_chat(state: ServerState, body: ChatCompletionRequest,
+                  tools: ToolSetup | None) -> tuple[list[int], dict[str, Any], bool]:
+    """(prompt ids, the tools' sampling params, whether the output is constrained to the
+    tool format); runs in the prep pool."""
+    ids = chat_input_ids(state, body, tools)
+    if tools is None or not tools.active:
+        return ids, {}, False
+    try:
+        sampling, constrained = request_sampling(state.engine, tools, body.skip_special_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="tools") from exc
+    return ids, sampling, constrained
+
+
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (chat template of the served model's tokenizer), with tool
     calling (`tool_calls.py`)."""
     state = get_state(request)
-    tools = _tool_setup(body)
-    ids = await state.prep.run(lambda: chat_input_ids(state, body, tools))
+    tools = _tool_setup(state, body)
+    ids, tool_params, constrained = await state.prep.run(
+        lambda: _prepare_chat(state, body, tools))
     top = (body.top_logprobs or 0) if body.logprobs else None
-    sampling = openai_sampling(body, body.max_new_tokens)
-    if tools is not None:
-        constraint = tool_constraint(tools)
-        backend = getattr(getattr(state.engine, "config", None), "grammar_backend", None)
-        if "structural_tag" in constraint and backend == "outlines":
-            constraint = {}  # auto on outlines: unconstrained, parsed the same way
-        sampling.update(constraint)
+    sampling = {**openai_sampling(body, body.max_new_tokens), **tool_params}
     calls = _fan_out(body, [(None, ids)], sampling, top, request.state.request_id)
     for call in calls:  # no max_tokens: up to the context, as in OpenAI
         call.sampling.setdefault("max_new_tokens", max(state.context_len - len(ids), 0))
     await admit(state, calls)
     head = {"id": f"chatcmpl-{calls[0].rid}", "created": int(time.time()),
             "model": state.model_id}
+    parsing = tools if tools is not None and tools.active else None
+    reasoning = reasoning_setup(state, body.separate_reasoning, body.stream_reasoning)
     if body.stream:
         streams = await open_streams(state, calls)
         return SSEResponse(_chat_stream(state, body, calls, streams,
-                                        {**head, "object": "chat.completion.chunk"}, tools),
+                                        {**head, "object": "chat.completion.chunk"}, parsing,
+                                        constrained, reasoning),
                            on_close=lambda: abandon(state, calls),
                            stall_timeout=state.settings.stream_stall_timeout)
     results = await run_calls(state, calls, request)
     choices = []
     for k, r in enumerate(results):
-        message: dict[str, Any] = {"role": "assistant", "content": r["text"]}
+        thought, text = split_text(reasoning, state, calls[k], r["text"])
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = thought
         finish = _finish(r["meta_info"])
-        if tools is not None and tools.active:
-            message["content"], tool_calls = parse_tool_output(r["text"], tools)
+        if parsing is not None:
+            message["content"], tool_calls = parsing.parse(text)
             if tool_calls:
                 message["tool_calls"] = tool_calls
-                finish = "tool_calls" if finish == "stop" else finish
+            finish = finish_reason(finish, bool(tool_calls))
         choices.append({"index": k, "message": message, "finish_reason": finish,
                         "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None})
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": _usage(results, body.n)})
 
 
-def _tool_deltas(text: str, sent: int, tools: ToolSetup, k: int, head: dict[str, Any]
-                 ) -> tuple[list[dict[str, Any]], bool]:
-    """Closing chunks of a finished tool-enabled choice: the content not streamed yet, then
-    per call a chunk with id, type and name and one with the arguments (OpenAI's order).
-    Returns (chunks, whether any call was made)."""
-    content, tool_calls = parse_tool_output(text, tools)
-    if not tool_calls:
-        rest = text[sent:]
-        return ([{**head, "choices": [{"index": k, "delta": {"content": rest},
-                                       "logprobs": None, "finish_reason": None}]}]
-                if rest else []), False
-    out = []
-    rest = (content or "")[sent:] if (content or "").startswith(text[:sent]) else ""
-    if rest:
-        out.append({"index": k, "delta": {"content": rest}})
-    for i, c in enumerate(tool_calls):
-        out.append({"index": k, "delta": {"tool_calls": [{
-            "index": i, "id": c["id"], "type": "function",
-            "function": {"name": c["function"]["name"], "arguments": ""}}]}})
-        out.append({"index": k, "delta": {"tool_calls": [{
-            "index": i, "function": {"arguments": c["function"]["arguments"]}}]}})
-    return [{**head, "choices": [{**ch, "logprobs": None, "finish_reason": None}]}
-            for ch in out], True
+def _tool_chunks(stream: ToolCallStream, text: str, final: bool, k: int,
+                 head: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(content delta, one chunk per tool-call delta) of choice ``k``'s text so far."""
+    content, deltas = stream.feed(text, final)
+    return content, [{**head, "choices": [{"index": k, "delta": {"tool_calls": [d]},
+                                           "logprobs": None, "finish_reason": None}]}
+                     for d in deltas]
 
 
 async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: list[GenCall],
                        streams: list[Any], head: dict[str, Any],
-                       tools: ToolSetup | None = None) -> AsyncIterator[dict[str, Any]]:
+                       tools: ToolSetup | None = None,
+                       constrained: bool = False,
+                       reasoning: ReasoningSetup | None = None) -> AsyncIterator[dict[str, Any]]:
     for k in range(len(calls)):
         yield {**head, "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
     sent_text = [0] * len(calls)
     sent_lp = [0] * len(calls)
     finals: dict[int, dict[str, Any]] = {}
-    parsing = tools is not None and tools.active
-    async for k, chunk in merge_streams(state, calls, streams):
+    parsers = [ToolCallStream(tools, constrained) if tools is not None else None
+               for _ in calls]
+    async for k, chunk, thought in split_stream(reasoning, state, calls,
+                                                merge_streams(state, calls, streams)):
+        if thought:  # the thinking streams as its own deltas; chunk["text"] is the answer
+            yield {**head, "choices": [{"index": k, "delta": {"reasoning_content": thought},
+                                        "logprobs": None, "finish_reason": None}]}
         meta = chunk["meta_info"]
         finish = _finish(meta)
-        if parsing:  # hold back what may be a tool call; the calls come at the end
-            if finish is not None:
-                chunks, called = _tool_deltas(chunk["text"], sent_text[k], tools, k, head)
-                for c in chunks:
-                    yield c
-                if called and finish == "stop":
-                    finish = "tool_calls"
-                sent_text[k] = len(chunk["text"])
-                yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None,
-                                            "finish_reason": finish}]}
-                finals[k] = chunk
-                continue
-            upto = max(streamable_prefix(chunk["text"], tools), sent_text[k])
-            delta = chunk["text"][sent_text[k]:upto]
-            sent_text[k] = upto
+        tool_chunks: list[dict[str, Any]] = []
+        stream = parsers[k]
+        if stream is not None:  # content and calls as the format reads the text so far
+            delta, tool_chunks = _tool_chunks(stream, chunk["text"], finish is not None, k,
+                                              head)
+            finish = finish_reason(finish, stream.called)
         else:
             delta = chunk["text"][sent_text[k]:]
             sent_text[k] = len(chunk["text"])
@@ -409,10 +393,16 @@ async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: l
         if body.logprobs:
             lp = chat_logprobs(meta, sent_lp[k])
             sent_lp[k] += len(lp["content"])
-        if delta or finish is not None or (lp and lp["content"]):
+        last = finish if not tool_chunks else None  # the finish goes after the calls
+        if delta or last is not None or (lp and lp["content"]):
             yield {**head, "choices": [{"index": k, "delta": {"content": delta} if delta else {},
-                                        "logprobs": lp, "finish_reason": finish}]}
+                                        "logprobs": lp, "finish_reason": last}]}
+        for c in tool_chunks:
+            yield c
         if finish is not None:
+            if tool_chunks:
+                yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None,
+                                            "finish_reason": finish}]}
             finals[k] = chunk
     if body.stream_options is not None and body.stream_options.include_usage:
         results = [finals[k] for k in sorted(finals)]

@@ -65,6 +65,9 @@ class GenerateRequest(BaseModel):
     log_metrics: bool = True
     modalities: list[str] | None = None
     priority: int | None = None
+    # with a reasoning parser: the answer in `text`, the thinking in `reasoning_text` (the
+    # shape of SGLang's /separate_reasoning); None means true then; false: the raw text
+    separate_reasoning: bool | None = None
     # one engine: DP rank 0 is the only one (sglang-router may name it)
     routed_dp_rank: int | None = None
     data_parallel_rank: int | None = None
@@ -189,6 +192,9 @@ _OPENAI_FIELDS: dict[str, Any] = {
     "no_stop_trim": _SamplingName("no_stop_trim"),
     "rid": (str | None, None),
     "priority": (int | None, None),  # SGLang: scheduling priority (--schedule-policy priority)
+    # SGLang's per-request thinking budget (needs --reasoning-parser); vLLM's spelling too
+    "thinking_budget": _SamplingName("thinking_budget"),
+    "thinking_token_budget": (int | None, Field(default=None, ge=0)),
     # SGLang fields its router writes into every forwarded request (at these defaults)
     "return_hidden_states": (bool, False),
 }
@@ -218,6 +224,12 @@ class _OpenAIChecks(BaseModel):
             constraints.append("response_format")
         if len(constraints) > 1:
             raise ValueError(f"at most one constraint may be given, got {', '.join(constraints)}")
+        if self.thinking_token_budget is not None:  # vLLM's name of the same field
+            if self.thinking_budget not in (None, self.thinking_token_budget):
+                raise ValueError("'thinking_budget' and 'thinking_token_budget' are the same "
+                                 f"field with different values ({self.thinking_budget}, "
+                                 f"{self.thinking_token_budget})")
+            self.thinking_budget = self.thinking_token_budget
         return self
 
 
@@ -299,8 +311,9 @@ class ChatCompletionRequest(_OpenAIBase):
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    # SGLang's (sent by its router): they act only with a reasoning parser, which this
-    # server does not have, so either value means what SGLang does without one
+    # SGLang's: with a reasoning parser (--reasoning-parser), the thinking is returned as
+    # `reasoning_content` (false: left in `content`), streamed as it comes (false: in one
+    # delta once it has ended); without one, either value changes nothing (as in SGLang)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
 

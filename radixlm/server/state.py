@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,18 @@ from fastapi import Request
 from radixlm.server.validation import max_prompt_bytes
 
 logger = logging.getLogger("radixlm.server")
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for a loopback address or `localhost`."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,9 @@ class ServerSettings:
     prep_workers: int = 2  # threads that tokenize and validate requests off the event loop
     max_pending_prep: int = 256  # requests waiting for those threads; more get 429
     stream_stall_timeout: float = 30.0  # a stream client not reading this long is dropped
+    # the playground's /radix_tree: prompt text shown (only keyless on loopback), byte cap
+    playground_show_text: bool = False
+    radix_tree_max_bytes: int = 512 * 1024
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -41,6 +57,14 @@ class ServerSettings:
             raise ValueError("prep_workers and max_pending_prep must be >= 1")
         if self.stream_stall_timeout <= 0:
             raise ValueError("stream_stall_timeout must be > 0")
+        if self.radix_tree_max_bytes < 1024:
+            raise ValueError("radix_tree_max_bytes must be >= 1024")
+        if self.playground_show_text and (self.api_key is not None
+                                          or not is_loopback(self.host)):
+            raise ValueError("--playground-show-text shows users' prompts: it needs a server "
+                             "without --api-key bound to a loopback address (e.g. --host "
+                             f"127.0.0.1); this one has host {self.host!r}"
+                             + (" and an API key" if self.api_key is not None else ""))
 
 
 @dataclass

@@ -13,6 +13,28 @@ from starlette.types import Receive, Scope, Send
 from radixlm.server.errors import ApiError
 from radixlm.server.state import logger
 
+SSE_DONE = "[DONE]"
+
+
+class StreamError(RuntimeError):
+    """An error event in a stream (its message is the server's)."""
+
+
+def sse_event(line: str) -> dict[str, Any] | str | None:
+    """What one line of an SSE stream carries, for clients: its JSON event, `SSE_DONE` at
+    the end marker, None for a line without data. An error event raises StreamError."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == SSE_DONE:
+        return SSE_DONE
+    event = json.loads(data)
+    if isinstance(event, dict) and "error" in event:
+        error = event["error"]
+        raise StreamError(error.get("message", str(error)) if isinstance(error, dict)
+                          else str(error))
+    return event
+
 
 def sse(payload: dict[str, Any] | str) -> bytes:
     """One SSE event."""

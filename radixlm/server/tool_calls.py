@@ -1,175 +1,162 @@
-"""OpenAI tool calling for /v1/chat/completions: check `tools` / `tool_choice`, render them into
-the prompt, constrain the output, and parse tool calls back out.
+"""OpenAI tool calling for /v1/chat/completions over the formats of
+`radixlm.runtime.tool_parsers` (one per model family; the server's is `--tool-call-parser`,
+else the one its chat template shows, else `qwen25`'s `<tool_call>` blocks).
 
-Prompt. A chat template that reads `tools` (its source mentions it) gets them through
-`apply_chat_template(tools=...)`. Otherwise the generic format: a system message (prepended
-to the first system message, if any) lists the functions as JSON and asks for calls as
+Messages are checked as the OpenAI API checks them (`message_dicts`: 400 naming the
+field). Prompt: a chat template that reads `tools` (its source mentions it) gets them, and
+earlier calls and `role: "tool"` results, through `apply_chat_template(tools=...)`;
+otherwise the format's documented system text lists the functions, earlier calls are
+written back in the format's own call text and results as the format's result message.
 
-    <tool_call>
-    {"name": "<function name>", "arguments": {<arguments>}}
-    </tool_call>
-
-Assistant turns that carried `tool_calls` are rendered back in that form, and `role: "tool"`
-results as a user turn `<tool_response>{content}</tool_response>` (any template can show it).
-
-Output. `tool_choice` "required" or a named function: the whole output is JSON constrained by
-a schema built from the functions' `parameters` (`{"name", "arguments"}`; a non-empty array of
-them when `parallel_tool_calls` is not false and the choice is "required"), so arguments
-validate. "auto" (the default with tools): SGLang's structural tag, free text in which
-`<tool_call>` starts a segment whose body is constrained the same way (llguidance backend;
-on the outlines backend "auto" runs unconstrained and the text is parsed the same way).
-"none": tools are not rendered and nothing is parsed.
+Output (`tool_sampling`): "required" / named, the whole output is the format's calls with
+arguments constrained by each function's `parameters` (exactly, additionalProperties
+false, with `strict: true`); "auto", a structural tag: free text in which the format's
+marker starts calls constrained the same way (llguidance; on the outlines backend "auto"
+runs unconstrained and is parsed the same way, "required" / named are refused); "none":
+no tools in the prompt, nothing parsed. Parsing back (`ToolSetup.parse`, `ToolCallStream`):
+OpenAI `tool_calls`, text that is not a call stays content.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+from radixlm.constraints.specs import ConstraintSpec
+from radixlm.runtime.tool_parsers import ToolCallParser, ToolSetup, parse_tools, resolve_parser
+from radixlm.runtime.tool_parsers.grammar import check_functions, token_lookup, tool_sampling
+from radixlm.server.protocol import ChatMessage
+
+# extra (non-schema) message fields OpenAI takes, per role; all go to the chat template
+_EXTRA_FIELDS = {"assistant": ("tool_calls", "reasoning_content", "refusal"),
+                 "tool": ("tool_call_id",)}
 
 
-@dataclass
-class ToolSetup:
-    """What a request's `tools` / `tool_choice` / `parallel_tool_calls` mean for one call."""
+class MessageError(ValueError):
+    """A message that breaks the OpenAI API's rules; ``param`` names the field."""
 
-    functions: list[dict[str, Any]]  # [{"name", "description"?, "parameters"}]
-    choice: str  # "none" | "auto" | "required" | "named"
-    parallel: bool = True
-    named: str | None = None
-    openai_tools: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return self.choice != "none" and bool(self.functions)
-
-    @property
-    def whole_output_is_json(self) -> bool:
-        return self.choice in ("required", "named")
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
-def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any,
-                parallel_tool_calls: bool | None) -> ToolSetup | None:
-    """Validate the request's tool fields (ValueError naming the problem; the API answers 400).
-    None when the request has no tools and no tool_choice."""
-    if not tools:
-        if tool_choice not in (None, "none"):
-            raise ValueError("'tool_choice' needs 'tools'")
-        if tools is not None:
-            raise ValueError("'tools' must not be empty")
-        return None
-    functions: list[dict[str, Any]] = []
-    for i, tool in enumerate(tools):
-        functions.append(_parse_function(f"tools[{i}]", tool, functions))
-    choice, named = _parse_tool_choice(tool_choice, functions)
-    return ToolSetup(functions, choice, parallel_tool_calls is not False, named, list(tools))
+def server_parser(engine: Any) -> ToolCallParser:
+    """The engine's tool-call format: its ``tool_call_parser``, else its template's."""
+    config = getattr(engine, "config", None)
+    return resolve_parser(getattr(config, "tool_call_parser", None),
+                          getattr(engine.tokenizer, "chat_template", None))
 
 
-def _parse_function(where: str, tool: Any, functions: list[dict[str, Any]]) -> dict[str, Any]:
-    """One entry of `tools` (at `where`) as {"name", "parameters", "description"?}; the
-    name must not be among `functions`, the ones before it."""
-    from radixlm.constraints.schema import check_schema
-
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise ValueError(f"{where}.type must be 'function'")
-    extra = sorted(set(tool) - {"type", "function"})
-    if extra:
-        raise ValueError(f"{where}: unknown field(s) {extra}")
-    fn = tool.get("function")
-    if not isinstance(fn, dict):
-        raise ValueError(f"{where}.function must be an object")
-    unknown = set(fn) - {"name", "description", "parameters", "strict"}
-    if unknown:
-        raise ValueError(f"{where}.function: unknown field(s) {sorted(unknown)}")
-    name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"{where}.function.name must match ^[A-Za-z0-9_-]{{1,64}}$, "
-                         f"got {name!r}")
-    if any(f["name"] == name for f in functions):
-        raise ValueError(f"{where}.function.name {name!r} is given twice")
-    if "description" in fn and not isinstance(fn["description"], str):
-        raise ValueError(f"{where}.function.description must be a string")
-    if "strict" in fn and not isinstance(fn["strict"], bool | type(None)):
-        raise ValueError(f"{where}.function.strict must be a bool")
-    params = fn.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(params, dict):
-        raise ValueError(f"{where}.function.parameters must be a JSON schema object")
-    try:
-        check_schema(params)
-    except ValueError as exc:
-        raise ValueError(f"{where}.function.parameters: {exc}") from None
-    return {"name": name, "parameters": params,
-            **({"description": fn["description"]} if fn.get("description") else {})}
+def request_tools(engine: Any, tools: Any, tool_choice: Any,
+                  parallel_tool_calls: Any) -> ToolSetup | None:
+    """A request's tool fields checked in the engine's format (ValueError naming the
+    problem)."""
+    return parse_tools(tools, tool_choice, parallel_tool_calls, server_parser(engine))
 
 
-def _parse_tool_choice(tool_choice: Any,
-                       functions: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """(choice, named function or None) of `tool_choice` over the parsed `functions`."""
-    if tool_choice is None or tool_choice == "auto":
-        return "auto", None
-    if tool_choice in ("none", "required"):
-        return tool_choice, None
-    if isinstance(tool_choice, dict):
-        fn = tool_choice.get("function")
-        if (tool_choice.get("type") != "function" or not isinstance(fn, dict)
-                or set(tool_choice) - {"type", "function"} or set(fn) - {"name"}):
-            raise ValueError("'tool_choice' must be 'none', 'auto', 'required' or "
-                             "{'type': 'function', 'function': {'name': ...}}")
-        named = fn.get("name")
-        if named not in [f["name"] for f in functions]:
-            raise ValueError(f"'tool_choice' names function {named!r}, which is not in 'tools'")
-        return "named", named
-    raise ValueError(f"'tool_choice' must be 'none', 'auto', 'required' or a named "
-                     f"function, got {tool_choice!r}")
-
-
-# ------------------------------------------------------------------------------- prompt
-
-def template_reads_tools(tokenizer) -> bool:
+def template_reads_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
-def generic_tools_prompt(functions: list[dict[str, Any]]) -> str:
-    listing = "\n".join(json.dumps({"type": "function", "function": f}, ensure_ascii=False)
-                        for f in functions)
-    return ("You can call functions. Available functions:\n" + listing + "\n\nTo call a "
-            "function, reply with one block per call, exactly in this form:\n" + OPEN
-            + '\n{"name": "<function name>", "arguments": {<arguments as JSON>}}\n' + CLOSE
-            + "\nOtherwise answer normally.")
+# -------------------------------------------------------------------------- messages
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them, checked as OpenAI does:
+    content is required but for an assistant turn with tool calls; a tool result needs
+    `tool_call_id`; a call's `arguments` is a JSON string; other fields are errors."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        extra = dict(m.model_extra or {})
+        allowed = _EXTRA_FIELDS.get(m.role, ())
+        unknown = sorted(k for k in extra if k not in allowed)
+        if unknown:
+            raise MessageError(f"{where}.{unknown[0]} is not a field of a {m.role!r} message",
+                               f"{where}.{unknown[0]}")
+        calls = extra.get("tool_calls")
+        if m.content is None and not (m.role == "assistant" and calls):
+            raise MessageError(f"{where}.content is required for role {m.role!r}"
+                               + (" (unless it has tool_calls)" if m.role == "assistant"
+                                  else ""), f"{where}.content")
+        try:
+            text = m.text()
+        except ValueError as exc:
+            raise MessageError(f"{where}.content: {exc}", f"{where}.content") from None
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                             "content": text, **({"name": m.name} if m.name else {})}
+        if m.role == "tool":
+            tid = extra.get("tool_call_id")
+            if not isinstance(tid, str) or not tid:
+                raise MessageError(f"{where}.tool_call_id is required for role 'tool' (the "
+                                   "id of the call this answers)", f"{where}.tool_call_id")
+            d["tool_call_id"] = tid
+        if calls is not None:
+            d["tool_calls"] = _checked_calls(where, calls)
+        for key in ("reasoning_content", "refusal"):
+            if extra.get(key) is not None:
+                if not isinstance(extra[key], str):
+                    raise MessageError(f"{where}.{key} must be a string", f"{where}.{key}")
+                d[key] = extra[key]
+        out.append(d)
+    return out
 
 
-def render_messages(messages: list[dict[str, Any]], setup: ToolSetup | None,
-                    native: bool) -> list[dict[str, Any]]:
-    """Messages for the chat template. ``native``: the template reads `tools` itself, so
-    only assistant `tool_calls` get their arguments as objects (what templates expect)."""
+def _checked_calls(where: str, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls`, each {"id", "type": "function", "function":
+    {"name", "arguments": JSON text of an object}}."""
+    if not isinstance(calls, list) or not calls:
+        raise MessageError(f"{where}.tool_calls must be a non-empty list", f"{where}.tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(c, dict) or set(c) - {"id", "type", "function"}:
+            raise MessageError(f"{at} must be {{'id', 'type': 'function', 'function'}}", at)
+        if not isinstance(c.get("id"), str) or not c["id"]:
+            raise MessageError(f"{at}.id is required (a string)", f"{at}.id")
+        if c.get("type") != "function":
+            raise MessageError(f"{at}.type must be 'function'", f"{at}.type")
+        if not isinstance(fn, dict) or set(fn) - {"name", "arguments"} \
+                or not isinstance(fn.get("name"), str):
+            raise MessageError(f"{at}.function must be {{'name', 'arguments'}}",
+                               f"{at}.function")
+        args = fn.get("arguments")
+        try:
+            ok = isinstance(args, str) and isinstance(json.loads(args), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise MessageError(f"{at}.function.arguments must be a JSON string of an object, "
+                               f"got {args!r:.80}", f"{at}.function.arguments")
+        out.append({"id": c["id"], "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def render_messages(messages: list[dict[str, Any]], parser: ToolCallParser,
+                    setup: ToolSetup | None, native: bool) -> list[dict[str, Any]]:
+    """Messages for the chat template. ``native``: the template renders tools, calls and
+    results itself (calls' arguments become objects, as templates expect); otherwise they
+    are written in ``parser``'s format and its system text lists the functions."""
     out = []
     for m in messages:
         m = dict(m)
         calls = m.pop("tool_calls", None)
-        if m["role"] == "assistant" and calls:
-            if native:
-                m["tool_calls"] = [{"type": "function", "function": {
-                    "name": c["function"]["name"],
-                    "arguments": _loads_args(c["function"].get("arguments"))}} for c in calls]
-            else:
-                blocks = [OPEN + "\n" + json.dumps(
-                    {"name": c["function"]["name"],
-                     "arguments": _loads_args(c["function"].get("arguments"))},
-                    ensure_ascii=False) + "\n" + CLOSE for c in calls]
-                m["content"] = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
-        if not native:
-            m.pop("tool_call_id", None)
-            if m["role"] == "tool":
-                m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n"
-                                                "</tool_response>"}
-        out.append(m)
+        if native:
+            if calls:
+                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(
+                    c["function"]["arguments"])}} for c in calls]
+            out.append(m)
+            continue
+        m.pop("tool_call_id", None)
+        if calls:
+            text = parser.calls_text([(c["function"]["name"], c["function"]["arguments"])
+                                      for c in calls])
+            m["content"] = "\n".join(([m["content"]] if m.get("content") else []) + [text])
+        out.append(parser.result_message(m.get("content") or "") if m["role"] == "tool"
+                   else m)
     if setup is not None and setup.active and not native:
-        prompt = generic_tools_prompt(setup.functions)
+        prompt = parser.tools_prompt(setup.functions)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}"}
         else:
@@ -177,99 +164,32 @@ def render_messages(messages: list[dict[str, Any]], setup: ToolSetup | None,
     return out
 
 
-def _loads_args(args: Any) -> Any:
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except json.JSONDecodeError:
-            raise ValueError("assistant tool_calls arguments must be a JSON object string") \
-                from None
-    return args if args is not None else {}
+# ---------------------------------------------------------------------------- output
+
+def request_sampling(engine: Any, setup: ToolSetup,
+                     skip_special_tokens: bool | None) -> tuple[dict[str, Any], bool]:
+    """(sampling params, constrained) for an active ``setup`` on ``engine``: the format's
+    grammar, each function's arguments checked to compile first (ValueError naming the
+    function), and `skip_special_tokens` false unless the request set it."""
+    config = getattr(engine, "config", None)
+    whitespace = getattr(config, "json_whitespace", None)
+    if getattr(config, "grammar_backend", "llguidance") == "outlines":
+        if setup.whole_output_is_call:
+            raise ValueError(f"tool_choice {setup.choice!r} needs the llguidance grammar "
+                             "backend (this server runs --grammar-backend outlines)")
+        return {}, False  # auto: unconstrained, parsed the same way
+    backend = getattr(engine, "grammar_backend", None)
+    if backend is not None:
+        check_functions(setup, lambda lark: backend.validate(ConstraintSpec("ebnf", lark)),
+                        whitespace)
+    tok = engine.tokenizer
+    sampling = tool_sampling(setup, token_lookup(
+        lambda t: tok.encode(t, add_special_tokens=False)), whitespace)
+    if skip_special_tokens is not None:
+        sampling.pop("skip_special_tokens", None)
+    return sampling, True
 
 
-# ---------------------------------------------------------------------------- constraint
-
-def _call_schema(fn: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             "arguments": fn["parameters"]},
-            "required": ["name", "arguments"], "additionalProperties": False}
-
-
-def constraint(setup: ToolSetup) -> dict[str, Any]:
-    """Sampling-param constraint for the request (empty for "none")."""
-    if not setup.active:
-        return {}
-    fns = setup.functions
-    if setup.choice == "named":
-        fns = [f for f in fns if f["name"] == setup.named]
-    one = _call_schema(fns[0]) if len(fns) == 1 else {"anyOf": [_call_schema(f) for f in fns]}
-    if setup.choice == "named" or (setup.choice == "required" and not setup.parallel):
-        return {"json_schema": json.dumps(one)}
-    if setup.choice == "required":
-        return {"json_schema": json.dumps({"type": "array", "items": one, "minItems": 1})}
-    return {"structural_tag": json.dumps({
-        "structures": [{"begin": f'{OPEN}\n{{"name": "{f["name"]}", "arguments": ',
-                        "schema": f["parameters"], "end": f"}}\n{CLOSE}"} for f in fns],
-        "triggers": [OPEN]})}
-
-
-# ------------------------------------------------------------------------------- parsing
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def _as_call(obj: Any) -> dict[str, Any] | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": obj["name"],
-                         "arguments": json.dumps(args, ensure_ascii=False)}}
-
-
-def parse_output(text: str, setup: ToolSetup) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a finished output. Text that does not parse stays content."""
-    if not setup.active:
-        return text, []
-    if setup.whole_output_is_json:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            return text, []
-        items = value if isinstance(value, list) else [value]
-        calls = [c for c in (_as_call(v) for v in items) if c is not None]
-        return (None, calls) if calls and len(calls) == len(items) else (text, [])
-    calls, kept, pos = [], [], 0
-    for m in _CALL_BLOCK.finditer(text):
-        try:
-            call = _as_call(json.loads(m.group(1)))
-        except json.JSONDecodeError:
-            call = None
-        if call is None:
-            continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-        calls.append(call)
-    if not calls:
-        return text, []
-    if not setup.parallel:
-        calls = calls[:1]
-    content = ("".join(kept) + text[pos:]).strip()
-    return content or None, calls
-
-
-def streamable_prefix(text: str, setup: ToolSetup) -> int:
-    """How much of a growing output can be streamed as content now: nothing when the whole
-    output is a call; else up to a `<tool_call>` (or a partial one at the end)."""
-    if not setup.active:
-        return len(text)
-    if setup.whole_output_is_json:
-        return 0
-    at = text.find(OPEN)
-    if at >= 0:
-        return at
-    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-k:]):
-            return len(text) - k
-    return len(text)
+def finish_reason(finish: str | None, called: bool) -> str | None:
+    """OpenAI's finish reason: "tool_calls" for an output that stopped after calls."""
+    return "tool_calls" if called and finish == "stop" else finish

@@ -18,6 +18,7 @@ from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 
 if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports backends
     from radixlm.lang.gen_args import GenArgs
+    from radixlm.runtime.tool_parsers import ToolCallParser
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -125,6 +126,19 @@ class Backend:
 
     def cache_prefix(self, prefix: str) -> None:
         """Prefill `prefix` into the server's prefix cache (no tokens generated)."""
+
+    def tool_parser(self) -> ToolCallParser:
+        """The tool-call format of the served model, for `gen(tools=...)`."""
+        raise BackendError(f"gen(tools=...) is not supported by {type(self).__name__}; use "
+                           "Runtime or RuntimeEndpoint")
+
+    def token_ids(self, text: str) -> list[int]:
+        """`text`'s token ids in the served model's tokenizer (no special tokens added)."""
+        raise BackendError(f"{type(self).__name__} cannot tokenize")
+
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError if the Lark `grammar` does not compile; by default the server checks
+        it when the request arrives."""
 
     def flush_cache(self) -> bool:
         return False

@@ -189,6 +189,8 @@ def openai_request(model: str, wire: dict[str, Any]) -> dict[str, Any]:
         extra["min_p"] = sp["min_p"]
     if sp.get("ignore_eos"):
         extra["ignore_eos"] = True
+    if sp.get("thinking_budget") is not None:  # SGLang's field (a reasoning parser's)
+        extra["thinking_budget"] = sp["thinking_budget"]
     if "json_schema" in sp:
         kw["response_format"] = {"type": "json_schema", "json_schema": {
             "name": "output", "schema": json.loads(sp["json_schema"])}}

@@ -1,8 +1,8 @@
 """`RuntimeEndpoint`: backend over HTTP to `radixlm serve` (or SGLang's server; same native API).
 
 Uses POST /generate (text or input_ids + sampling_params, logprob options, SSE streaming),
-GET /get_model_info (its `chat_template` field renders roles), POST /flush_cache and
-GET /get_server_info.
+GET /get_model_info (its `chat_template` field renders roles), POST /flush_cache,
+GET /get_server_info (its `tool_call_parser`) and POST /tokenize (tool-call markers).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from radixlm.lang.backend.base import (
 )
 from radixlm.lang.chat_template import ChatTemplate, ChatTemplateError
 from radixlm.lang.gen_args import GenArgs
+from radixlm.runtime.tool_parsers import ToolCallParser, resolve_parser
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -47,6 +48,11 @@ class RuntimeEndpoint(Backend):
         self.model_info = self._request("GET", "/get_model_info")
         self._template_source = chat_template or self.model_info.get("chat_template")
         self._chat_template: ChatTemplate | None = None
+        self._tool_parser: ToolCallParser | None = None
+        # a radixlm server with a reasoning parser splits the thinking off /generate's text
+        # unless asked not to; a program reads the raw text (separate_reasoning splits it)
+        self._raw = {"separate_reasoning": False} if self.model_info.get("reasoning_parser") \
+            else {}
 
     # ---- HTTP ------------------------------------------------------------------------------
 
@@ -109,7 +115,7 @@ class RuntimeEndpoint(Backend):
         return tok.chat_template
 
     def generate(self, prompt: Prompt, params: GenArgs) -> tuple[Any, Any]:
-        out = self._generate({"text": prompt.text, **params.wire_request()})
+        out = self._generate({"text": prompt.text, **params.wire_request(), **self._raw})
         if isinstance(out, list):  # n > 1: one result per sample
             return [o["text"] for o in out], [o["meta_info"] for o in out]
         return out["text"], out["meta_info"]
@@ -117,7 +123,8 @@ class RuntimeEndpoint(Backend):
     def generate_stream(self, prompt: Prompt,
                         params: GenArgs) -> Iterator[tuple[str, dict[str, Any]]]:
         resp = self._request("POST", "/generate", {
-            "text": prompt.text, **params.wire_request(), "stream": True}, stream=True)
+            "text": prompt.text, **params.wire_request(), **self._raw, "stream": True},
+            stream=True)
         sent = ""
         try:
             for line in resp.iter_lines(decode_unicode=True):
@@ -169,6 +176,16 @@ class RuntimeEndpoint(Backend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
+
+    def tool_parser(self) -> ToolCallParser:
+        """The server's `tool_call_parser`, else the format its chat template shows."""
+        if self._tool_parser is None:
+            name = self.get_server_info().get("tool_call_parser")
+            self._tool_parser = resolve_parser(name, self._template_source)
+        return self._tool_parser
+
+    def token_ids(self, text: str) -> list[int]:
+        return list(self._request("POST", "/tokenize", {"prompt": text})["tokens"])
 
     def shutdown(self) -> None:
         self.session.close()

@@ -17,6 +17,7 @@ from radixlm.lang.backend.base import (
     iter_with_timeout,
 )
 from radixlm.lang.chat_template import ChatTemplate
+from radixlm.runtime.tool_parsers import ToolCallParser, resolve_parser
 
 if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports this
     from radixlm.lang.gen_args import GenArgs
@@ -145,6 +146,20 @@ class Runtime(Backend):
 
     def flush_cache(self) -> bool:
         return bool(self.engine.flush_cache())
+
+    def tool_parser(self) -> ToolCallParser:
+        return resolve_parser(getattr(self.engine.config, "tool_call_parser", None),
+                              getattr(self.engine.tokenizer, "chat_template", None))
+
+    def token_ids(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def check_grammar(self, grammar: str) -> None:
+        from radixlm.constraints.specs import ConstraintSpec
+
+        backend = getattr(self.engine, "grammar_backend", None)
+        if backend is not None:
+            backend.validate(ConstraintSpec("ebnf", grammar))
 
     def get_server_info(self) -> dict[str, Any]:
         return {"model_path": str(self.engine.model_path),

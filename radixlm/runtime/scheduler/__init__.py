@@ -5,6 +5,8 @@
 - `inbox`: messages from other threads to the scheduler thread;
 - `admission`: intake, grammar polling and the choice of an EXTEND step;
 - `retraction`: decode slot allocation and priority preemption (retracting requests);
+- `speculation`: drafts verified in a step, the step's model call, what verification
+  leaves behind;
 - `postprocess`: a step's results (tokens, stops, grammar, jump-forward, streaming) and
   the end of a request.
 """

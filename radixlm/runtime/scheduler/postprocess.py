@@ -59,6 +59,7 @@ class Postprocessor:
         self.runner = runner
         self.tokenizer = tokenizer
         self._unqueue = unqueue
+        self.on_finish: Callable[[Req], None] | None = None  # after a request ends
 
     def process(self, sb: ScheduleBatch, out: StepOutput) -> None:
         for i, req in enumerate(sb.reqs):
@@ -70,18 +71,23 @@ class Postprocessor:
                     # prefill done without sampling: max_new_tokens == 0 (or budget used)
                     self.finish(req, {"type": "length", "length": len(req.output_ids)})
                     continue
+                before = len(req.output_ids)
                 if i in out.next_ids:
-                    self._on_token(req, out.next_ids[i], out.logprobs[i])
+                    self._on_tokens(req, i, out)
                 if req.finished:
                     continue
                 if sb.mode == ForwardMode.EXTEND:
                     self.kv.cache_unfinished(req, min(req.kv_len, len(req.input_ids)))
-                elif len(req.output_ids) % DECODE_INSERT_INTERVAL == 0:
+                elif (len(req.output_ids) // DECODE_INSERT_INTERVAL
+                      > before // DECODE_INSERT_INTERVAL):
                     self.kv.cache_unfinished(req, req.kv_len)  # share generated text too
                 self._stream(req)
             except Exception as e:
                 logger.error("request %s failed:\n%s", req.rid, traceback.format_exc())
                 self.finish(req, internal_error(f"internal error: {e!r}"), insert=False)
+        for slots in out.held.values():  # accepted drafts of requests that failed first
+            self.kv.slots.free(slots)
+        out.held.clear()
         self._place(sb.reqs)
         if not self.state.has_work():
             self.kv.check_counts(self.state.all_reqs_holding_kv())
@@ -105,6 +111,33 @@ class Postprocessor:
             elif pos - n_input == len(req.output_token_logprobs):
                 req.output_token_logprobs.append((lp, req.output_ids[pos - n_input]))
                 req.output_top_logprobs.append(top)
+
+    def _on_tokens(self, req: Req, i: int, out: StepOutput) -> None:
+        """Apply the step's tokens for batch index ``i``: a verified request's accepted
+        draft tokens, then the sampled one, each as a decode step would (and streamed as
+        one), giving each accepted token its K/V slot back first (``out.held``) until the
+        request finishes or jump-forward takes over; slots not given back are freed."""
+        accepted = out.accepted.get(i)
+        if not accepted:
+            self._on_token(req, out.next_ids[i], out.logprobs[i])
+            out.emitted[i] = 1
+            return
+        held = out.held.pop(i, [])
+        tokens = accepted + [out.next_ids[i]]
+        logprobs = out.accepted_logprobs[i] + [out.logprobs[i]]
+        n = attached = 0
+        try:
+            while True:
+                self._on_token(req, tokens[n], logprobs[n])
+                n += 1
+                if n == len(tokens) or req.finished or req.pending_len != 1:
+                    break
+                self._stream(req)  # the chunks a stream gets without drafts
+                req.kv_slots.append(held[attached])
+                attached += 1
+        finally:
+            self.kv.slots.free(held[attached:])
+            out.emitted[i] = n
 
     def _on_token(self, req: Req, token: int, logprob) -> None:
         if req.first_token_at is None:
@@ -198,6 +231,8 @@ class Postprocessor:
             self.kv.release(req, insert=insert)
         state.by_rid.pop(req.rid, None)
         self.runner.release_generator(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
         if req.grammar_future is not None and not req.grammar_future.done():
             req.grammar_future.cancel()
         req.detok.flush(req.output_ids if reason.get("type") != "stop"

@@ -5,11 +5,12 @@ jump-forwarded requests: anything with more than one token lacking K/V) under th
 budget ``chunked_prefill_size``, chosen by `Admission`, or, when there is none, a DECODE
 step for every running request, whose slots `Retraction` allocates (retracting the newest
 when decode runs out of KV slots after evicting the cache: their K/V goes to the cache or
-is freed and they wait to be recomputed). The model runs the batch and `Postprocessor`
-applies the results. Nothing admitted is lost: it finishes, is retracted and resumed, or
-is aborted on purpose. The parts share one `SchedulerState` and reach each other only
-through what they are given; a new kind of step (e.g. speculative decoding) is a part of
-the same shape that `step` asks for a batch and whose results `Postprocessor` applies.
+is freed and they wait to be recomputed). `Speculation` may then give the batch's
+requests drafts to verify in the same step (where the measured step times say they pay),
+runs the model and settles the verification's K/V; `Postprocessor` applies the results.
+Nothing admitted is lost: it finishes, is retracted and resumed, or is aborted on
+purpose. The parts share one `SchedulerState` and reach each other only through what they
+are given.
 
 Admission bound: `num_queued` counts requests admitted but not yet started (in the inbox,
 waiting for a grammar, or in the waiting queue) plus places reserved for requests about to
@@ -29,16 +30,16 @@ import threading
 import traceback
 from collections.abc import Callable
 
-import numpy as np
-
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch, StepOutput
+from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch
 from radixlm.runtime.request import Req
 from radixlm.runtime.scheduler.admission import Admission
 from radixlm.runtime.scheduler.inbox import Inbox
 from radixlm.runtime.scheduler.postprocess import Postprocessor, internal_error
 from radixlm.runtime.scheduler.retraction import Retraction
+from radixlm.runtime.scheduler.speculation import Speculation
 from radixlm.runtime.scheduler.state import SchedulerState
+from radixlm.runtime.speculative import create_drafter
 
 logger = logging.getLogger(__package__)
 
@@ -76,7 +77,6 @@ class Scheduler:
         self.kv = KVManager(runner.pool.capacity, config.max_running_requests + 1,
                             config.disable_radix_cache, config.radix_eviction_policy)
         self.state = SchedulerState()
-        self.bitmask_words = (runner.vocab_size + 31) // 32
         self.admission_lock = threading.Lock()
         self.num_queued = 0  # admitted and not yet started, or reserved (under the lock)
         self.dead: BaseException | None = None  # set (under the lock) if the thread died
@@ -87,6 +87,10 @@ class Scheduler:
         self.admission = Admission(config, self.state, self.kv, self.retraction,
                                    finish=finish, unqueue=self._unqueue)
         self.inbox = Inbox(self.state, add=self.admission.add, finish=finish)
+        self.speculation = Speculation(config, self.state, self.kv, runner, grammar_backend,
+                                       create_drafter(config, self.kv.cache,
+                                                      native_steps=runner.native is not None))
+        self.postprocessor.on_finish = self.speculation.release
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
 
@@ -149,22 +153,19 @@ class Scheduler:
         sb = self.admission.schedule_extend() or self.retraction.schedule_decode()
         if sb is None:
             return
+        spec = self.speculation
         try:
-            out = self._forward(sb)
+            spec.attach(sb)
+            out = spec.forward(sb)
         except Exception as e:
             logger.error("step failed:\n%s", traceback.format_exc())
+            spec.withdraw(sb)
             self._isolate_failure(sb, e)
             return
+        spec.settle(sb, out)
         self.state.stats["num_steps_total"] += 1
         self.postprocessor.process(sb, out)
-
-    def _forward(self, sb: ScheduleBatch) -> StepOutput:
-        sampled = [r for r, s in zip(sb.reqs, sb.sample) if s]
-        bitmask = self._fill_bitmask(sampled)
-        inputs = (self.runner.sampling_inputs(sampled, [self.runner.generator(r)
-                                                        for r in sampled], bitmask)
-                  if sampled else None)
-        return self.runner.forward(sb, inputs)
+        spec.after(sb, out)
 
     def _isolate_failure(self, sb: ScheduleBatch, error: Exception) -> None:
         """A step raised: run its requests one by one (their slots are still allocated, so
@@ -177,7 +178,7 @@ class Scheduler:
             failure = error if len(sb.reqs) == 1 else None
             if failure is None:
                 try:
-                    out = self._forward(one)
+                    out = self.speculation.forward(one)
                 except Exception as e:
                     logger.error("request %s fails alone:\n%s", req.rid, traceback.format_exc())
                     failure = e
@@ -187,19 +188,6 @@ class Scheduler:
                 continue
             self.state.stats["num_steps_total"] += 1
             self.postprocessor.process(one, out)
-
-    def _fill_bitmask(self, sampled: list[Req]):
-        rows = [i for i, r in enumerate(sampled) if r.grammar is not None]
-        if not rows:
-            return None
-        mask = np.full((len(sampled), self.bitmask_words), -1, dtype=np.int32)
-        pairs = [(sampled[i].grammar, i) for i in rows]
-        if self.grammar_backend is not None:  # may fill the batch in parallel
-            self.grammar_backend.fill_bitmasks(pairs, mask)
-        else:
-            for grammar, i in pairs:
-                grammar.fill_bitmask(mask, i)
-        return mask
 
     # ------------------------------------------------------------------ admin
     def flush_cache(self) -> bool:

@@ -1,0 +1,161 @@
+"""Drafts without a draft model: prompt lookup over the request's own tokens, and what the
+radix tree's cached sequences say comes next (``--speculative-algorithm NGRAM``).
+
+Two sources, tried in this order each step:
+
+1. **The tree** (``BasePrefixCache.continuation``): when a cached sequence extends the
+   request's whole current sequence (an agent's or a template's earlier run of the same
+   prefix, a regenerated answer), its next tokens. It is exact-prefix evidence, so it goes
+   first; once the request's output departs from it, the tree has nothing past the
+   request's length and the query answers [] from then on by itself (a cursor per request
+   keeps that query O(new tokens)). Never anything with the no-sharing cache.
+2. **Prompt lookup** (``NgramIndex``): the longest suffix of prompt + output, between
+   ``max_match`` and ``min_match`` tokens, that occurred earlier (the most recent
+   occurrence among equally long ones), and what followed it there.
+
+Each source has its own ``DraftBudget`` (``policy.py``): the draft length adapts to that
+source's acceptance history for this request, and a source whose drafts keep failing
+pauses. A draft never runs past the request's ``max_new_tokens`` (its last token comes
+from the verification itself). Drafts are suggestions: the verifier decides what is
+emitted, so a bad draft costs time, never correctness.
+
+Called on the scheduler thread only; per-request state needs no locks. Plain Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from radixlm.radix import BasePrefixCache, ContinuationCursor
+from radixlm.runtime.speculative.lookup import NgramIndex
+from radixlm.runtime.speculative.policy import DraftBudget, DraftPolicy
+
+if TYPE_CHECKING:
+    from radixlm.runtime.request import Req
+
+TREE, NGRAM = "tree", "ngram"
+_TAIL = 8  # output tokens compared per call to notice a rollback (jump-forward retokenizes)
+
+
+class _DraftState:
+    """One request: its indexed tokens, tree cursor, budgets and the pending draft."""
+
+    __slots__ = ("index", "n_input", "cursor", "tree", "ngram", "source", "drafted_at")
+
+    def __init__(self, index: NgramIndex, n_input: int, tree: DraftBudget,
+                 ngram: DraftBudget) -> None:
+        self.index, self.n_input = index, n_input
+        self.cursor = ContinuationCursor()
+        self.tree, self.ngram = tree, ngram
+        self.source: str | None = None  # whose draft awaits ``observe``
+        self.drafted_at = 0  # sequence length when that draft was made
+
+
+class NgramDrafter:
+    """The ``Drafter`` (``speculative/base.py``) of ``speculative_algorithm="NGRAM"``.
+
+    ``cache``: the engine's prefix cache. ``max_draft_tokens`` bounds every draft (the
+    caller's ``max_tokens`` may lower it per step). ``min_match`` / ``max_match``: the
+    suffix lengths prompt lookup tries; ``max_candidates``: earlier occurrences of the last
+    ``min_match`` tokens it compares. ``policy`` sets the prompt-lookup budget (its
+    ``max_tokens`` is replaced by ``max_draft_tokens``); tree drafts start at full length.
+    ``use_tree=False`` leaves the tree out. Of a request it reads ``uid`` (the key of its
+    state), ``input_ids``, ``output_ids`` and ``params.max_new_tokens``. ``stats`` counts
+    drafts, drafted and accepted tokens per source (``tree_*``, ``ngram_*``).
+    """
+
+    def __init__(self, cache: BasePrefixCache, *, max_draft_tokens: int = 8,
+                 min_match: int = 2, max_match: int = 8, max_candidates: int = 8,
+                 policy: DraftPolicy | None = None, use_tree: bool = True) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        NgramIndex(min_match, max_match, max_candidates)  # validates the three
+        base = policy or DraftPolicy()
+        self.ngram_policy = replace(base, max_tokens=max_draft_tokens,
+                                    initial=min(base.initial, max_draft_tokens))
+        self.tree_policy = replace(base, max_tokens=max_draft_tokens, initial=max_draft_tokens)
+        self.cache, self.use_tree = cache, use_tree
+        self.max_draft_tokens = max_draft_tokens
+        self.min_match, self.max_match, self.max_candidates = min_match, max_match, max_candidates
+        self._states: dict[int, _DraftState] = {}
+        self.stats = {f"{s}_{k}": 0 for s in (TREE, NGRAM)
+                      for k in ("drafts", "drafted_tokens", "accepted_tokens")}
+
+    # ------------------------------------------------------------------ Drafter
+    def propose(self, req: Req, max_tokens: int) -> list[int]:
+        """Up to ``max_tokens`` draft ids continuing ``req.input_ids + req.output_ids``
+        (the tree's continuation, else prompt lookup; [] while both are paused or find
+        nothing). Reads ``req``, never changes it."""
+        room = req.params.max_new_tokens - len(req.output_ids) - 1
+        limit = min(max_tokens, self.max_draft_tokens, room)
+        if limit <= 0:
+            return []
+        st = self._sync(req)
+        index, seq_len = st.index, len(st.index)
+        st.source = None
+        draft: list[int] = []
+        if self.use_tree and (k := min(limit, st.tree.allowed(seq_len))):
+            draft = self.cache.continuation(index.tokens, k, st.cursor)
+            st.source = TREE if draft else None
+        if not draft and (k := min(limit, st.ngram.allowed(seq_len))):
+            draft = index.propose(k)
+            st.source = NGRAM if draft else None
+        if draft:
+            st.drafted_at = seq_len
+            self.stats[f"{st.source}_drafts"] += 1
+        return draft
+
+    def observe(self, req: Req, num_drafted: int, num_accepted: int) -> None:
+        """Feed the verification of the last draft into its source's budget."""
+        st = self._states.get(req.uid)
+        if st is None or st.source is None:
+            return
+        budget = st.tree if st.source == TREE else st.ngram
+        budget.update(num_drafted, num_accepted, st.drafted_at)
+        self.stats[f"{st.source}_drafted_tokens"] += max(num_drafted, 0)
+        self.stats[f"{st.source}_accepted_tokens"] += max(num_accepted, 0)
+        st.source = None
+
+    def release(self, req: Req) -> None:
+        self._states.pop(req.uid, None)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_tracked(self) -> int:
+        """Requests with drafting state (for leak checks: 0 once all are released)."""
+        return len(self._states)
+
+    def _sync(self, req: Req) -> _DraftState:
+        """The request's state, its index brought up to ``input_ids + output_ids``:
+        appended tokens are indexed; a rollback (output shorter, or changed within the
+        last ``_TAIL`` tokens) truncates the index to the common prefix first."""
+        st = self._states.get(req.uid)
+        n_input, out = len(req.input_ids), req.output_ids
+        if st is None or st.n_input != n_input:
+            index = NgramIndex(self.min_match, self.max_match, self.max_candidates)
+            index.extend(list(req.input_ids))
+            st = _DraftState(index, n_input, DraftBudget(self.tree_policy),
+                             DraftBudget(self.ngram_policy))
+            self._states[req.uid] = st
+        index = st.index
+        have = len(index) - n_input
+        mine = index.tokens
+        tail = max(have - _TAIL, 0)
+        if have > len(out) or out[tail:have] != mine[n_input + tail :]:
+            keep = _common_prefix(out, mine, n_input)
+            index.truncate(n_input + keep)
+            st.cursor.reset()
+            have = keep
+        if len(out) > have:
+            index.extend(out[have:])
+        return st
+
+
+def _common_prefix(out: list[int], tokens: list[Any], offset: int) -> int:
+    """Length of the common prefix of ``out`` and ``tokens[offset:]``."""
+    n = min(len(out), len(tokens) - offset)
+    for i in range(n):
+        if out[i] != tokens[offset + i]:
+            return i
+    return n

@@ -1,0 +1,61 @@
+"""Speculative decoding through the grammar-after-thinking wrapper: drafts of a reasoning
+model's thinking block, its end tag and the JSON answer after it are checked by the
+wrapper's own mask, accept and rollback (thinking budget included), and the outputs are
+those of decoding without drafts. The tiny Qwen3 runs on the torch reference path (the
+native library does not take its family switches), so this also verifies drafts there."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from spec_fakes import ScriptedDrafter, use_drafter
+from test_reasoning_e2e import SCHEMA, WORDS, _build, _reasoning_tokens, _think_ids
+
+from radixlm.runtime.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, tokenizer):
+    out = tmp_path_factory.mktemp("tiny-qwen3-thinking-spec")
+    _build(out, tokenizer)
+    with Engine(str(out), reasoning_parser="qwen3", dtype="float32", max_total_tokens=16384,
+                speculative_algorithm="NGRAM", log_level="warning") as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("mode", ["exact", "corrupt"])
+def test_drafts_through_thinking_budget_and_schema(engine, mode):
+    tok = engine.tokenizer
+    _, end_id = _think_ids(tok)
+    rng = random.Random(5)
+    prompts, params, rids = [], [], []
+    for i in range(12):
+        text = " ".join(rng.choices(WORDS, k=rng.randint(1, 10)))
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                      add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        budget = rng.randint(0, 24)
+        params.append({"max_new_tokens": budget + 80, "thinking_budget": budget,
+                       "temperature": 0.9, "top_p": 0.95, "seed": i,
+                       "json_schema": json.dumps(SCHEMA)})
+        rids.append(f"r{i}")
+    use_drafter(engine, None)
+    assert engine.flush_cache()
+    off = engine.generate(input_ids=prompts, sampling_params=params, rid=rids)
+    drafter = ScriptedDrafter({o["meta_info"]["id"]: o["output_ids"] for o in off}, mode)
+    use_drafter(engine, drafter)
+    assert engine.flush_cache()
+    on = engine.generate(input_ids=prompts, sampling_params=params, rid=rids)
+    engine.check_integrity()
+    assert [o["output_ids"] for o in on] == [o["output_ids"] for o in off]
+    for out, p in zip(on, params):
+        assert _reasoning_tokens(out["output_ids"], end_id) <= p["thinking_budget"]
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+    drafted = sum(d for _, d, _ in drafter.observed)
+    accepted = sum(a for _, _, a in drafter.observed)
+    # (even exact drafts lose their tokens past a jump-forward: the forced text replaces
+    # them, retokenized)
+    assert 0 < accepted < drafted
+    assert accepted > drafted / 2 if mode == "exact" else accepted < drafted * 0.8
