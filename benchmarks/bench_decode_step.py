@@ -165,9 +165,9 @@ def main() -> None:
                                   tempfile.mkdtemp(prefix="radixlm-prof-"))
     assert lib_prof.rlm_profile(None, 1) == 1
     native = native_engine.runner.native
-    default_modes, large_from = native.act_modes, native.large_from
+    default_modes = native.act_modes
     modes = {"native": None}
-    modes.update({f"native_{m}": (ACT_NAMES[m],) * 3
+    modes.update({f"native_{m}": ((1, ACT_NAMES[m]),)
                   for m in args.activations.split(",") if m})
     paths = (["reference"] if ref_engine else []) + list(modes)
     results = {"host": host, "context": args.context, "native_act_modes": default_modes,
@@ -195,7 +195,7 @@ def main() -> None:
     for engine in (ref_engine, native_engine):
         if engine:
             engine.shutdown()
-    report(results, args, paths, default_modes, large_from, host)
+    report(results, args, paths, default_modes, host)
 
 
 def quiet_ratios(results, paths, b) -> dict:
@@ -208,14 +208,14 @@ def quiet_ratios(results, paths, b) -> dict:
     return {p: statistics.median(r[i] / r[base] for r in quiet) for i, p in enumerate(paths)}
 
 
-def report(results, args, paths, default_modes, large_from, host) -> None:
+def report(results, args, paths, default_modes, host) -> None:
     from radixlm.native.build import host_line
 
     print(json.dumps(results, indent=2))
     print(f"\n{host_line(host)}; context {args.context}; weights {results['weights']}; "
           f"reference = {results['reference_path']}; native = its defaults (activation "
-          f"modes {default_modes} for steps under / from {large_from} tokens; 0 int8, "
-          "1 fp32, 2 bf16); native_MODE: every step MODE")
+          f"modes {default_modes}: (from tokens, mode), 0 int8, 1 fp32, 2 bf16); "
+          "native_MODE: every step MODE")
     print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'min':>8}{'quiet x':>8}{'linears':>9}"
           f"{'attention':>11}{'rest':>8}  rounds (medians; min: the quietest round; quiet x: "
           "over native, the quietest quarter of rounds)")

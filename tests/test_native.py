@@ -109,6 +109,21 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     _assert_matches_twin(lib, _rand_weight(fmt, n, k, seed=n + k + t), torch.randn(t, k), act)
 
 
+@pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
+@pytest.mark.parametrize("k", [96, 576])
+def test_int8_rows_are_the_same_bits_at_every_step_size(lib, fmt, k):
+    """With int8 activation blocks a token's products are summed in the same order whatever
+    else shares the step (alone, 2-3 tokens, groups of 4 and the rest): the same bits, so a
+    step verifying drafts at one-token rounding reproduces decoding exactly."""
+    w = _rand_weight(fmt, 45, k, seed=k)
+    x = torch.randn(13, k)
+    alone = torch.cat([ops.norm_matmul(lib, x[i:i + 1], w, act="int8") for i in range(13)])
+    for t in (2, 3, 4, 5, 8, 13):
+        together = torch.cat([ops.norm_matmul(lib, x[i:i + t], w, act="int8")
+                              for i in range(0, 13, t)])
+        assert torch.equal(together, alone), t
+
+
 @pytest.mark.parametrize("fmt", [FMT_F32, FMT_BF16])
 @pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
@@ -253,7 +268,7 @@ def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
     (batched and alone) equals the reference path's, and each chosen token's logprob is
     within 2e-3."""
     assert engine_fp32.runner.native is not None
-    assert engine_fp32.runner.native.act_modes == (ACT_F32, ACT_F32, ACT_F32)
+    assert engine_fp32.runner.native.act_modes == ((1, ACT_F32),)
     ids, lps = _greedy(engine_fp32, PROMPTS)
     ref_ids, ref_lps = _greedy(reference_engine, PROMPTS)
     assert ids == ref_ids
@@ -280,8 +295,8 @@ def _assert_logprobs_near_reference(engine, reference_engine, prompts, new_token
 
 
 def test_engine_int8_activations_stay_close(reference_engine):
-    """int8 activation blocks (the default of one-token steps where the CPU has u8 x s8
-    SIMD, as here: then this engine is the default one; else asked for): chosen-token
+    """int8 activation blocks (the default of small steps where the CPU has u8 x s8 SIMD,
+    as here: then this engine is the default one; else asked for): chosen-token
     logprobs within 0.3 of the reference over 30 layers (measured ~0.2 at worst; greedy
     text may part on near-ties, as llama.cpp's)."""
     from radixlm.native.build import int8_decode_preferred
@@ -299,8 +314,8 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
     """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
-    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32, one-token
-    steps int8 blocks where the CPU has u8 x s8 SIMD (all fp32 without bf16). 16 requests
+    bf16 dot products on an AVX512-BF16 CPU without them; the smaller ones int8 blocks where
+    the CPU has u8 x s8 SIMD, else fp32 (all fp32 without bf16 or u8 x s8). 16 requests
     decoded together, and one alone: every chosen token's logprob within 0.3 of the fp32
     reference scoring the same text (bf16 prefill and bf16 / int8 steps, as a torch bf16
     model would differ)."""
@@ -312,13 +327,14 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         lib = load()
         native = engine.runner.native
         expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
-        one = ACT_INT8 if int8_decode_preferred() else ACT_F32
+        small = ACT_INT8 if int8_decode_preferred() else ACT_F32
         assert lib.rlm_bf16_min_rows() == expect_from
-        assert native.act_modes == (one, ACT_F32, ACT_BF16 if expect_from else ACT_F32)
-        assert native._mode(1) == one
+        assert native._mode(1) == small
         if expect_from:
-            assert native._mode(expect_from - 1) == (ACT_F32 if expect_from > 2 else one)
+            assert native._mode(expect_from - 1) == small
             assert native._mode(expect_from) == ACT_BF16
+        else:
+            assert native._mode(64) == ACT_F32
 
         def step(extends: int, tokens: int, cached: int):  # what accepts() reads
             return types.SimpleNamespace(num_tokens=extends * tokens,
@@ -471,10 +487,11 @@ def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
 
 
 def test_int8_one_token_steps_by_isa():
-    """auto picks int8 activation blocks for the one-token steps of a block-quantized model
-    where the CPU multiplies u8 x s8 in SIMD (AVX2's maddubs, VNNI's dpbusd), whatever the
-    vendor, and fp32 without (plain C builds, other architectures); larger steps keep fp32
-    (bf16 from ``bf16_from`` tokens on a bf16 model); an explicit mode runs every step."""
+    """auto picks int8 activation blocks for the steps of a block-quantized model under 8
+    tokens (one-token steps first of all) where the CPU multiplies u8 x s8 in SIMD (AVX2's
+    maddubs, VNNI's dpbusd), whatever the vendor, and fp32 without (plain C builds, other
+    architectures); larger steps fp32, or bf16 from ``bf16_from`` tokens on a bf16 model
+    (sooner than 8 where bf16 dot products take over); an explicit mode runs every step."""
     from radixlm.native.decoder import activation_modes
 
     for flags, expected in ((["avx2", "fma"], True),
@@ -484,13 +501,15 @@ def test_int8_one_token_steps_by_isa():
                             (["sse4_2", "ssse3", "avx"], False),
                             (["asimd", "asimddp"], False), ([], False)):
         assert build.int8_decode_preferred(flags) is expected, flags
-    assert activation_modes("auto", 8, torch.bfloat16, True) == (ACT_INT8, ACT_F32, ACT_BF16)
-    assert activation_modes("auto", 2, torch.float32, True) == (ACT_INT8, ACT_F32, ACT_F32)
-    assert activation_modes("auto", 0, torch.bfloat16, True) == (ACT_INT8, ACT_F32, ACT_F32)
-    assert activation_modes("auto", 8, torch.bfloat16, False) == (ACT_F32, ACT_F32, ACT_BF16)
-    assert activation_modes("auto", 0, torch.float32, False) == (ACT_F32,) * 3
-    assert activation_modes("fp32", 8, torch.bfloat16, True) == (ACT_F32,) * 3
-    assert activation_modes("int8", 8, torch.float32, False) == (ACT_INT8,) * 3
+    I8, F32, BF16 = ACT_INT8, ACT_F32, ACT_BF16
+    assert activation_modes("auto", 8, torch.bfloat16, True) == ((1, I8), (8, BF16))  # AMX
+    assert activation_modes("auto", 2, torch.bfloat16, True) == ((1, I8), (2, BF16))
+    assert activation_modes("auto", 8, torch.float32, True) == ((1, I8), (8, F32))
+    assert activation_modes("auto", 0, torch.bfloat16, True) == ((1, I8), (8, F32))  # AVX2
+    assert activation_modes("auto", 8, torch.bfloat16, False) == ((1, F32), (8, BF16))
+    assert activation_modes("auto", 0, torch.float32, False) == ((1, F32),)
+    assert activation_modes("fp32", 8, torch.bfloat16, True) == ((1, F32),)
+    assert activation_modes("int8", 8, torch.float32, False) == ((1, I8),)
 
 
 def test_int8_rule_under_the_isa_cap(monkeypatch):

@@ -41,18 +41,18 @@ def sources() -> list[Path]:
 
 
 def int8_decode_preferred(flags: list[str] | None = None) -> bool:
-    """Whether one-token steps of a block-quantized model run int8 activation blocks by
-    default: where the CPU multiplies u8 x s8 bytes in SIMD, AVX2's ``maddubs`` or VNNI's
-    ``dpbusd`` (llama.cpp's rule; the vendor does not matter). ``flags``: the CPU's
-    (default: this host's, less what RADIXLM_CPU_ISA caps away).
+    """Whether small steps (one-token steps first of all; decoder.INT8_MAX_ROWS) of a
+    block-quantized model run int8 activation blocks by default: where the CPU multiplies
+    u8 x s8 bytes in SIMD, AVX2's ``maddubs`` or VNNI's ``dpbusd`` (llama.cpp's rule; the
+    vendor does not matter). ``flags``: the CPU's (default: this host's, less what
+    RADIXLM_CPU_ISA caps away).
 
     Measured (SmolLM2-135M Q4_1, 2 cores, 256 cached positions): an AMD EPYC Zen 3 with
     AVX2 alone, single-stream decode 52.4 tok/s fp32 -> 87.9 int8 (llama.cpp 60.4-75.0); a
     Zen 4 with AVX512-VNNI, a one-token step 6.4 -> 4.4 ms; an Intel Xeon with AVX512-VNNI
     and AMX (a busy shared VM: paired fp32 / int8 runs, their quietest quarter), 7.1 ->
-    5.8 ms (fp32 model), 0.91x (bf16 model), and capped at AVX2 8.1 -> 6.9 ms. From 4
-    tokens int8 loses on AVX-512 (1.17x the fp32 time at 4, 1.55x at 16), so larger steps
-    keep fp32 / bf16 (benchmarks/bench_decode_step.py --activations fp32,int8)."""
+    5.8 ms (fp32 model), 0.91x (bf16 model), and capped at AVX2 8.1 -> 6.9 ms
+    (benchmarks/bench_decode_step.py --activations fp32,int8)."""
     have = set(cpu_flags() if flags is None else flags)
     return "avx2" in have or bool({"avx512_vnni", "avx_vnni"} & have)
 

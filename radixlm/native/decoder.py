@@ -82,23 +82,38 @@ LARGE_MAX_ROWS = 2048
 BF16_LARGE_MAX_ROWS = 256
 
 
+# Steps under this many tokens run int8 activation blocks by default where int8 is
+# preferred (and no bf16 path takes over sooner). A token's int8 products are the same bits
+# at every step size (csrc/matmul.c), so a request's steps round alike alone or beside up
+# to 7 others, and a step verifying drafts at one-token rounding (``act_rows``) reproduces
+# decoding exactly. The price on AVX-512: int8 wins one-token steps (0.82-0.91x the fp32
+# step time on a 2-core Xeon) and 2-token ones (0.89x), and loses from 4 tokens (a
+# 4-token step 1.17x; one Q4 matmul alone 1.30x at 4, 1.7x at 8), where fp32 tiles of 4
+# rows x 4 tokens share their loads; from 8 tokens fp32 / bf16 run, as before.
+INT8_MAX_ROWS = 8
+
+
 def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8_one: bool = False) -> tuple[int, int, int]:
-    """``(one, small, large)``: the C activation mode for one-token steps, for the other
-    steps under ``bf16_from`` tokens, and for steps from ``bf16_from`` tokens
-    (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0 where the
-    library has no bf16). fp32 is exact (the reference path's numbers); int8 is llama.cpp's
-    per-block rounding; bf16 rounds activations and weights to bf16 with fp32 sums, the
-    numbers of a torch bf16 linear. auto: fp32, except on a bf16 model (whose numbers are
-    8-bit-mantissa ones anyway) bf16 for steps from ``bf16_from`` tokens where the library
-    has bf16 (the compute-bound steps); and int8 blocks for one-token steps where
-    ``int8_one`` (a block-quantized model on a CPU with u8 x s8 SIMD:
-    ``build.int8_decode_preferred``)."""
-    if act == "auto":
-        large = ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32
-        return (ACT_INT8 if int8_one else ACT_F32), ACT_F32, large
-    mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
-    return mode, mode, mode
+                     int8: bool = False) -> tuple[tuple[int, int], ...]:
+    """The C activation mode by step size: ``((from_tokens, mode), ...)``, ascending, the
+    first from 1; a step of T tokens runs the last entry whose ``from_tokens <= T``.
+    ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
+    products, 0 where the library has no bf16). fp32 is exact (the reference path's
+    numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and weights
+    to bf16 with fp32 sums, the numbers of a torch bf16 linear. auto: on a bf16 model (whose
+    numbers are 8-bit-mantissa ones anyway) bf16 from ``bf16_from`` tokens where the
+    library has bf16 (the compute-bound steps); below that int8 blocks where ``int8`` (a
+    block-quantized model on a CPU with u8 x s8 SIMD: ``build.int8_decode_preferred``) for
+    steps under INT8_MAX_ROWS tokens; fp32 otherwise. An explicit mode runs every step."""
+    if act != "auto":
+        return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
+    bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
+    plan = [(1, ACT_INT8 if int8 else ACT_F32)]
+    if int8 and (not bf16 or bf16 > INT8_MAX_ROWS):
+        plan.append((INT8_MAX_ROWS, ACT_F32))
+    if bf16 > 1:
+        plan.append((bf16, ACT_BF16))
+    return tuple(plan)
 
 
 _MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
@@ -145,9 +160,8 @@ class NativeDecoder:
             raise ValueError(f"native_activations='int8' rounds activations for block "
                              f"weights; this model runs dense {self.weights} rows (use "
                              "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
-        bf16_from = int(lib.rlm_bf16_min_rows())
-        self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[2] runs
-        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype,
+        self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()),
+                                          model.embed.dtype,
                                           quantized and int8_decode_preferred())
         self.arena = Arena([*flat, head])  # in step order
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
@@ -239,32 +253,35 @@ class NativeDecoder:
         t = batch.num_tokens
         if 0 < t <= self.max_rows:
             return True
-        if self.act_modes[2] != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
-                                                 else BF16_LARGE_MAX_ROWS):
+        if self._mode(t) != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
+                                             else BF16_LARGE_MAX_ROWS):
             return False
         attended = sum(e * s - e * (e - 1) // 2  # positions s-e .. s-1 attend to pos + 1
                        for e, s in zip(batch.extend_lens_cpu, batch.seq_lens_cpu))
         return attended <= LARGE_MAX_CTX_PER_TOKEN * t
 
+    @property
+    def large_from(self) -> int:
+        """Tokens from which steps run bf16 (1 << 30: none do)."""
+        return next((n for n, m in self.act_modes if m == ACT_BF16), 1 << 30)
+
     def describe_modes(self) -> str:
-        """The activation modes by step size, e.g. ``int8 one-token steps, fp32, bf16 from 8
-        tokens (AMX; ...)``."""
-        one, small, large = (_MODE_NAMES[m] for m in self.act_modes)
-        if one == small == large:
-            return one
-        text = f"{one} one-token steps, {small}" if one != small else small
-        if large == small:
-            return text
-        return (f"{text}, {large} from {self.large_from} tokens"
-                + (" (AMX; short-context prefill chunks too)" if self.amx else
-                   " (AVX512-BF16 dot products; short-context steps up to "
-                   f"{BF16_LARGE_MAX_ROWS} tokens too)"))
+        """The activation modes by step size, e.g. ``int8 under 8 tokens, bf16 from 8
+        tokens (AMX; ...)``; ``fp32``."""
+        plan = self.act_modes
+        parts = [f"{_MODE_NAMES[m]} under {plan[i + 1][0]} tokens" if i + 1 < len(plan)
+                 else (f"{_MODE_NAMES[m]} from {n} tokens" if i else _MODE_NAMES[m])
+                 for i, (n, m) in enumerate(plan)]
+        parts = [p.replace("under 2 tokens", "one-token steps") for p in parts]
+        if plan[-1][1] == ACT_BF16:
+            parts[-1] += (" (AMX; short-context prefill chunks too)" if self.amx else
+                          " (AVX512-BF16 dot products; short-context steps up to "
+                          f"{BF16_LARGE_MAX_ROWS} tokens too)")
+        return ", ".join(parts)
 
     def _mode(self, rows: int) -> int:
         """The activation mode (ACT_*) a step of ``rows`` tokens runs."""
-        if rows >= self.large_from:
-            return self.act_modes[2]
-        return self.act_modes[0 if rows == 1 else 1]
+        return next(m for n, m in reversed(self.act_modes) if n <= max(rows, 1))
 
     def _workspace(self, attr: str, floats: int) -> torch.Tensor:
         ws = getattr(self, attr)
