@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import ref
+from radixlm.runtime.config import KV_CACHE_DTYPES
 
 
 class SlotAllocator:
@@ -75,13 +76,10 @@ class RowAllocator:
         self._free.append(row)
 
 
-# --kv-cache-dtype choices (SGLang's names, and int8). fp8 needs hardware fp8 conversions
-# (a CUDA GPU of compute capability 8.9+), which this build does not implement.
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
-
-
 def supported_kv_cache_dtypes(device: torch.device) -> tuple[str, ...]:
-    """The ``kv_cache_dtype`` values a pool on ``device`` can store."""
+    """The ``kv_cache_dtype`` values a pool on ``device`` stores: ``auto`` and ``int8``
+    everywhere. Not fp8: a CPU has no fp8 conversions (the int8 scheme reads as fast and
+    at least as precisely there), and the GPU kernels have no fp8 variant yet."""
     return ("auto", "int8")
 
 
@@ -94,9 +92,10 @@ def check_kv_cache_dtype(name: str, device: torch.device) -> None:
     ok = supported_kv_cache_dtypes(device)
     if name not in ok:
         raise ValueError(
-            f"kv_cache_dtype={name!r} needs native fp8 conversions (a CUDA GPU of compute "
-            f"capability 8.9+ with fp8 attention kernels), which this build has not; on "
-            f"{device.type} it supports {' | '.join(ok)}")
+            f"kv_cache_dtype={name!r} is not supported on {device.type}: "
+            + ("a CPU has no native fp8 conversions" if device.type == "cpu"
+               else "the attention kernels have no fp8 variant")
+            + f"; supported here: {' | '.join(ok)}")
 
 
 @dataclass(frozen=True)
