@@ -135,8 +135,9 @@ def _batch(mode: ForwardMode, prefix: list[int], extend: list[int], table: torch
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_backend_on_an_int8_pool(device: str, dtype: torch.dtype) -> None:
     """A real int8 ``KVPool`` through the Triton backend: a prefill, an extend step (one
-    row reading another's prefix, one-token rows among longer ones), then a decode step; the pool holds the twin's bytes after each
-    layer's store and the outputs equal the twins reading it."""
+    row reading another's prefix, one-token rows among longer ones), then a decode step;
+    the pool holds the twin's bytes after each layer's store and the outputs equal the
+    twins reading it."""
     heads, kv_heads, head_dim, layers = 6, 2, 64, 2
     pool = KVPool(CAPACITY, layers, kv_heads, head_dim, dtype, torch.device(device), ROWS,
                   CONTEXT, kv_cache_dtype="int8")

@@ -33,13 +33,23 @@ def kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask, kv_head, cache_stride
 
 
 @triton.jit
-def kv_scales(k_scale_ptr, v_scale_ptr, slots, n_mask, kv_head, scale_stride_s):
-    """The bf16 scales of K and V at ``slots`` for head ``kv_head`` of an int8 pool, as
-    fp32 ``[BLOCK_N]`` (0 where ``n_mask`` is off)."""
-    off = slots * scale_stride_s + kv_head
-    ks = tl.load(k_scale_ptr + off, mask=n_mask, other=0.0).to(tl.float32)
-    vs = tl.load(v_scale_ptr + off, mask=n_mask, other=0.0).to(tl.float32)
-    return ks, vs
+def kv_scores(q, k_cache_ptr, kv_off, kv_mask, k_scale_ptr, v_scale_ptr, slots, n_mask,
+              kv_head, scale_stride_s, scale, KV_INT8: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """``(qk, vs)``: the scores ``q . k * scale`` of the block's keys (``[rows, BLOCK_N]``,
+    not yet masked) and, for an int8 pool, the V row scales ``[BLOCK_N]`` fp32 that
+    ``online_softmax_step`` folds into the weights (0.0 otherwise)."""
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0)
+    if KV_INT8:  # int8 -> fp32 -> q's dtype, exact (and what the interpreter can do)
+        k = k.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
+    vs = 0.0
+    if KV_INT8:  # the rows' bf16 scales at these slots, 0 where n_mask is off
+        off = slots * scale_stride_s + kv_head
+        ks = tl.load(k_scale_ptr + off, mask=n_mask, other=0.0).to(tl.float32)
+        vs = tl.load(v_scale_ptr + off, mask=n_mask, other=0.0).to(tl.float32)
+        qk = qk * ks[None, :]
+    return qk, vs
 
 
 @triton.jit
@@ -60,3 +70,11 @@ def online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc, vs,
     v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+def scale_args(k_cache, v_cache, k_scale, v_scale):
+    """``(KV_INT8, k_scale, v_scale)`` for a launch: the scales of an int8 pool, else the
+    caches as placeholders the kernel never reads."""
+    if k_scale is None:
+        return False, k_cache, v_cache
+    return True, k_scale, v_scale

@@ -20,7 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention_common import kv_block, kv_scales, online_softmax_step
+from radixlm.kernels.attention_common import (
+    kv_block,
+    kv_scores,
+    online_softmax_step,
+    scale_args,
+)
 from radixlm.kernels.triton_utils import dot_precision
 
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
@@ -80,14 +85,8 @@ def _decode_stage1_kernel(
         kv_off, kv_mask, slots = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask,
                                           kv_head, cache_stride_s, cache_stride_h, d, d_mask,
                                           EVEN_D)
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0)
-        if KV_INT8:  # int8 -> fp32 -> q's dtype, exact (and what the interpreter can do)
-            k = k.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
-        vs = 0.0
-        if KV_INT8:
-            ks, vs = kv_scales(k_scale_ptr, v_scale_ptr, slots, n_mask, kv_head, scale_stride_s)
-            qk = qk * ks[None, :]
+        qk, vs = kv_scores(q, k_cache_ptr, kv_off, kv_mask, k_scale_ptr, v_scale_ptr, slots,
+                           n_mask, kv_head, scale_stride_s, scale, KV_INT8, DOT_PRECISION)
         qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
                                             vs, KV_INT8, DOT_PRECISION)
@@ -171,9 +170,10 @@ def decode_attention(
     """``q [B, H, D]``; request ``b`` attends to slots
     ``req_to_token[req_pool_indices[b], :seq_lens[b]]`` (every ``seq_lens[b] >= 1``).
     Returns ``[B, H, D]``. ``k_scale, v_scale [S, Hkv]``: the caches are int8 with these
-    row scales (``ref.quantize_kv``), read dequantized. Optional: ``num_kv_splits`` (else chosen from ``max_seq_len``,
-    which costs a device sync when not given), stage-1 ``buffers`` from
-    ``alloc_decode_buffers`` and an ``out`` tensor, so a caller can avoid per-layer work."""
+    row scales (``ref.quantize_kv``), read dequantized. Optional: ``num_kv_splits`` (else
+    chosen from ``max_seq_len``, which costs a device sync when not given), stage-1
+    ``buffers`` from ``alloc_decode_buffers`` and an ``out`` tensor, so a caller can avoid
+    per-layer work."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -190,8 +190,7 @@ def decode_attention(
     mid_o, mid_lse = buffers
     block_d = triton.next_power_of_2(head_dim)
     config = launch_config(head_dim)
-    int8 = k_scale is not None
-    k_scale, v_scale = (k_scale, v_scale) if int8 else (k_cache, v_cache)  # unread if not
+    int8, k_scale, v_scale = scale_args(k_cache, v_cache, k_scale, v_scale)
     _decode_stage1_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens,
         mid_o, mid_lse,

@@ -18,7 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention_common import kv_block, kv_scales, online_softmax_step
+from radixlm.kernels.attention_common import (
+    kv_block,
+    kv_scores,
+    online_softmax_step,
+    scale_args,
+)
 from radixlm.kernels.triton_utils import dot_precision
 
 
@@ -61,14 +66,8 @@ def _extend_kernel(
         kv_off, kv_mask, slots = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask,
                                           kv_head, cache_stride_s, cache_stride_h, d, d_mask,
                                           EVEN_D)
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0)
-        if KV_INT8:  # int8 -> fp32 -> q's dtype, exact (and what the interpreter can do)
-            k = k.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
-        vs = 0.0
-        if KV_INT8:
-            ks, vs = kv_scales(k_scale_ptr, v_scale_ptr, slots, n_mask, kv_head, scale_stride_s)
-            qk = qk * ks[None, :]
+        qk, vs = kv_scores(q, k_cache_ptr, kv_off, kv_mask, k_scale_ptr, v_scale_ptr, slots,
+                           n_mask, kv_head, scale_stride_s, scale, KV_INT8, DOT_PRECISION)
         qk = tl.where(n_mask[None, :] & (n[None, :] <= q_pos[:, None]), qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
                                             vs, KV_INT8, DOT_PRECISION)
@@ -135,8 +134,7 @@ def extend_attention(
     block_d = triton.next_power_of_2(head_dim)
     config = launch_config(head_dim)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, config.block_m))
-    int8 = k_scale is not None
-    k_scale, v_scale = (k_scale, v_scale) if int8 else (k_cache, v_cache)  # unread if not
+    int8, k_scale, v_scale = scale_args(k_cache, v_cache, k_scale, v_scale)
     _extend_kernel[grid](
         q, out, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices,
         prefix_lens, extend_lens, extend_start_loc,

@@ -154,7 +154,6 @@ class ModelRunner:
             check_tp_size(hf_config, config.tp_size, self.device.type, nnodes=config.nnodes)
             model_hf = local_hf_config(hf_config, rank, config.tp_size)
         local = ModelConfig.from_hf(model_hf)
-        check_kv_cache_dtype(config.kv_cache_dtype, self.device)  # before loading anything
         capacity = self._pool_capacity(config, local)
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
@@ -168,9 +167,7 @@ class ModelRunner:
             raise
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
-        self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                           self.dtype, self.device, config.max_running_requests + 1, context_len,
-                           kv_cache_dtype=config.kv_cache_dtype)
+        self.pool = self._create_pool(config, cfg, capacity, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
                                              hf_config) if lib is not None else None)
         # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
@@ -198,9 +195,8 @@ class ModelRunner:
                  f"activations {self.native.describe_modes()})"
                  if self.native is not None
                  else " (+int4 decode linears)" if self.int4 is not None else "")
-        logger.info("model on %s/%s%s, KV pool %d tokens (%s, %.1f MB), attention %s%s",
-                    self.device, self.dtype, extra, capacity, self.pool.layout,
-                    self.pool.nbytes / 1e6, name,
+        logger.info("model on %s/%s%s, KV pool %d tokens (%s), attention %s%s", self.device,
+                    self.dtype, extra, capacity, self.pool.layout, name,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
     def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> None:
@@ -235,10 +231,18 @@ class ModelRunner:
             return None
         return blocks
 
+    def _create_pool(self, config: EngineConfig, cfg: ModelConfig, capacity: int,
+                     context_len: int) -> KVPool:
+        return KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype,
+                      self.device, config.max_running_requests + 1, context_len,
+                      kv_cache_dtype=config.kv_cache_dtype)
+
     def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig) -> int:
         """Slots of the pool: ``max_total_tokens`` + 1, else as many tokens as
         ``mem_fraction`` of the free memory holds in the K/V format (an int8 pool about
-        twice a bf16 one's)."""
+        twice a bf16 one's). A format this device cannot store is refused here, before
+        anything is loaded."""
+        check_kv_cache_dtype(config.kv_cache_dtype, self.device)
         if config.max_total_tokens is not None:
             return config.max_total_tokens + 1
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
