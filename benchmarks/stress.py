@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import signal
 import socket
@@ -238,7 +239,7 @@ def schema_cases(url: str, cases: int, cap: int, limit_s: float, seed: int) -> T
     tally, end = Tally(), time.monotonic() + limit_s
     session = httpx.Client(base_url=url, timeout=120)
     for op in ops:
-        n = max(1, round(cases * weights[(op.method, op.path)] / total_w))
+        n = max(1, math.ceil(cases * weights[(op.method, op.path)] / total_w))
 
         @hseed(seed)
         @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
