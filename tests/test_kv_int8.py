@@ -232,3 +232,24 @@ def test_engine_int8_torch_path_stays_as_near(engine_int8, engine_fp32) -> None:
         native_path = prompt_logprobs(small_steps)
     for lps in (torch_path, native_path):
         assert 0 < np.abs(lps - exact).mean() <= 0.05
+
+
+def test_tensor_parallel_ranks_keep_int8_pools(engine_fp32) -> None:
+    """tp_size=2 (the torch path on each rank, each holding its KV heads' int8 rows): the
+    same bound against the fp32 KV, on the greedy tokens of four reference prompts."""
+    import os
+
+    from radixlm.runtime.engine import Engine
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("tp=2 needs 2 CPU cores")
+    params = {"temperature": 0, "max_new_tokens": 12}
+    with Engine(dtype="float32", tp_size=2, kv_cache_dtype="int8", max_total_tokens=4096,
+                context_length=512, log_level="warning") as engine:
+        assert engine.runner.pool.quantized and engine.runner.tp is not None
+        ours = engine.generate(PROMPTS[:4], params, return_logprob=True)
+    theirs = engine_fp32.generate(PROMPTS[:4], params, return_logprob=True)
+    deltas = [abs(a - b) for o, t in zip(ours, theirs) if o["output_ids"] == t["output_ids"]
+              for a, b in zip(_logprobs(o, "output_token_logprobs"),
+                              _logprobs(t, "output_token_logprobs"))]
+    assert len(deltas) >= 24 and 0 < np.mean(deltas) <= 0.05

@@ -78,8 +78,9 @@ class RowAllocator:
 
 def supported_kv_cache_dtypes(device: torch.device) -> tuple[str, ...]:
     """The ``kv_cache_dtype`` values a pool on ``device`` stores: ``auto`` and ``int8``
-    everywhere. Not fp8: a CPU has no fp8 conversions (the int8 scheme reads as fast and
-    at least as precisely there), and the GPU kernels have no fp8 variant yet."""
+    everywhere. Not fp8: x86 CPUs have no fp8 conversion instructions (AVX-512 FP16 and
+    AMX stop at 16 bits), so fp8 would be a software decode in the attention loop where
+    int8 widens in one instruction; the GPU kernels have no fp8 variant yet."""
     return ("auto", "int8")
 
 
