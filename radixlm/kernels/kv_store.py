@@ -101,15 +101,9 @@ def store_kv(
     )
 
 
-def store_kv_int8(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-) -> None:
+def store_kv_int8(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                  v_scale: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> None:
     """Quantize ``k, v [T, Hkv, D]`` into rows ``loc [T]`` of the int8 caches ``[S, Hkv, D]``
     and their bf16 scales ``[S, Hkv]`` (caches and scales each sharing one layout)."""
     k, v = _dense_last(k), _dense_last(v)
