@@ -66,7 +66,9 @@ class EngineConfig:
     # K/V storage in the pool (SGLang's --kv-cache-dtype). auto: the model's dtype. int8:
     # one int8 per value and a bf16 scale per (token, KV head) row (symmetric absmax):
     # about half the bytes of bf16, so the same memory holds ~1.9x the tokens; the native
-    # library reads it in registers, the torch / Triton paths dequantize on read.
+    # library reads it in registers, the torch / Triton paths dequantize on read. Rounding
+    # to int8 magnifies the ~1e-6 differences between step sizes, so speculative or
+    # chunked steps may part from plain decoding on near-ties (logprobs within ~0.03).
     # fp8_e4m3 / fp8_e5m2: refused with the list this device supports (no fp8 path yet).
     kv_cache_dtype: str = "auto"
     context_length: int | None = None  # default: the model's max_position_embeddings
