@@ -174,6 +174,9 @@ def test_openai_client_reasoning_content_within_budget_and_valid_content(client,
     assert end <= budget
     assert msg.reasoning_content == "".join(tokens[:end])
     assert "</think>" not in msg.content and "<think>" not in msg.reasoning_content
+    # OpenAI's usage field counts the thinking tokens: those before the closing tag
+    assert out.usage.completion_tokens_details.reasoning_tokens == end
+    assert out.usage.completion_tokens == len(tokens)  # every token has its logprob
 
 
 def test_streamed_deltas_join_to_the_same_split(client, engine):
@@ -195,6 +198,11 @@ def test_streamed_deltas_join_to_the_same_split(client, engine):
             content += delta.content
             order.append("c")
     assert (reasoning, content) == (whole.reasoning_content, whole.content)
+    assert engine.flush_cache()
+    usage = [c.usage for c in _chat(client, 12, seed=7, stream=True,
+                                    stream_options={"include_usage": True}) if c.usage]
+    assert len(usage) == 1 and usage[0].completion_tokens_details.reasoning_tokens == (
+        _chat(client, 12, seed=7).usage.completion_tokens_details.reasoning_tokens)
     assert order.index("c") > max(i for i, k in enumerate(order) if k == "r")
     assert order.count("r") > 1  # streamed as it came
     # stream_reasoning false: all of it in one delta once the block has ended
@@ -425,3 +433,16 @@ def test_regex_and_ebnf_apply_after_the_thinking(client, constraint, language):
         assert re.fullmatch(language, msg.content), msg.content
         tokens = [t.token for t in out.choices[0].logprobs.content]
         assert tokens.index("</think>") <= 6
+
+
+def test_logprobs_cover_every_token_after_jump_forward_rollbacks(engine):
+    # this tokenizer often re-tokenizes the text jump-forward forces (a rollback of the
+    # last sampled tokens): each output token still has its logprob, in order
+    forced = 0
+    for seed in range(6):
+        out = engine.generate("hello", {"max_new_tokens": 80, "temperature": 1.0, "seed": seed,
+                                        "json_schema": json.dumps(SCHEMA)}, return_logprob=True)
+        meta = out["meta_info"]
+        forced += meta.get("forced_tokens", 0)
+        assert [t for _, t, *_ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert forced > 0

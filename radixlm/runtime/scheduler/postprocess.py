@@ -193,7 +193,10 @@ class Postprocessor:
             keep = len(req.output_ids)
             del req.output_token_logprobs[keep:]
             del req.output_top_logprobs[keep:]
-            self.kv.truncate(req, min(req.kv_len, req.fill_len))
+            # the last kept token's K/V goes too when logprobs are asked for: the first
+            # forced token's logprob comes from the logits at its position
+            last = req.fill_len - (1 if req.logprob.return_logprob else 0)
+            self.kv.truncate(req, min(req.kv_len, last))
         room = req.params.max_new_tokens - len(req.output_ids)
         forced = plan.token_ids[:room]
         req.output_ids.extend(forced)
