@@ -204,3 +204,40 @@ def test_other_gguf_block_types_run_as_q8_0(tmp_path):
     source = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_0)
     assert np.abs(up.dequantize() - source).max() <= np.abs(source).max() / 127
     assert describe_weights([up], up) == "gguf q8_0 (from Q5_0)"
+
+
+@needs_native
+def test_dense_rows_on_an_int8_kv_pool(llama_dir, tokenizer):
+    """A checkpoint's dense rows beside an int8 K/V pool (--kv-cache-dtype int8): the native
+    steps store and read the pool's int8 rows as the torch path does (greedy tokens equal,
+    logprobs within 2e-3 of the torch path's on the same pool format; steps small enough
+    for the native library: one sequence at a time), and the rounding is really there
+    (more than 1e-4 from the fp32 pool's somewhere)."""
+    from radixlm.runtime.engine import Engine
+
+    prompts = _prompts(len(tokenizer))
+    params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+    kw = {"max_total_tokens": 2048, "log_level": "warning"}
+
+    def run(engine):
+        outs = [engine.generate(input_ids=p, sampling_params=params, return_logprob=True)
+                for p in prompts]
+        seqs = [p + o["output_ids"] for p, o in zip(prompts, outs)]
+        decode = [lp for o in outs for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+        return seqs, np.array(decode), np.concatenate([_score(engine, [s]) for s in seqs])
+
+    with Engine(str(llama_dir), kv_cache_dtype="int8", **kw) as native:
+        assert native.runner.native is not None
+        assert native.runner.precision == {"weights": "fp32", "activations": "fp32"}
+        steps, forward = [], native.runner.native.forward
+        native.runner.native.forward = lambda batch: steps.append(batch) or forward(batch)
+        seqs, decode, scores = run(native)
+        assert len(steps) >= len(prompts) * params["max_new_tokens"]
+    with Engine(str(llama_dir), kv_cache_dtype="int8", weight_quant="none", **kw) as ref:
+        assert ref.runner.native is None
+        ref_seqs, ref_decode, ref_scores = run(ref)
+    assert ref_seqs == seqs
+    np.testing.assert_allclose(decode, ref_decode, atol=2e-3)
+    np.testing.assert_allclose(scores, ref_scores, atol=2e-3)
+    with Engine(str(llama_dir), **kw) as fp32_kv:
+        assert np.abs(scores - run(fp32_kv)[2]).max() > 1e-4
