@@ -111,71 +111,121 @@ def profile_native(runner, lib_prof, fb: ForwardBatch, steps: int, modes=None) -
             "rest_ms": max(wall_ms - lin - att, 0.0), "rest_c_ms": ms[0] + ms[5] + ms[7]}
 
 
+ACT_NAMES = {"int8": 0, "fp32": 1, "bf16": 2}  # csrc/rlm.h ACT_*
+
+
+def make_engines(args):
+    """The engine the native paths run on, and the reference one (None with
+    ``--no-reference``): a host without the library runs it (torch int4 / bf16 or fp32)."""
+    from radixlm.native import build
+    from radixlm.runtime.engine import Engine
+
+    kwargs = {"log_level": "warning", "max_total_tokens": 40000, "dtype": args.dtype,
+              "model": args.model}
+    native_engine = Engine(**kwargs)
+    if native_engine.runner.native is None:
+        raise SystemExit("the native library is unavailable on this host: nothing to compare")
+    if args.no_reference:
+        return native_engine, None
+    build.load.cache_clear()
+    saved = build.load
+    build.load = lambda: None
+    try:
+        ref_engine = Engine(**kwargs)
+    finally:
+        build.load = saved
+    return native_engine, ref_engine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="model alias, HF directory (dense rows natively) or .gguf")
+    ap.add_argument("--dtype", default="auto", help="the engine's dtype (auto: the host's)")
+    ap.add_argument("--activations", default="",
+                    help="also time the native path with steps of these activation modes "
+                         "(comma list of fp32 | int8 | bf16; every step size under one mode)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the torch path")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     from radixlm.native import build
-    from radixlm.native.build import ACT_F32, host_info, host_line
-    from radixlm.runtime.engine import Engine
+    from radixlm.native.build import host_info, host_line
 
     host = host_info()
     print(host_line(host), flush=True)
-    native_engine = Engine(log_level="warning", max_total_tokens=40000)
-    if native_engine.runner.native is None:
-        raise SystemExit("the native library is unavailable on this host: nothing to compare")
-    # the reference path as a host without the library runs it (torch int4 / bf16 or fp32)
-    build.load.cache_clear()
-    saved = build.load
-    build.load = lambda: None
-    try:
-        ref_engine = Engine(log_level="warning", max_total_tokens=40000)
-    finally:
-        build.load = saved
-    lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"],
+    native_engine, ref_engine = make_engines(args)
+    lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"]
+                                  if build.envs.cpu_isa() == "native"
+                                  else [*build._ARCH[build.envs.cpu_isa()], "-DRLM_PROFILE"],
                                   tempfile.mkdtemp(prefix="radixlm-prof-"))
     assert lib_prof.rlm_profile(None, 1) == 1
-    # the default activation modes and, where they differ (bf16 on AMX for large steps),
-    # the all-fp32 native path as well
-    fp32, default_modes = (ACT_F32, ACT_F32), native_engine.runner.native.act_modes
-    large_from = native_engine.runner.native.large_from
-    paths = ["reference", "native"] + (["native_fp32"] if default_modes != fp32 else [])
+    native = native_engine.runner.native
+    default_modes = native.act_modes
+    modes = {"native": None}
+    modes.update({f"native_{m}": ((1, ACT_NAMES[m]),)
+                  for m in args.activations.split(",") if m})
+    paths = (["reference"] if ref_engine else []) + list(modes)
     results = {"host": host, "context": args.context, "native_act_modes": default_modes,
+               "weights": native_engine.runner.precision["weights"],
                **{p: {} for p in paths},
-               "reference_path": f"torch {ref_engine.runner.dtype}"
-               + (" + int4 linears" if ref_engine.runner.int4 is not None else "")}
+               "reference_path": (f"torch {ref_engine.runner.dtype}"
+                                  + (" + int4 linears" if ref_engine.runner.int4 is not None
+                                     else "")) if ref_engine else "not run"}
     for b in [int(x) for x in args.batches.split(",")]:
         fb = decode_batch(b, args.context)
         runs = {p: [] for p in paths}
-        for _ in range(args.rounds):
-            fill_table(ref_engine.runner, b, args.context)
-            runs["reference"].append(profile_reference(ref_engine.runner, fb, args.steps))
+        for _ in range(args.rounds):  # the paths alternate within each round
+            if ref_engine:
+                fill_table(ref_engine.runner, b, args.context)
+                runs["reference"].append(profile_reference(ref_engine.runner, fb, args.steps))
             fill_table(native_engine.runner, b, args.context)
-            runs["native"].append(profile_native(native_engine.runner, lib_prof, fb,
-                                                 args.steps))
-            if "native_fp32" in runs:
-                runs["native_fp32"].append(profile_native(native_engine.runner, lib_prof, fb,
-                                                          args.steps, fp32))
+            for path, m in modes.items():
+                runs[path].append(profile_native(native_engine.runner, lib_prof, fb,
+                                                 args.steps, m))
         for path, rs in runs.items():
             results[path][b] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    ref_engine.shutdown()
-    native_engine.shutdown()
+            results[path][b]["rounds_step_ms"] = [r["step_ms"] for r in rs]
+        results["quiet_ratio_vs_native"] = results.get("quiet_ratio_vs_native", {})
+        results["quiet_ratio_vs_native"][b] = quiet_ratios(results, paths, b)
+    for engine in (ref_engine, native_engine):
+        if engine:
+            engine.shutdown()
+    report(results, args, paths, default_modes, host)
+
+
+def quiet_ratios(results, paths, b) -> dict:
+    """Each path's step time over the default native path's, per round (the paths of a
+    round run back to back), median over the quietest quarter of the rounds (the least
+    total time): on a shared host the other rounds measure the neighbours."""
+    rounds = list(zip(*(results[p][b]["rounds_step_ms"] for p in paths)))
+    quiet = sorted(rounds, key=sum)[:max(1, len(rounds) // 4)]
+    base = paths.index("native")
+    return {p: statistics.median(r[i] / r[base] for r in quiet) for i, p in enumerate(paths)}
+
+
+def report(results, args, paths, default_modes, host) -> None:
+    from radixlm.native.build import host_line
+
     print(json.dumps(results, indent=2))
-    print(f"\n{host_line(host)}; context {args.context}; reference = "
-          f"{results['reference_path']}; native = its defaults (activation modes "
-          f"{default_modes} for steps under / from "
-          f"{large_from} tokens; 1 fp32, 2 bf16)")
-    print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'linears':>9}{'attention':>11}{'rest':>8}")
-    for b in results["native"]:
+    print(f"\n{host_line(host)}; context {args.context}; weights {results['weights']}; "
+          f"reference = {results['reference_path']}; native = its defaults (activation "
+          f"modes {default_modes}: (from tokens, mode), 0 int8, 1 fp32, 2 bf16); "
+          "native_MODE: every step MODE")
+    print(f"{'batch':>5} {'path':<12}{'step ms':>9}{'min':>8}{'quiet x':>8}{'linears':>9}"
+          f"{'attention':>11}{'rest':>8}  rounds (medians; min: the quietest round; quiet x: "
+          "over native, the quietest quarter of rounds)")
+    for b in results[paths[-1]]:
         for path in paths:
             r = results[path][b]
-            print(f"{b:>5} {path:<12}{r['step_ms']:>9.2f}{r['linears_ms']:>9.2f}"
-                  f"{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}")
+            per = " ".join(f"{x:.2f}" for x in r["rounds_step_ms"])
+            print(f"{b:>5} {path:<12}{r['step_ms']:>9.2f}{min(r['rounds_step_ms']):>8.2f}"
+                  f"{results['quiet_ratio_vs_native'][b][path]:>8.3f}"
+                  f"{r['linears_ms']:>9.2f}{r['attention_ms']:>11.2f}{r['rest_ms']:>8.2f}  {per}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

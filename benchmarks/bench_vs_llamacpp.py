@@ -121,8 +121,10 @@ def main() -> None:
                     help="let llama.cpp use AMX / repacked weights (crashes where AMX is "
                          "not granted, as on the development VM)")
     ap.add_argument("--native-activations", default="auto",
-                    help="radixlm's native_activations (auto | fp32 | int8 | bf16); int8 is "
-                         "llama.cpp's own per-block rounding of activations")
+                    help="radixlm's native_activations (auto | fp32 | int8 | bf16), or a "
+                         "comma list (e.g. fp32,int8): one engine each, alternating with "
+                         "llama.cpp round by round; int8 is llama.cpp's own per-block "
+                         "rounding of activations")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
@@ -130,58 +132,83 @@ def main() -> None:
         return
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    run(args)
 
+
+def run(args) -> None:
     from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
     from radixlm.runtime.weights import gguf_source
 
     host = host_info()
     print(host_line(host), flush=True)
-    engine = Engine(log_level="warning", native_activations=args.native_activations)
-    print(f"radixlm native_activations={args.native_activations}", flush=True)
-    gguf = str(gguf_source(engine.model_path))
+    modes = args.native_activations.split(",")
+    engines = {}
+    for mode in modes:  # "radixlm" for one mode (the JSON of earlier runs), else per mode
+        name = "radixlm" if len(modes) == 1 else f"radixlm_{mode}"
+        engines[name] = Engine(log_level="warning", native_activations=mode)
+        print(f"{name}: native_activations={mode}; weights "
+              f"{engines[name].runner.precision['weights']}, activations "
+              f"{engines[name].runner.precision['activations']}", flush=True)
+    first = next(iter(engines.values()))
+    gguf = str(gguf_source(first.model_path))
     python = args.llama_python or str(ROOT / ".venv-llamacpp" / "bin" / "python")
     if not Path(python).exists():
         python = sys.executable
     llama = LlamaCpp(python, gguf, args.threads, args.llama_extra_bufts)
     rng = random.Random(0)
-    tok = engine.tokenizer
     text = " ".join(rng.choice(WORDS) for _ in range(4 * args.prefill_tokens))
-    ids = tok.encode(text, add_special_tokens=False)
+    ids = first.tokenizer.encode(text, add_special_tokens=False)
     short, long = ids[:64], ids[:args.prefill_tokens]
-    run_radixlm(engine, short, 8)  # warm-up both
+    for engine in engines.values():  # warm-up all
+        run_radixlm(engine, short, 8)
     llama.run(short, 8)
     rounds = []
     for _ in range(args.rounds):
-        r = {"radixlm": metrics(run_radixlm(engine, short, args.new_tokens),
-                                run_radixlm(engine, long, 1), len(long))}
+        r = {name: metrics(run_radixlm(engine, short, args.new_tokens),
+                           run_radixlm(engine, long, 1), len(long))
+             for name, engine in engines.items()}
         r["llama_cpp"] = metrics(llama.run(short, args.new_tokens), llama.run(long, 1),
                                  len(long))
         rounds.append(r)
         print(json.dumps(r), flush=True)
     llama.close()
-    engine.shutdown()
-    keys = list(rounds[0]["radixlm"])
+    for engine in engines.values():
+        engine.shutdown()
+    report(args, host, llama, gguf, list(engines), rounds,
+           {name: e.runner.precision for name, e in engines.items()})
+
+
+def report(args, host, llama, gguf, names, rounds, precision) -> None:
+    from radixlm.native.build import host_line
+
+    keys = list(rounds[0]["llama_cpp"])
     results = {"host": host, "llama_cpp_version": llama.version,
                "llama_cpp_features": llama.features, "gguf": gguf,
                "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts,
-               "rounds": rounds,
-               "radixlm": {k: statistics.median(r["radixlm"][k] for r in rounds) for k in keys},
-               "llama_cpp": {k: statistics.median(r["llama_cpp"][k] for r in rounds)
-                             for k in keys}}
+               "precision": precision, "rounds": rounds,
+               **{n: {k: statistics.median(r[n][k] for r in rounds) for k in keys}
+                  for n in [*names, "llama_cpp"]}}
     # ratio > 1: radixlm better (rates: ours / theirs; times: theirs / ours)
-    per_round = [{k: (r["radixlm"][k] / r["llama_cpp"][k] if k.endswith("tok_s")
-                      else r["llama_cpp"][k] / r["radixlm"][k]) for k in keys} for r in rounds]
-    results["ratio_per_round"] = per_round
-    results["ratio_median"] = {k: statistics.median(p[k] for p in per_round) for k in keys}
+    for name in names:
+        per_round = [{k: (r[name][k] / r["llama_cpp"][k] if k.endswith("tok_s")
+                          else r["llama_cpp"][k] / r[name][k]) for k in keys} for r in rounds]
+        suffix = name[len("radixlm"):]
+        results[f"ratio_per_round{suffix}"] = per_round
+        results[f"ratio_median{suffix}"] = {k: statistics.median(p[k] for p in per_round)
+                                            for k in keys}
     print(json.dumps(results, indent=2))
     print(f"\n{host_line(host)}; llama-cpp-python {llama.version}, {args.threads} threads")
     print(f"llama.cpp built for: {llama.features}")
-    print(f"{'metric':<22}{'radixlm':>10}{'llama.cpp':>11}{'ratio':>8}  per round (>1: radixlm)")
-    for k in keys:
-        per = " ".join(f"{p[k]:.2f}" for p in per_round)
-        print(f"{k:<22}{results['radixlm'][k]:>10.3f}{results['llama_cpp'][k]:>11.3f}"
-              f"{results['ratio_median'][k]:>8.2f}  {per}")
+    for name in names:
+        suffix = name[len("radixlm"):]
+        print(f"{name}: weights {precision[name]['weights']}; activations "
+              f"{precision[name]['activations']}")
+        print(f"{'metric':<22}{name:>14}{'llama.cpp':>11}{'ratio':>8}  per round (>1: radixlm)")
+        for k in keys:
+            per = " ".join(f"{p[k]:.2f}" for p in results[f"ratio_per_round{suffix}"])
+            print(f"{k:<22}{results[name][k]:>14.3f}{results['llama_cpp'][k]:>11.3f}"
+                  f"{results[f'ratio_median{suffix}'][k]:>8.2f}  {per}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

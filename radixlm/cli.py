@@ -45,6 +45,10 @@ def _add_model_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--chat-template", help="chat template name or file (.jinja / .json)")
     # values are validated by EngineConfig (one list of choices, kept there)
     e.add_argument("--dtype", help="auto | bfloat16 | float16 | float32")
+    e.add_argument("--quantization", help="q8_0 | q4_0 | q4_1: block-quantize a safetensors "
+                                          "checkpoint at load (default: its own precision)")
+    e.add_argument("--native-activations",
+                   help="auto | fp32 | int8 | bf16: how native CPU matmuls read activations")
     e.add_argument("--device", help="auto | cpu | cuda")
     e.add_argument("--attention-backend", help="auto | torch | triton")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
@@ -170,7 +174,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model, "tokenizer_path": args.tokenizer_path,
         "chat_template": args.chat_template, "served_model_name": args.served_model_name,
-        "dtype": args.dtype, "device": args.device,
+        "dtype": args.dtype, "device": args.device, "quantization": args.quantization,
+        "native_activations": args.native_activations,
         "attention_backend": args.attention_backend, "context_length": args.context_length,
         "max_total_tokens": args.max_total_tokens, "mem_fraction": args.mem_fraction,
         "kv_cache_dtype": args.kv_cache_dtype,

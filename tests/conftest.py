@@ -76,10 +76,13 @@ def hf_model(model_dir):
 
 @pytest.fixture(scope="session")
 def engine_fp32():
-    """The real model in fp32 (exact comparisons with transformers)."""
+    """The real model in fp32 (exact comparisons with transformers): fp32 activations in
+    every native step too (the default runs int8 one-token steps on a GGUF where the CPU
+    has u8 x s8 SIMD, llama.cpp's numbers)."""
     from radixlm.runtime.engine import Engine
 
-    engine = Engine(dtype="float32", max_total_tokens=16384, log_level="warning")
+    engine = Engine(dtype="float32", native_activations="fp32", max_total_tokens=16384,
+                    log_level="warning")
     yield engine
     engine.shutdown()
 

@@ -66,9 +66,9 @@ def test_greedy_independent_of_chunk_size_and_order(hf_greedy, model_dir):
     from radixlm.runtime.engine import Engine
 
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
-    with Engine(str(model_dir), dtype="float32", chunked_prefill_size=7,
-                max_total_tokens=4096, disable_radix_cache=True, kv_mirror_mb=0,
-                log_level="warning") as engine:
+    with Engine(str(model_dir), dtype="float32", native_activations="fp32",
+                chunked_prefill_size=7, max_total_tokens=4096, disable_radix_cache=True,
+                kv_mirror_mb=0, log_level="warning") as engine:
         reversed_out = engine.generate(PROMPTS[::-1], params)
         for expected, got in zip(hf_greedy[::-1], reversed_out):
             assert got["output_ids"] == expected

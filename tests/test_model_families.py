@@ -2,12 +2,12 @@
 
 A tiny random model per family (2 layers, hidden 64, random norms too) is built from the
 family's transformers config class and written as safetensors with SmolLM2's tokenizer.
-Through radixlm's Engine on its reference path (``weight_quant="none"``: dense weights;
-the native CPU decoder would quantize a safetensors model's weights): prompt and decode
-logprobs against transformers (prompt: one forward; decode: ``generate``'s own logits),
-greedy tokens equal to ``generate``'s, batched, and again for a follow-up that hits the
-radix cache. Windows (8), soft-caps and the longrope switch (32) are small so the prompts
-cross them.
+Through radixlm's Engine on its reference path (``weight_quant="none"``: dense torch):
+prompt and decode logprobs against transformers (prompt: one forward; decode:
+``generate``'s own logits), greedy tokens equal to ``generate``'s, batched, and again for
+a follow-up that hits the radix cache. Windows (8), soft-caps and the longrope switch (32)
+are small so the prompts cross them. And with default settings (the native CPU path where
+it runs the family): a checkpoint runs at its own precision, fp32 here.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def _configs(vocab: int) -> dict:
         Gemma3Config,
         Gemma3TextConfig,
         LlamaConfig,
+        MistralConfig,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
@@ -44,6 +45,8 @@ def _configs(vocab: int) -> dict:
             "original_max_position_embeddings": 32}),
         "qwen2.5": Qwen2Config(**common, tie_word_embeddings=False,
                                rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        # Mistral v0.3's shape (no sliding window), untied head
+        "mistral": MistralConfig(**common, tie_word_embeddings=False, sliding_window=None),
         "qwen3": Qwen3Config(**common, head_dim=32, tie_word_embeddings=True,
                              use_sliding_window=True, sliding_window=8, max_window_layers=1),
         "gemma2": Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24,
@@ -114,7 +117,8 @@ def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 13, 30)]
 
 
-def _reference(hf, prompt: list[int]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+def _reference(hf, prompt: list[int], new_tokens: int = NEW_TOKENS
+               ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """transformers' greedy tokens, prompt logprobs [P, V] and decode logprobs [N, V].
 
     Phi-3 decodes step by step through transformers' forward and KV cache rather than
@@ -129,7 +133,7 @@ def _reference(hf, prompt: list[int]) -> tuple[list[int], torch.Tensor, torch.Te
             tokens, logits = _step_by_step(hf, prompt)
             return tokens, prompt_lp, torch.log_softmax(logits, -1)
         gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                           output_logits=True, return_dict_in_generate=True, pad_token_id=2)
     decode_lp = torch.log_softmax(torch.cat(gen.logits).float(), -1)
     return gen.sequences[0, len(prompt):].tolist(), prompt_lp, decode_lp
@@ -184,6 +188,29 @@ def test_logprobs_and_greedy_match_transformers(family):
     assert again["meta_info"]["cached_tokens"] >= len(prompts[1])
     _check(again, follow, _reference(hf, follow), prompt_logprobs=False)
     engine.check_integrity()
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral"])
+def test_checkpoint_runs_at_its_own_precision_by_default(name, tmp_path, tokenizer):
+    """An fp32 safetensors checkpoint with default settings runs fp32, natively too (dense
+    fp32 rows, fp32 activations, where the native library builds): 12 greedy tokens equal
+    to transformers' fp32 ``generate`` and every logprob within TOL, batched; and the
+    start log's precision says so."""
+    from radixlm.native import build
+    from radixlm.runtime.engine import Engine
+
+    hf = _build(name, tokenizer, tmp_path)
+    prompts = _prompts(hf.config.vocab_size, seed=3)
+    params = {**PARAMS, "max_new_tokens": 12}
+    with Engine(str(tmp_path), max_total_tokens=2048, log_level="warning") as engine:
+        assert engine.runner.dtype == torch.float32
+        assert (engine.runner.native is not None) == (build.load() is not None)
+        assert engine.runner.precision == {"weights": "fp32", "activations": "fp32"}
+        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True,
+                               logprob_start_len=0)
+        for prompt, out in zip(prompts, outs):
+            _check(out, prompt, _reference(hf, prompt, new_tokens=12))
+        engine.check_integrity()
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

@@ -14,8 +14,11 @@ import torch
 from radixlm.native import build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
+    FMT_BF16,
+    FMT_F32,
     FMT_Q4,
     FMT_Q8,
+    dense_rows,
     from_gguf_raw,
     gguf_blocks,
     quantize_q4,
@@ -58,6 +61,11 @@ def _assert_matches_twin(lib, w, x: torch.Tensor, act: str) -> None:
 
 def _rand_weight(fmt: int, n: int, k: int, seed: int):
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.1
+    if fmt == FMT_F32:
+        return dense_rows(w)
+    if fmt == FMT_BF16:
+        return dense_rows(torch.from_numpy(w).bfloat16().view(torch.int16).numpy()
+                          .view(np.uint16))
     return quantize_q4(w) if fmt == FMT_Q4 else quantize_q8(w)
 
 
@@ -99,6 +107,43 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     tokens take the AMX tiles where the host has them (a partial last token group, and
     more than 64 tokens). A build without bf16 dot products runs bf16 as fp32."""
     _assert_matches_twin(lib, _rand_weight(fmt, n, k, seed=n + k + t), torch.randn(t, k), act)
+
+
+@pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
+@pytest.mark.parametrize("k", [96, 576])
+def test_int8_rows_are_the_same_bits_at_every_step_size(lib, fmt, k):
+    """With int8 activation blocks a token's products are summed in the same order whatever
+    else shares the step (alone, 2-3 tokens, groups of 4 and the rest): the same bits, so a
+    step verifying drafts at one-token rounding reproduces decoding exactly."""
+    w = _rand_weight(fmt, 45, k, seed=k)
+    x = torch.randn(13, k)
+    alone = torch.cat([ops.norm_matmul(lib, x[i:i + 1], w, act="int8") for i in range(13)])
+    for t in (2, 3, 4, 5, 8, 13):
+        together = torch.cat([ops.norm_matmul(lib, x[i:i + t], w, act="int8")
+                              for i in range(0, 13, t)])
+        assert torch.equal(together, alone), t
+
+
+@pytest.mark.parametrize("fmt", [FMT_F32, FMT_BF16])
+@pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
+@pytest.mark.parametrize("t", [1, 2, 3, 4, 9, 37, 70, 300])
+def test_dense_matmul_matches_twin(lib, fmt, act, n, k, t):
+    """Dense rows (a checkpoint at its own precision): fp32 activations against fp32 or
+    bf16 rows are the exact products (up to summation order) at every step size, through
+    the small-step kernel (1-3 tokens), the row tiles and, on AVX2, the panel GEMM; bf16
+    activations round as a torch bf16 linear (bf16 dot products, AMX tiles where the host
+    has them, 300 tokens with the operands swapped); int8 activation blocks are for block
+    weights, so dense rows read int8 steps' activations in fp32."""
+    w = _rand_weight(fmt, n, k, seed=n + k + t)
+    x = torch.randn(t, k)
+    out = ops.norm_matmul(lib, x, w, act=act)
+    twin = "fp32" if act == "int8" or (act == "bf16" and not lib.rlm_bf16()) else act
+    torch.testing.assert_close(out, ref.qmatmul(x, w, act=twin), rtol=1e-4, atol=1e-4)
+    if twin == "fp32":  # and what a torch fp32 linear computes from the same weights
+        dense = torch.from_numpy(w.dequantize())
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, dense), rtol=1e-5,
+                                   atol=1e-5)
 
 
 @pytest.mark.parametrize("act", ["fp32", "bf16"])
@@ -218,10 +263,12 @@ def _greedy(engine, prompts, n=24):
 
 
 def test_engine_native_greedy_equals_reference(engine_fp32, reference_engine):
-    """fp32: the native path's greedy text (batched and alone) equals the reference path's,
-    and each chosen token's logprob is within 2e-3."""
+    """fp32 activations (``engine_fp32`` asks for them: the default rounds one-token steps'
+    activations to int8 blocks on most CPUs, see below): the native path's greedy text
+    (batched and alone) equals the reference path's, and each chosen token's logprob is
+    within 2e-3."""
     assert engine_fp32.runner.native is not None
-    assert engine_fp32.runner.native.act_modes == (ACT_F32, ACT_F32)
+    assert engine_fp32.runner.native.act_modes == ((1, ACT_F32),)
     ids, lps = _greedy(engine_fp32, PROMPTS)
     ref_ids, ref_lps = _greedy(reference_engine, PROMPTS)
     assert ids == ref_ids
@@ -248,13 +295,18 @@ def _assert_logprobs_near_reference(engine, reference_engine, prompts, new_token
 
 
 def test_engine_int8_activations_stay_close(reference_engine):
-    """int8 activation blocks: chosen-token logprobs within 0.3 of the reference over 30
-    layers (measured ~0.2 at worst; greedy text may part on near-ties, as llama.cpp's)."""
+    """int8 activation blocks (the default of small steps where the CPU has u8 x s8 SIMD,
+    as here: then this engine is the default one; else asked for): chosen-token
+    logprobs within 0.3 of the reference over 30 layers (measured ~0.2 at worst; greedy
+    text may part on near-ties, as llama.cpp's)."""
+    from radixlm.native.build import int8_decode_preferred
     from radixlm.runtime.engine import Engine
 
-    engine = Engine(dtype="float32", native_activations="int8", max_total_tokens=4096,
+    act = "auto" if int8_decode_preferred() else "int8"
+    engine = Engine(dtype="float32", native_activations=act, max_total_tokens=4096,
                     log_level="warning")
     try:
+        assert engine.runner.native._mode(1) == ACT_INT8
         _assert_logprobs_near_reference(engine, reference_engine, PROMPTS[:1], 8, atol=0.3)
     finally:
         engine.shutdown()
@@ -262,10 +314,11 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
     """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
-    bf16 dot products on an AVX512-BF16 CPU without them, smaller ones fp32 (int8 blocks on
-    an AMD CPU with AVX512-VNNI; all fp32 without bf16). 16 requests decoded together, and
-    one alone: every chosen token's logprob within 0.3 of the fp32 reference scoring the
-    same text (bf16 prefill and bf16 / int8 steps, as a torch bf16 model would differ)."""
+    bf16 dot products on an AVX512-BF16 CPU without them; the smaller ones int8 blocks where
+    the CPU has u8 x s8 SIMD, else fp32 (all fp32 without bf16 or u8 x s8). 16 requests
+    decoded together, and one alone: every chosen token's logprob within 0.3 of the fp32
+    reference scoring the same text (bf16 prefill and bf16 / int8 steps, as a torch bf16
+    model would differ)."""
     from radixlm.native.build import int8_decode_preferred, load
     from radixlm.runtime.engine import Engine
 
@@ -276,10 +329,12 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
         expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
         small = ACT_INT8 if int8_decode_preferred() else ACT_F32
         assert lib.rlm_bf16_min_rows() == expect_from
-        assert native.act_modes == (small, ACT_BF16 if expect_from else ACT_F32)
+        assert native._mode(1) == small
         if expect_from:
             assert native._mode(expect_from - 1) == small
             assert native._mode(expect_from) == ACT_BF16
+        else:
+            assert native._mode(64) == ACT_F32
 
         def step(extends: int, tokens: int, cached: int):  # what accepts() reads
             return types.SimpleNamespace(num_tokens=extends * tokens,
@@ -370,19 +425,24 @@ def q8_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib, monkeypatch):
-    """A non-GGUF checkpoint (Q8 blocks made here; head_dim 16): native fp32 greedy equals
-    the reference, including a step that extends several tokens after a cached prefix and
-    a batch of requests at different lengths; with each SIMD build (AVX2, generic too)."""
+    """A non-GGUF checkpoint (head_dim 16; its weights Q8 values, rounded here): native
+    greedy with fp32 activations equals the reference path's, on its own dense fp32 rows
+    (the default) and on Q8 blocks (``quantization="q8_0"``, which reproduce those weights
+    exactly), including a step that extends several tokens after a cached prefix and a
+    batch of requests at different lengths; with each SIMD build (AVX2, generic too)."""
     from radixlm.runtime.engine import Engine
 
     monkeypatch.setattr(build, "load", lambda: lib)
     prompts = ["The weather today is", "The weather today is nice and", "A", "Numbers: 1, 2"]
     outs = {}
-    for label, quant in (("native", "auto"), ("ref", "none")):
-        engine = Engine(model=str(q8_model_dir), dtype="float32", weight_quant=quant,
-                        max_total_tokens=2048, log_level="warning")
+    for label, kw in (("dense", {}), ("q8_0", {"quantization": "q8_0"}),
+                      ("ref", {"weight_quant": "none"})):
+        engine = Engine(model=str(q8_model_dir), dtype="float32", native_activations="fp32",
+                        max_total_tokens=2048, log_level="warning", **kw)
         try:
-            assert (engine.runner.native is not None) == (label == "native")
+            assert (engine.runner.native is not None) == (label != "ref")
+            assert engine.runner.precision["weights"] == ("fp32" if label != "q8_0"
+                                                          else "q8_0 (quantized at load)")
             params = {"temperature": 0, "max_new_tokens": 12}
             first = engine.generate(prompts[0], params)["output_ids"]
             cached = engine.generate(prompts[1], params)  # prefix hit, then a 2-token extend
@@ -391,7 +451,7 @@ def test_tiny_model_native_matches_reference_with_mixed_steps(q8_model_dir, lib,
             outs[label] = (first, cached["output_ids"], batch)
         finally:
             engine.shutdown()
-    assert outs["native"] == outs["ref"]
+    assert outs["dense"] == outs["ref"] and outs["q8_0"] == outs["ref"]
 
 
 def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
@@ -426,18 +486,38 @@ def test_cpu_isa_cap_emulates_an_avx2_host(monkeypatch):
         build.cpu_flags()
 
 
-def test_int8_one_token_steps_only_where_preferred(monkeypatch):
-    """auto on a bf16 model: int8 one-token steps on AMD CPUs with AVX512-VNNI (measured
-    faster there), fp32 elsewhere; an fp32 model keeps fp32 (the exact reference path)."""
+def test_int8_one_token_steps_by_isa():
+    """auto picks int8 activation blocks for the steps of a block-quantized model under 8
+    tokens (one-token steps first of all) where the CPU multiplies u8 x s8 in SIMD (AVX2's
+    maddubs, VNNI's dpbusd), whatever the vendor, and fp32 without (plain C builds, other
+    architectures); larger steps fp32, or bf16 from ``bf16_from`` tokens on a bf16 model
+    (sooner than 8 where bf16 dot products take over); an explicit mode runs every step."""
     from radixlm.native.decoder import activation_modes
 
-    for vendor, flags, expected in (("AuthenticAMD", ["avx2", "avx512_vnni"], True),
-                                    ("AuthenticAMD", ["avx2"], False),
-                                    ("GenuineIntel", ["avx2", "avx512_vnni"], False)):
-        monkeypatch.setattr(build, "cpu_vendor", lambda v=vendor: v)
-        monkeypatch.setattr(build, "cpu_flags", lambda f=flags: f)
-        assert build.int8_decode_preferred() is expected
-    assert activation_modes("auto", 2, torch.bfloat16, True) == (ACT_INT8, ACT_BF16)
-    assert activation_modes("auto", 2, torch.float32, True) == (ACT_F32, ACT_F32)
-    assert activation_modes("auto", 8, torch.bfloat16, False) == (ACT_F32, ACT_BF16)
-    assert activation_modes("fp32", 2, torch.bfloat16, True) == (ACT_F32, ACT_F32)
+    for flags, expected in ((["avx2", "fma"], True),
+                            (["avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"], True),
+                            (["avx2", "fma", "avx_vnni"], True),
+                            (["avx512_vnni"], True),
+                            (["sse4_2", "ssse3", "avx"], False),
+                            (["asimd", "asimddp"], False), ([], False)):
+        assert build.int8_decode_preferred(flags) is expected, flags
+    I8, F32, BF16 = ACT_INT8, ACT_F32, ACT_BF16
+    assert activation_modes("auto", 8, torch.bfloat16, True) == ((1, I8), (8, BF16))  # AMX
+    assert activation_modes("auto", 2, torch.bfloat16, True) == ((1, I8), (2, BF16))
+    assert activation_modes("auto", 8, torch.float32, True) == ((1, I8), (8, F32))
+    assert activation_modes("auto", 0, torch.bfloat16, True) == ((1, I8), (8, F32))  # AVX2
+    assert activation_modes("auto", 8, torch.bfloat16, False) == ((1, F32), (8, BF16))
+    assert activation_modes("auto", 0, torch.float32, False) == ((1, F32),)
+    assert activation_modes("fp32", 8, torch.bfloat16, True) == ((1, F32),)
+    assert activation_modes("int8", 8, torch.float32, False) == ((1, I8),)
+
+
+def test_int8_rule_under_the_isa_cap(monkeypatch):
+    """RADIXLM_CPU_ISA caps the flags the rule reads: AVX2 keeps maddubs (int8), the plain
+    C build has none (fp32)."""
+    if not {"avx2", "fma"} <= set(build.host_cpu_flags()):
+        pytest.skip("this host cannot execute AVX2")
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "avx2")
+    assert build.int8_decode_preferred()
+    monkeypatch.setenv("RADIXLM_CPU_ISA", "generic")
+    assert not build.int8_decode_preferred()

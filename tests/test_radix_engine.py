@@ -26,8 +26,8 @@ QUESTIONS = ["What is the opposite of hot?", "Which fruit is yellow and long?",
 
 @pytest.fixture(scope="module")
 def engine_off():
-    with Engine(dtype="float32", disable_radix_cache=True, max_total_tokens=4096,
-                log_level="warning") as engine:
+    with Engine(dtype="float32", native_activations="fp32", disable_radix_cache=True,
+                max_total_tokens=4096, log_level="warning") as engine:
         yield engine
 
 
@@ -128,7 +128,8 @@ def test_eviction_pressure(engine_off, tokenizer):
     ids = [g + encode(tokenizer, t) for g in groups for t in tails]
     distinct = sum(map(len, groups)) + sum(len(i) - len(groups[0]) for i in ids) // 2
     assert distinct + GREEDY["max_new_tokens"] * len(ids) > pool
-    with Engine(dtype="float32", max_total_tokens=pool, log_level="warning") as small:
+    with Engine(dtype="float32", native_activations="fp32", max_total_tokens=pool,
+                log_level="warning") as small:
         on, off = run_both(small, engine_off, ids)
         stats = small.get_stats()
         assert stats["num_retractions_total"] > 0  # decode ran out of slots even after evicting

@@ -133,6 +133,12 @@ def test_mixed_batch_and_eos_inside_a_draft(engine, tokenizer):
               {"temperature": 0, "max_new_tokens": 8, "choices": ["yes", "no"]},
               {"temperature": 0, "max_new_tokens": 40, "stop": ["cherry, apple"]}]
     kw = {"return_logprob": True, "top_logprobs_num": 2}
+    # The choices grammar compiled first: a request waiting for its grammar joins a later
+    # step, which changes the size (and so the activation rounding) of the step that runs
+    # the sampled copy's last prompt token, and with it the sampled text; off and on must
+    # schedule alike.
+    _cold(engine, None)
+    engine.generate(prompts[2], params[2])
     _cold(engine, None)
     off = engine.generate(prompts, params, rid=[f"m{i}" for i in range(4)], **kw)
     scripts = {o["meta_info"]["id"]: o["output_ids"] for o in off}

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from radixlm import envs
-from radixlm.hostinfo import cpu_flags, cpu_vendor
+from radixlm.hostinfo import cpu_flags
 from radixlm.hostinfo import host_cpu_flags as host_cpu_flags  # (re-exported)
 from radixlm.hostinfo import host_info as _cpu_host_info
 from radixlm.hostinfo import host_line as host_line  # (re-exported, beside host_info)
@@ -40,13 +40,21 @@ def sources() -> list[Path]:
     return sorted(p for p in CSRC.iterdir() if p.suffix in (".c", ".h"))
 
 
-def int8_decode_preferred() -> bool:
-    """Whether one-token steps of a bf16 model run int8 activation blocks by default: on AMD
-    CPUs with AVX512-VNNI (Zen 4 runs 512-bit FMAs as two halves, and the fp32 one-token
-    kernel is bound by its conversions there: a one-token step 6.4 ms fp32, 4.4 ms int8;
-    single-stream decode 134 -> 199 tok/s, llama.cpp 129). Elsewhere one-token steps stay
-    fp32 (not measured to lose there)."""
-    return cpu_vendor() == "AuthenticAMD" and "avx512_vnni" in cpu_flags()
+def int8_decode_preferred(flags: list[str] | None = None) -> bool:
+    """Whether small steps (one-token steps first of all; decoder.INT8_MAX_ROWS) of a
+    block-quantized model run int8 activation blocks by default: where the CPU multiplies
+    u8 x s8 bytes in SIMD, AVX2's ``maddubs`` or VNNI's ``dpbusd`` (llama.cpp's rule; the
+    vendor does not matter). ``flags``: the CPU's (default: this host's, less what
+    RADIXLM_CPU_ISA caps away).
+
+    Measured (SmolLM2-135M Q4_1, 2 cores, 256 cached positions): an AMD EPYC Zen 3 with
+    AVX2 alone, single-stream decode 52.4 tok/s fp32 -> 87.9 int8 (llama.cpp 60.4-75.0); a
+    Zen 4 with AVX512-VNNI, a one-token step 6.4 -> 4.4 ms; an Intel Xeon with AVX512-VNNI
+    and AMX (a busy shared VM: paired fp32 / int8 runs, their quietest quarter), 7.1 ->
+    5.8 ms (fp32 model), 0.91x (bf16 model), and capped at AVX2 8.1 -> 6.9 ms
+    (benchmarks/bench_decode_step.py --activations fp32,int8)."""
+    have = set(cpu_flags() if flags is None else flags)
+    return "avx2" in have or bool({"avx512_vnni", "avx_vnni"} & have)
 
 
 _ARCH = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "generic": ["-mno-avx"]}

@@ -1,10 +1,10 @@
 """Small steps (decode, jump-forward) of a Llama-family model in the native library.
 
-One C call per layer (RMSNorm, quantized q/k/v, rotary, K/V store into the pool,
-attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down, residuals) and one
-for the final norm and the LM head. The pool stays the only K/V store: a step written here
-is read by the torch path's next extend step and the other way round. Larger steps
-(prefill chunks) stay on the torch path, where GEMMs and flash attention win.
+One C call per layer (RMSNorm, q/k/v on block-quantized or dense rows, rotary, K/V store
+into the pool, attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down,
+residuals) and one for the final norm and the LM head. The pool stays the only K/V store:
+a step written here is read by the torch path's next extend step and the other way round.
+Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash attention win.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, int8_decode_preferred
 from radixlm.native.ops import KV_DTYPES, Arena
-from radixlm.native.qweights import QWeight, concat, quantize_q4, quantize_q8
+from radixlm.native.qweights import FMT_BF16, QWeight, concat, dense_rows, quantize_q4
 
 
 class StepBatch(Protocol):
@@ -50,6 +50,7 @@ _FUSED = {
     "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
     "down": ["mlp.down_proj"],
 }
+_ATTRS = ("qkv", "o_proj", "gate_up", "down")  # the model layer's Linear of each
 
 
 def supported(model, pool) -> str | None:
@@ -81,52 +82,92 @@ LARGE_MAX_ROWS = 2048
 BF16_LARGE_MAX_ROWS = 256
 
 
+# Steps under this many tokens run int8 activation blocks by default where int8 is
+# preferred (and no bf16 path takes over sooner). A token's int8 products are the same bits
+# at every step size (csrc/matmul.c), so a request's steps round alike alone or beside up
+# to 7 others, and a step verifying drafts at one-token rounding (``act_rows``) reproduces
+# decoding exactly. The price on AVX-512: int8 wins one-token steps (0.82-0.91x the fp32
+# step time on a 2-core Xeon) and 2-token ones (0.89x), and loses from 4 tokens (a
+# 4-token step 1.17x; one Q4 matmul alone 1.30x at 4, 1.7x at 8), where fp32 tiles of 4
+# rows x 4 tokens share their loads; from 8 tokens fp32 / bf16 run, as before.
+INT8_MAX_ROWS = 8
+
+
 def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8_small: bool = False) -> tuple[int, int]:
-    """``(small, large)``: the C activation mode for steps under / from ``bf16_from``
-    tokens (``rlm_bf16_min_rows()``: 8 on AMX tiles, 2 with AVX512-BF16 dot products, 0
-    where the library has no bf16). fp32 is exact (the reference path's numbers); int8 is
-    llama.cpp's per-block rounding; bf16 rounds activations and dequantized weights to bf16
-    with fp32 sums, the numbers of a torch bf16 linear. auto: fp32, except on a bf16 model
-    (whose numbers are 8-bit-mantissa ones anyway): bf16 for steps from ``bf16_from``
-    tokens where the library has bf16 (the compute-bound steps), and int8 for the small
-    ones where ``int8_small`` (``build.int8_decode_preferred``: where it is faster)."""
-    if act == "auto":
-        bf16_model = model_dtype == torch.bfloat16
-        large = ACT_BF16 if bf16_model and bf16_from else ACT_F32
-        return (ACT_INT8 if bf16_model and int8_small else ACT_F32), large
-    mode = {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]
-    return mode, mode
+                     int8: bool = False) -> tuple[tuple[int, int], ...]:
+    """The C activation mode by step size: ``((from_tokens, mode), ...)``, ascending, the
+    first from 1; a step of T tokens runs the last entry whose ``from_tokens <= T``.
+    ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
+    products, 0 where the library has no bf16). fp32 is exact (the reference path's
+    numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and weights
+    to bf16 with fp32 sums, the numbers of a torch bf16 linear. auto: on a bf16 model (whose
+    numbers are 8-bit-mantissa ones anyway) bf16 from ``bf16_from`` tokens where the
+    library has bf16 (the compute-bound steps); below that int8 blocks where ``int8`` (a
+    block-quantized model on a CPU with u8 x s8 SIMD: ``build.int8_decode_preferred``) for
+    steps under INT8_MAX_ROWS tokens; fp32 otherwise. An explicit mode runs every step."""
+    if act != "auto":
+        return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
+    bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
+    plan = [(1, ACT_INT8 if int8 else ACT_F32)]
+    if int8 and (not bf16 or bf16 > INT8_MAX_ROWS):
+        plan.append((INT8_MAX_ROWS, ACT_F32))
+    if bf16 > 1:
+        plan.append((bf16, ACT_BF16))
+    return tuple(plan)
+
+
+_MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
+
+
+def _label(w: QWeight) -> str:
+    if w.origin and w.origin.lower() != w.kind:
+        return f"{w.kind} (from {w.origin})"
+    return w.kind
+
+
+def describe_weights(layer_weights: list[QWeight], head: QWeight) -> str:
+    """What the step's matrices are, e.g. ``gguf q4_1, head q8_0`` (a GGUF's own blocks),
+    ``bf16`` (dense rows), ``q8_0`` (blocks made at load)."""
+    layers = ", ".join(sorted({_label(w) for w in layer_weights}))
+    text = ("gguf " if any(w.origin for w in [*layer_weights, head]) else "") + layers
+    return text if _label(head) == layers else f"{text}, head {_label(head)}"
 
 
 class NativeDecoder:
     """Runs steps of at most ``max_rows`` tokens. ``blocks``: HF weight name -> QWeight
-    (the source file's own blocks); weights missing there are quantized from the model's
-    dense weights (Q8 blocks, or Q4 with ``quant="int4"``). ``act``: how matmuls read
-    activations (auto | fp32 | int8 | bf16, see ``activation_modes``)."""
+    (a GGUF's own blocks, or blocks made at load on request); weights missing there run as
+    dense rows at the model's precision (bf16 rows for a bf16 model, fp32 otherwise), or
+    as Q4 blocks with ``quant="int4"``. Dense rows are moved into the decoder's arena and
+    the model's tensors become views of them (one copy in memory, read by both paths).
+    ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
+    ``activation_modes``); int8 needs block weights (a ValueError on a dense model)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int, quant: str = "auto", act: str = "auto") -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
-        bf16_from = int(lib.rlm_bf16_min_rows())
-        self.large_from = bf16_from or 1 << 30  # tokens from which act_modes[1] runs
-        self.act_modes = activation_modes(act, bf16_from, model.embed.dtype,
-                                          int8_decode_preferred())
-        self.quantize = quantize_q4 if quant == "int4" else quantize_q8
+        self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
         self._keep: list = []  # arrays the C structs point into
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         n = cfg.num_layers
         mats = [self._layer_weights(i, blocks) for i in range(n)]
-        head = blocks.get("lm_head.weight")
-        if head is None and model.lm_head is model.embed:
-            head = blocks.get("model.embed_tokens.weight")
-        if head is None:
-            head = quantize_q8(model.lm_head.float().numpy())
-        self.arena = Arena([w for m in mats for w in m.values()] + [head])  # in step order
+        head = self._head_weights(blocks)
+        flat = [w for m in mats for w in m.values()]
+        self.weights = describe_weights(flat, head)
+        quantized = any(not w.dense for w in [*flat, head])
+        if act == "int8" and not quantized:
+            raise ValueError(f"native_activations='int8' rounds activations for block "
+                             f"weights; this model runs dense {self.weights} rows (use "
+                             "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
+        self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()),
+                                          model.embed.dtype,
+                                          quantized and int8_decode_preferred())
+        self.arena = Arena([*flat, head])  # in step order
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
-        self.head = self.arena.qmat(head)
+        self.head, head_rows = self._place(head)
+        if head_rows is not None:
+            self._adopt_head(head_rows)
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         # an int8 pool's per-layer row scales (Step.k_scales / v_scales; None otherwise)
@@ -146,22 +187,62 @@ class NativeDecoder:
         self._keep.append(a)
         return a.ctypes.data
 
+    def _missing(self, weight: torch.Tensor) -> QWeight:
+        """A weight the source has no blocks for: dense rows (bf16 bits or fp32), or the
+        ``quant`` fill's blocks."""
+        if self._fill is not None:
+            return self._fill(weight.float().numpy())
+        if weight.dtype == torch.bfloat16:
+            return dense_rows(weight.contiguous().view(torch.int16).numpy().view(np.uint16))
+        return dense_rows(weight.float().contiguous().numpy())
+
     def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
                dense) -> QWeight:
         full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
         if all(n in blocks for n in full):
             return concat([blocks[n] for n in full])
-        return self.quantize(dense.weight.float().numpy())
+        return self._missing(dense.weight)
 
     def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, QWeight]:
         layer = self.model.layers[i]
         return {key: self._fused(blocks, i, names, getattr(layer, attr))
-                for (key, names), attr in zip(_FUSED.items(),
-                                              ("qkv", "o_proj", "gate_up", "down"))}
+                for (key, names), attr in zip(_FUSED.items(), _ATTRS)}
+
+    def _head_weights(self, blocks: dict[str, QWeight]) -> QWeight:
+        model = self.model
+        head = blocks.get("lm_head.weight")
+        if head is None and model.lm_head is model.embed:
+            head = blocks.get("model.embed_tokens.weight")
+        return head if head is not None else self._missing(model.lm_head)
+
+    def _place(self, w: QWeight) -> tuple[ctypes.Structure, torch.Tensor | None]:
+        """``w`` into the arena: its C view, and for dense rows a torch tensor over the
+        arena's copy (bf16 or fp32), for the model to read instead of its own."""
+        mat, arrays = self.arena.place(w)
+        if not w.dense:
+            return mat, None
+        rows = arrays[0]
+        return mat, (torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
+                     if w.fmt == FMT_BF16 else torch.from_numpy(rows))
+
+    def _adopt_head(self, t: torch.Tensor) -> None:
+        model = self.model
+        if t.dtype != model.lm_head.dtype:  # (fp16 weights run as fp32 rows: keep both)
+            return
+        if model.lm_head is model.embed:
+            model.embed = t
+        if model.head.weight is model.lm_head:
+            model.head.weight = t
+        model.lm_head = t
 
     def _layer(self, i: int, weights: dict[str, QWeight]) -> Layer:
         cfg, layer = self.model.cfg, self.model.layers[i]
-        mats = {key: self.arena.qmat(w) for key, w in weights.items()}
+        mats = {}
+        for (key, w), attr in zip(weights.items(), _ATTRS):
+            mats[key], t = self._place(w)
+            linear = getattr(layer, attr)
+            if t is not None and t.dtype == linear.weight.dtype:
+                linear.weight = t  # the model's linear reads the arena's copy
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),
@@ -177,25 +258,35 @@ class NativeDecoder:
         t = batch.num_tokens
         if 0 < t <= self.max_rows:
             return True
-        if self.act_modes[1] != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
-                                                 else BF16_LARGE_MAX_ROWS):
+        if self._mode(t) != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
+                                             else BF16_LARGE_MAX_ROWS):
             return False
         attended = sum(e * s - e * (e - 1) // 2  # positions s-e .. s-1 attend to pos + 1
                        for e, s in zip(batch.extend_lens_cpu, batch.seq_lens_cpu))
         return attended <= LARGE_MAX_CTX_PER_TOKEN * t
 
+    @property
+    def large_from(self) -> int:
+        """Tokens from which steps run bf16 (1 << 30: none do)."""
+        return next((n for n, m in self.act_modes if m == ACT_BF16), 1 << 30)
+
     def describe_modes(self) -> str:
-        names = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
-        small, large = self.act_modes
-        if small == large:
-            return names[small]
-        return (f"{names[small]}, {names[large]} from {self.large_from} tokens"
-                + (" (AMX; short-context prefill chunks too)" if self.amx else
-                   " (AVX512-BF16 dot products; short-context steps up to "
-                   f"{BF16_LARGE_MAX_ROWS} tokens too)"))
+        """The activation modes by step size, e.g. ``int8 under 8 tokens, bf16 from 8
+        tokens (AMX; ...)``; ``fp32``."""
+        plan = self.act_modes
+        parts = [f"{_MODE_NAMES[m]} under {plan[i + 1][0]} tokens" if i + 1 < len(plan)
+                 else (f"{_MODE_NAMES[m]} from {n} tokens" if i else _MODE_NAMES[m])
+                 for i, (n, m) in enumerate(plan)]
+        parts = [p.replace("under 2 tokens", "one-token steps") for p in parts]
+        if plan[-1][1] == ACT_BF16:
+            parts[-1] += (" (AMX; short-context prefill chunks too)" if self.amx else
+                          " (AVX512-BF16 dot products; short-context steps up to "
+                          f"{BF16_LARGE_MAX_ROWS} tokens too)")
+        return ", ".join(parts)
 
     def _mode(self, rows: int) -> int:
-        return self.act_modes[rows >= self.large_from]
+        """The activation mode (ACT_*) a step of ``rows`` tokens runs."""
+        return next(m for n, m in reversed(self.act_modes) if n <= max(rows, 1))
 
     def _workspace(self, attr: str, floats: int) -> torch.Tensor:
         ws = getattr(self, attr)

@@ -37,7 +37,10 @@ class Arena:
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:
-        """``w``'s arrays as the C side reads them: qs, fp16 d (and fp16 m for Q4)."""
+        """``w``'s arrays as the C side reads them: qs, fp16 d (and fp16 m for Q4); dense
+        rows alone."""
+        if w.dense:
+            return [np.ascontiguousarray(w.qs)]
         arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
         if w.fmt == FMT_Q4:
             arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
@@ -47,13 +50,23 @@ class Arena:
         return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
 
     def qmat(self, w: QWeight) -> QMat:
-        ptrs = []
+        return self.place(w)[0]
+
+    def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
+        """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
+        shapes as ``arrays(w)``)."""
+        copies = []
         for a in self.arrays(w):
             dst = self._buf[self._used:self._used + a.nbytes]
             dst[:] = a.reshape(-1).view(np.uint8)
-            ptrs.append(dst.ctypes.data)
+            copies.append(dst.view(a.dtype).reshape(a.shape))
             self._used += self._padded(a.nbytes)
-        return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2] if w.fmt == FMT_Q4 else None)
+        return _qmat(w, copies), copies
+
+
+def _qmat(w: QWeight, arrays: list[np.ndarray]) -> QMat:
+    ptrs = [a.ctypes.data for a in arrays] + [None, None]
+    return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2])
 
 
 def qmat(w: QWeight, keep: list) -> QMat:
@@ -61,8 +74,7 @@ def qmat(w: QWeight, keep: list) -> QMat:
     ``Arena``); ``keep`` holds the arrays it points into."""
     arrays = Arena.arrays(w)
     keep.extend(arrays)
-    return QMat(w.fmt, w.n, w.k, arrays[0].ctypes.data, arrays[1].ctypes.data,
-                arrays[2].ctypes.data if w.fmt == FMT_Q4 else None)
+    return _qmat(w, arrays)
 
 
 ACT_MODES = {"int8": ACT_INT8, "fp32": ACT_F32, "bf16": ACT_BF16}

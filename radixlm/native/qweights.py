@@ -1,17 +1,21 @@
-"""Block-quantized weight matrices for the native kernels (plain numpy, no torch math).
+"""Weight matrices for the native kernels (plain numpy, no torch math).
 
-A ``QWeight`` is a matrix ``[n, k]`` stored in blocks of 32 along ``k``:
+A ``QWeight`` is a matrix ``[n, k]``, stored in blocks of 32 along ``k``:
 
 - ``Q4``: ``q`` 4-bit unsigned, ``W = d * q + m`` (GGUF Q4_1 as is; Q4_0's ``d * (q - 8)``
   is the same with ``m = -8 d``), nibbles packed 16 bytes a block, low nibble = element j,
   high nibble = element j + 16 (GGUF's own order);
-- ``Q8``: ``q`` int8, ``W = d * q`` (GGUF Q8_0).
+- ``Q8``: ``q`` int8, ``W = d * q`` (GGUF Q8_0);
+
+or as dense rows at the checkpoint's own precision (``BF16``: the bf16 bits as uint16,
+``F32``), which the kernels read as they are.
 
 ``d`` and ``m`` are fp16 arrays ``[n, k/32]``, as GGUF stores them (the kernels read 2
 bytes per scale: at one token per step the weights stream from DRAM, and fp32 scales
 were 24 bytes per Q4 block instead of 20).
-Weights from GGUF Q4_0 / Q4_1 / Q8_0 tensors are the file's own numbers; any other source
-(fp32/bf16 checkpoints, other GGUF types) is quantized here.
+Weights from GGUF Q4_0 / Q4_1 / Q8_0 tensors are the file's own numbers; other quantized
+GGUF types (K-quants, ...) become Q8_0 blocks of their dequantized values; checkpoints are
+quantized here only on request (``quantize``).
 """
 
 from __future__ import annotations
@@ -22,15 +26,22 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 32
-FMT_Q4, FMT_Q8 = 4, 8
+FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
 
 
 @dataclass
 class QWeight:
-    fmt: int  # FMT_Q4 | FMT_Q8
-    qs: np.ndarray  # uint8 [n, k/32, 16] (Q4) or int8 [n, k/32, 32] (Q8)
-    d: np.ndarray  # float16 [n, k/32]
+    fmt: int  # FMT_Q4 | FMT_Q8 | FMT_BF16 | FMT_F32
+    qs: np.ndarray  # uint8 [n, k/32, 16] (Q4), int8 [n, k/32, 32] (Q8); dense: the rows
+    # [n, k], uint16 (bf16 bits) or float32
+    d: np.ndarray | None  # float16 [n, k/32] (blocks)
     m: np.ndarray | None  # float16 [n, k/32] (Q4 only)
+    kind: str = ""  # q4_0 | q4_1 | q8_0 | bf16 | fp32: what the numbers are
+    origin: str | None = None  # the GGUF tensor type they were read from (None: made here)
+
+    @property
+    def dense(self) -> bool:
+        return self.fmt in (FMT_BF16, FMT_F32)
 
     @property
     def n(self) -> int:
@@ -38,11 +49,15 @@ class QWeight:
 
     @property
     def k(self) -> int:
-        return int(self.qs.shape[1]) * BLOCK
+        return int(self.qs.shape[1]) * (1 if self.dense else BLOCK)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:
         the file's own numbers; float64: ``d q + m`` before any rounding)."""
+        if self.fmt == FMT_F32:
+            return self.qs.astype(dtype)
+        if self.fmt == FMT_BF16:
+            return (self.qs.astype(np.uint32) << 16).view(np.float32).astype(dtype)
         if self.fmt == FMT_Q4:
             q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=-1).astype(dtype)
             w = q * self.d[..., None].astype(dtype) + self.m[..., None].astype(dtype)
@@ -51,20 +66,30 @@ class QWeight:
         return w.reshape(self.n, self.k)
 
     def rows(self, perm: np.ndarray) -> QWeight:
-        """The same blocks with output rows reordered."""
-        return QWeight(self.fmt, self.qs[perm], self.d[perm],
-                       None if self.m is None else self.m[perm])
+        """The same weights with output rows reordered."""
+        return QWeight(self.fmt, self.qs[perm], None if self.d is None else self.d[perm],
+                       None if self.m is None else self.m[perm], self.kind, self.origin)
+
+
+def dense_rows(w: np.ndarray) -> QWeight:
+    """``w [n, k]`` as dense rows: float32 as is, uint16 as bf16 bits."""
+    w = np.ascontiguousarray(w)
+    if w.dtype == np.uint16:
+        return QWeight(FMT_BF16, w, None, None, "bf16")
+    return QWeight(FMT_F32, np.asarray(w, dtype=np.float32), None, None, "fp32")
 
 
 def concat(parts: list[QWeight]) -> QWeight:
     """Row-concatenation (fused q/k/v or gate/up); mixed formats become Q8 of the
-    dequantized values (exact for Q8 parts, within Q8 rounding for Q4 ones)."""
-    if len({p.fmt for p in parts}) > 1:
+    dequantized values (exact for Q8 parts, within Q8 rounding for the others)."""
+    if len({(p.fmt, p.kind) for p in parts}) > 1:
         parts = [quantize_q8(p.dequantize()) for p in parts]
     first = parts[0]
+    origins = sorted({p.origin for p in parts if p.origin})
     return QWeight(first.fmt, np.concatenate([p.qs for p in parts]),
-                   np.concatenate([p.d for p in parts]),
-                   None if first.m is None else np.concatenate([p.m for p in parts]))
+                   None if first.d is None else np.concatenate([p.d for p in parts]),
+                   None if first.m is None else np.concatenate([p.m for p in parts]),
+                   first.kind, "+".join(origins) or None)
 
 
 def quantize_q8(w: np.ndarray) -> QWeight:
@@ -75,7 +100,11 @@ def quantize_q8(w: np.ndarray) -> QWeight:
     d = d16.astype(np.float32)  # the stored scale is the one the values are rounded to
     inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
     q = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
-    return QWeight(FMT_Q8, q, d16, None)
+    return QWeight(FMT_Q8, q, d16, None, "q8_0")
+
+
+def _pack_q4(q: np.ndarray) -> np.ndarray:
+    return q[..., :16] | (q[..., 16:] << 4)
 
 
 def quantize_q4(w: np.ndarray) -> QWeight:
@@ -87,8 +116,30 @@ def quantize_q4(w: np.ndarray) -> QWeight:
     d, m = d16.astype(np.float32), m16.astype(np.float32)
     inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
     q = np.clip(np.rint((g - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
-    packed = q[..., :16] | (q[..., 16:] << 4)
-    return QWeight(FMT_Q4, packed, d16, m16)
+    return QWeight(FMT_Q4, _pack_q4(q), d16, m16, "q4_1")
+
+
+def quantize_q4_0(w: np.ndarray) -> QWeight:
+    """Symmetric 4-bit blocks of 32 (GGUF Q4_0's rule: ``d = v / -8`` for the value ``v``
+    of largest magnitude, ``q = min(15, floor(x / d + 8.5))``, ``W = d (q - 8)``), stored as
+    Q4 blocks with ``m = -8 d``."""
+    n, k = w.shape
+    g = np.asarray(w, dtype=np.float32).reshape(n, k // BLOCK, BLOCK)
+    idx = np.abs(g).argmax(-1)[..., None]
+    d16 = (np.take_along_axis(g, idx, -1)[..., 0] / -8.0).astype(np.float16)
+    d = d16.astype(np.float32)
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.floor(g * inv[..., None] + 8.5), 0, 15).astype(np.uint8)
+    return QWeight(FMT_Q4, _pack_q4(q), d16, (-8.0 * d16).astype(np.float16), "q4_0")
+
+
+# What ``--quantization`` names (SGLang's flag; llama.cpp's type names) -> the quantizer.
+QUANTIZERS = {"q8_0": quantize_q8, "q4_0": quantize_q4_0, "q4_1": quantize_q4}
+
+
+def quantize(w: np.ndarray, kind: str) -> QWeight:
+    """``w [n, k]`` in blocks of ``kind`` (a key of QUANTIZERS)."""
+    return QUANTIZERS[kind](w)
 
 
 def _fp16(raw: np.ndarray) -> np.ndarray:
@@ -101,28 +152,39 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
     if type_name == "Q4_1":
         b = raw.reshape(n, -1, 20)
         return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 4:]), _fp16(b[..., 0:2]),
-                       _fp16(b[..., 2:4]))
+                       _fp16(b[..., 2:4]), "q4_1", type_name)
     if type_name == "Q4_0":
         b = raw.reshape(n, -1, 18)
         d = _fp16(b[..., 0:2])
-        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 2:]), d, (-8.0 * d).astype(np.float16))
+        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 2:]), d,
+                       (-8.0 * d).astype(np.float16), "q4_0", type_name)
     if type_name == "Q8_0":
         b = raw.reshape(n, -1, 34)
         return QWeight(FMT_Q8, np.ascontiguousarray(b[..., 2:]).view(np.int8),
-                       _fp16(b[..., 0:2]), None)
+                       _fp16(b[..., 0:2]), None, "q8_0", type_name)
     return None
 
 
+DENSE_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
+
+
 def gguf_blocks(path: Path) -> dict[str, QWeight]:
-    """GGUF tensor name -> blocks, for the tensors stored as Q4_0 / Q4_1 / Q8_0."""
+    """GGUF tensor name -> blocks, for every quantized 2-D tensor: Q4_0 / Q4_1 / Q8_0 as
+    the file has them, other quantized types (K-quants, ...) as Q8_0 blocks of their
+    dequantized values (``origin`` names the file's type). Dense tensors (F32, F16, BF16)
+    are left out: they run as dense rows."""
     import gguf
 
     out = {}
     for t in gguf.GGUFReader(str(path)).tensors:
         raw = np.asarray(t.data)
-        if raw.dtype != np.uint8 or raw.ndim != 2:
+        name = t.tensor_type.name
+        if raw.dtype != np.uint8 or raw.ndim != 2 or name in DENSE_GGUF_TYPES:
             continue
-        w = from_gguf_raw(t.tensor_type.name, raw)
-        if w is not None:
-            out[t.name] = w
+        w = from_gguf_raw(name, raw)
+        if w is None:
+            dense = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
+            w = quantize_q8(dense.reshape(raw.shape[0], -1))
+            w.origin = name
+        out[t.name] = w
     return out

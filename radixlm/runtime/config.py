@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from radixlm import envs
 from radixlm.runtime.speculative.base import normalize_algorithm
 
+# Block types `quantization` accepts (what the native library runs: radixlm.native.qweights).
+QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")
+
 
 def parse_host_port(text: str, what: str) -> tuple[str, int]:
     """("host", port) from "host:port" ("[v6addr]:port" for IPv6); ValueError naming `what`
@@ -47,18 +50,25 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | torch | triton
-    # CPU decode weights. auto: the native library runs small steps on the GGUF's own
-    # Q4_0/Q4_1/Q8_0 blocks (other sources as Q8 blocks); without it, torch's int4 kernel
-    # for bf16 models from a Q4_1 GGUF. int4: 4-bit blocks for every source. none: the
-    # reference path (dense weights, no native library).
+    # Block quantization of a checkpoint's linears at load (SGLang's --quantization; the
+    # names are llama.cpp's block types): q8_0 | q4_0 | q4_1 (the LM head q8_0), or None:
+    # the checkpoint runs at its own precision (dense rows natively too). The native CPU
+    # path runs the blocks; other paths run their dequantized values. A GGUF model runs its
+    # own blocks: asking to quantize one that is already quantized is an error.
+    quantization: str | None = None
+    # Which CPU path runs and what it fills in. auto: the native library (small steps;
+    # a GGUF's own blocks, other weights dense, or `quantization`'s blocks); without it,
+    # torch's int4 kernel for bf16 models from a Q4_1 GGUF. int4: 4-bit blocks (Q4_1's
+    # rule) for every weight the source has no blocks for (quantization="q4_1" on a
+    # safetensors checkpoint). none: the reference path (dense torch, no native library).
     weight_quant: str = "auto"
-    # Native CPU steps (radixlm/native): how matmuls read activations against the block
-    # weights. fp32: exact, the reference path's numbers. int8: per-block rounding
-    # (llama.cpp's way, ~0.5% error). bf16: activations and dequantized weights rounded to
-    # bf16, fp32 sums (a torch bf16 linear's numbers). auto: fp32; on a bf16 model (the
-    # default on bf16 hosts) bf16 for steps of 8+ tokens on AMX tiles or 2+ tokens with
-    # AVX512-BF16 dot products, and int8 one-token steps on AMD CPUs with AVX512-VNNI
-    # (native.decoder.activation_modes).
+    # Native CPU steps (radixlm/native): how matmuls read activations. fp32: exact, the
+    # reference path's numbers. int8: per-block rounding (llama.cpp's way, ~0.5% error;
+    # block weights only). bf16: activations and weights rounded to bf16, fp32 sums (a torch
+    # bf16 linear's numbers). auto: int8 for steps under 8 tokens (one-token steps first of
+    # all) of a block-quantized model where the CPU has u8 x s8 SIMD (AVX2 maddubs or VNNI);
+    # on a bf16 model bf16 for steps of 8+ tokens on AMX tiles or 2+ tokens with
+    # AVX512-BF16 dot products; fp32 otherwise (native.decoder.activation_modes).
     native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
@@ -149,6 +159,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
         if self.weight_quant not in ("auto", "int4", "none"):
             raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
+        self._check_quantization()
         if self.native_activations not in ("auto", "fp32", "int8", "bf16"):
             raise ValueError("native_activations must be auto|fp32|int8|bf16, got "
                              f"{self.native_activations!r}")
@@ -234,6 +245,15 @@ class EngineConfig:
             raise ValueError(f"nnodes={self.nnodes} needs the rendezvous address of node 0: "
                              "dist_init_addr HOST:PORT (--dist-init-addr), or MASTER_ADDR and "
                              "MASTER_PORT in the environment")
+
+    def _check_quantization(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (or "
+                             f"unset: the checkpoint's own precision), got "
+                             f"{self.quantization!r}")
+        if self.weight_quant == "int4" and self.quantization not in (None, "q4_0", "q4_1"):
+            raise ValueError(f"weight_quant='int4' (4-bit blocks) conflicts with "
+                             f"quantization={self.quantization!r}; give one")
 
     @property
     def tp_per_node(self) -> int:

@@ -27,10 +27,14 @@ from radixlm.runtime.parallel import (
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampler import Sampler, SamplingInputs, accept_prefix, draw_uniform
 from radixlm.runtime.weights import (
+    checkpoint_dtype,
+    gguf_file_types,
+    gguf_source,
     load_gguf_blocks,
     load_hf_config,
     load_q4_1_linears,
     load_state_dict,
+    quantize_linears,
 )
 
 logger = logging.getLogger(__name__)
@@ -124,18 +128,37 @@ def native_library(config: EngineConfig, device: torch.device):
 
 
 def create_native_decoder(lib, config: EngineConfig, model: LlamaModel, pool: KVPool,
-                          model_dir, hf_config):
-    """The native small-step decoder for ``model`` (None, logged, if it cannot run it)."""
+                          blocks: dict):
+    """The native small-step decoder for ``model`` on ``blocks`` (HF name -> QWeight;
+    the rest dense), or None (logged) if it cannot run it."""
     from radixlm.native.decoder import NativeDecoder, supported
 
     reason = supported(model, pool)
     if reason is not None:
         logger.warning("native CPU ops cannot run this model (%s): reference path", reason)
         return None
-    blocks = load_gguf_blocks(model_dir, hf_config)
     return NativeDecoder(lib, model, blocks, pool, max_rows=NATIVE_MAX_ROWS,
-                         quant=config.weight_quant,
-                         act=config.native_activations)
+                         quant=config.weight_quant, act=config.native_activations)
+
+
+def block_quantization(config: EngineConfig, model_dir) -> str | None:
+    """The block type a checkpoint is quantized to at load (None: its own precision):
+    ``quantization``, or q4_1 for ``weight_quant="int4"`` on a safetensors checkpoint.
+    ``quantization`` on a GGUF that is already quantized is a ValueError naming both."""
+    if config.quantization is not None:
+        types = gguf_file_types(model_dir)
+        if types is not None and types[1]:
+            raise ValueError(
+                f"quantization={config.quantization!r} asked for a GGUF model that is "
+                f"already quantized (file type {types[0]}; tensors {', '.join(types[1])}): "
+                "a GGUF model runs its own blocks; drop quantization (--quantization)")
+        return config.quantization
+    if config.weight_quant == "int4" and gguf_source(model_dir) is None:
+        return "q4_1"
+    return None
+
+
+_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class ModelRunner:
@@ -144,11 +167,11 @@ class ModelRunner:
         """Rank 0 (``tp`` None) starts the other tensor-parallel ranks itself when
         ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
         self.config = config
-        self.device, self.dtype = pick_device_dtype(config)
+        hf_config = load_hf_config(model_dir)
+        self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir, hf_config))
         rank = tp.rank if tp is not None else 0
         if tp is not None and self.device.type == "cuda":
             self.device = torch.device("cuda", rank % config.tp_per_node)
-        hf_config = load_hf_config(model_dir)
         model_hf = hf_config
         if config.tp_size > 1:
             check_tp_size(hf_config, config.tp_size, self.device.type, nnodes=config.nnodes)
@@ -161,15 +184,16 @@ class ModelRunner:
             self.tp = start_group(worker_config, self.device, model_dir, context_len, ModelRunner)
         lib = native_library(config, self.device)  # None under TP
         try:
-            self._load(config, model_dir, hf_config, model_hf, lib)
+            blocks = self._load(config, model_dir, hf_config, model_hf, lib)
         except BaseException:
             self.shutdown()
             raise
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
         self.pool = self._create_pool(config, cfg, capacity, context_len)
-        self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
-                                             hf_config) if lib is not None else None)
+        self.native = (create_native_decoder(lib, config, self.model, self.pool, blocks)
+                       if lib is not None else None)
+        self.precision = self._precision(model_dir)
         # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
         layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
                   else o for o in cfg.attn_options()]
@@ -191,16 +215,26 @@ class ModelRunner:
             except BaseException:
                 self.shutdown()
                 raise
-        extra = (f" (+native steps up to {self.native.max_rows} tokens, "
-                 f"activations {self.native.describe_modes()})"
-                 if self.native is not None
-                 else " (+int4 decode linears)" if self.int4 is not None else "")
-        logger.info("model on %s/%s%s, KV pool %d tokens (%s), attention %s%s", self.device,
-                    self.dtype, extra, capacity, self.pool.layout, name,
+        extra = (f" (+native steps up to {self.native.max_rows} tokens)"
+                 if self.native is not None else "")
+        logger.info("model on %s/%s%s: weights %s, activations %s; KV pool %d tokens (%s), "
+                    "attention %s%s", self.device, self.dtype, extra,
+                    self.precision["weights"], self.precision["activations"], capacity,
+                    self.pool.layout, name,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
-    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> None:
+    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> dict:
+        """Build the model; returns the native path's blocks (HF name -> QWeight: the
+        GGUF's own, or those made for ``quantization``)."""
+        self.quantization = block_quantization(config, model_dir)
         state = load_state_dict(model_dir)
+        blocks = {}
+        if self.quantization is not None:  # every path runs the blocks' values
+            tied = bool(getattr(hf_config, "tie_word_embeddings", False)
+                        or "lm_head.weight" not in state)
+            blocks = quantize_linears(state, self.quantization, tied)
+        elif lib is not None:
+            blocks = load_gguf_blocks(model_dir, hf_config)
         if self.tp is not None:
             self.tp.vocab_size = int(state["model.embed_tokens.weight"].shape[0])
             state = shard_state_dict(state, hf_config, self.tp.rank, self.tp.size)
@@ -209,6 +243,25 @@ class ModelRunner:
             self.int4 = (None if lib is not None
                          else self._int4_blocks(config, model_dir, hf_config))
         self.model = LlamaModel(model_hf, state, self.dtype, self.device, self.int4, tp=self.tp)
+        return blocks
+
+    def _precision(self, model_dir) -> dict[str, str]:
+        """Which weights and activations run (the start log line, /get_server_info): e.g.
+        ``gguf q4_1, head q8_0`` / ``int8 one-token steps, fp32, bf16 from 8 tokens``;
+        ``bf16`` / ``bf16`` on the torch path."""
+        dtype = _SHORT.get(self.dtype, str(self.dtype))
+        if self.native is not None:
+            weights = self.native.weights
+            if self.quantization is not None:
+                weights += " (quantized at load)"
+            return {"weights": weights, "activations": self.native.describe_modes()}
+        source = ("gguf, dequantized" if gguf_source(model_dir) is not None
+                  else f"{self.quantization} blocks, dequantized" if self.quantization
+                  else "")
+        weights = f"{dtype} ({source})" if source else dtype
+        if self.int4 is not None:
+            weights += " + int4 decode linears"
+        return {"weights": weights, "activations": dtype}
 
     @property
     def fatal_error(self) -> str | None:

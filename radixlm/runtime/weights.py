@@ -354,3 +354,68 @@ def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
             out["model.embed_tokens.weight" if name.startswith("token_embd")
                 else "lm_head.weight"] = w
     return out
+
+
+# The linears block quantization applies to (HF names, without ``model.layers.N.``).
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj",
+            "down_proj", "gate_up_proj")
+
+
+def quantize_linears(state: dict[str, torch.Tensor], kind: str, tied: bool) -> dict:
+    """Block-quantize the checkpoint's linears to ``kind`` (q8_0 | q4_0 | q4_1) and its LM
+    head to q8_0 (the embedding too where ``tied``: it is the head), as llama.cpp's
+    quantizers round them. Returns HF name -> QWeight (what the native path runs) and
+    replaces those tensors of ``state`` by their dequantized values (fp32), so every path
+    computes the same model."""
+    from radixlm.native.qweights import quantize, quantize_q8
+
+    head_names = ("lm_head.weight",) + (("model.embed_tokens.weight",) if tied else ())
+    out = {}
+    for name, tensor in state.items():
+        parts = name.split(".")
+        is_linear = (name.startswith("model.layers.") and parts[-1] == "weight"
+                     and parts[-2] in _LINEARS)
+        if tensor.ndim != 2 or not (is_linear or name in head_names):
+            continue
+        if tensor.shape[1] % 32:
+            raise ValueError(f"quantization={kind!r} needs input sizes that are multiples "
+                             f"of 32 (blocks of 32); {name} has {tensor.shape[1]}")
+        w = tensor.float().numpy()
+        out[name] = quantize(w, kind) if is_linear else quantize_q8(w)
+    for name, w in out.items():
+        state[name] = torch.from_numpy(w.dequantize())
+    return out
+
+
+def gguf_file_types(model_dir: Path) -> tuple[str, list[str]] | None:
+    """For a directory converted from a GGUF: the file's type as llama.cpp names it
+    (``general.file_type``, e.g. ``Q4_1``; ``?`` where unset) and the types of its
+    quantized tensors (empty for an unquantized file). None for any other checkpoint."""
+    source = gguf_source(model_dir)
+    if source is None:
+        return None
+    import gguf
+
+    from radixlm.native.qweights import DENSE_GGUF_TYPES
+
+    reader = gguf.GGUFReader(str(source))
+    field = reader.fields.get("general.file_type")
+    file_type = "?"
+    if field is not None:
+        try:
+            file_type = gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+        except ValueError:
+            file_type = str(field.contents())
+    types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+                   - set(DENSE_GGUF_TYPES))
+    return file_type, types
+
+
+def checkpoint_dtype(model_dir: Path, hf_config) -> str | None:
+    """The dtype a safetensors checkpoint's config states (float32, bfloat16, float16), or
+    None (unstated, or a converted GGUF: its precision is its blocks)."""
+    if gguf_source(model_dir) is not None:
+        return None
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    name = str(value).removeprefix("torch.") if value is not None else None
+    return name if name in ("float32", "bfloat16", "float16") else None

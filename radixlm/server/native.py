@@ -238,7 +238,8 @@ def default_system_prompt(tok: Any) -> str | None:
 @router.get("/server_info")
 @router.get("/get_server_args")
 async def get_server_info(request: Request) -> dict[str, Any]:
-    """Engine config, server settings (the API key redacted) and engine stats."""
+    """Engine config, server settings (the API key redacted), engine stats, and the
+    weights and activations that run (``weights``, ``activations``)."""
     state = get_state(request)
     config = getattr(state.engine, "config", None)
     info: dict[str, Any] = (dataclasses.asdict(config)
@@ -248,6 +249,8 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     info.update(server=settings, stats=await asyncio.to_thread(state.engine.get_stats),
                 context_length=state.context_len, model_path=str(state.engine.model_path),
                 version=_version())
+    # which weights and activations run (e.g. "gguf q4_1, head q8_0"; "bf16")
+    info.update(getattr(getattr(state.engine, "runner", None), "precision", None) or {})
     return info
 
 

@@ -90,10 +90,10 @@ static inline int block_rows(int k, int unit) {
 static inline __attribute__((always_inline)) void dequant_block_bf16(
     const QMat *w, int nblk, int brows, int bpad, uint16_t *wb) {
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
     for (int r = 0; r < brows; r++)
         dequant_row_bf16(w, w->qs + (int64_t)(nblk + r) * row_bytes,
-                         w->d + (int64_t)(nblk + r) * nb, wm_of(w, nblk + r, nb), nb,
+                         wd_of(w, nblk + r, nb), wm_of(w, nblk + r, nb), nb,
                          wb + (int64_t)r * k);
     if (bpad > brows) memset(wb + (int64_t)brows * k, 0, (size_t)(bpad - brows) * k * 2);
 }

@@ -3,7 +3,41 @@
 #include "rlm.h"
 
 /* ------------------------------------------------------------------ quantization */
-/* x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a) */
+/* x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a): per block of 32, d = amax / 127
+ * and a = x * (1 / d) rounded to nearest even (the same float operations in both
+ * versions, so the same bytes). */
+#ifdef RLM_AVX2
+static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo the packs' lanes */
+    for (int b = 0; b < k / 32; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + b * 32 + i * 8);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv)); /* nearest even */
+            q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], lim), nlim);
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(a + b * 32), _mm256_permutevar8x32_epi32(bytes, order));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        dx[b] = d;
+        sx[b] = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+#else
 static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
     for (int b = 0; b < k / 32; b++) {
         const float *xb = x + b * 32;
@@ -21,6 +55,7 @@ static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx)
         sx[b] = d * (float)sum;
     }
 }
+#endif
 
 /* ------------------------------------------------------------------ dequantization */
 #ifdef RLM_AVX2
@@ -51,9 +86,13 @@ static inline void block_f32(const QMat *w, const uint8_t *wq, int b, __m512 *lo
 }
 #endif
 
-/* Row n dequantized to fp32 (W = d q + m) into out[k]. */
+/* Row n dequantized to fp32 (W = d q + m; dense rows converted) into out[k]. */
 static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                         int nb, float *out) {
+    if (is_dense(w)) {
+        dense_row_f32(w, wq, nb * 32, out);
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -90,12 +129,21 @@ static inline void to_bf16(const float *x, int k, uint16_t *out) {
                                                                  _mm512_loadu_ps(x + j)));
 }
 
-/* Row n dequantized (W = d q + m) straight to bf16, nearest even. Q4 blocks by table: the
+/* Row n dequantized (W = d q + m) straight to bf16, nearest even (dense rows copied or
+ * rounded). Q4 blocks by table: the
  * 16 values d q + m (q = 0..15) rounded once, then one word permute looks up all 32
  * nibbles (the same fused multiply-add and rounding per value as converting each weight,
  * in a third fewer 512-bit instructions). */
 static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
                              const f16 *wm, int nb, uint16_t *out) {
+    if (w->fmt == FMT_BF16) {
+        memcpy(out, wq, (size_t)nb * 64);
+        return;
+    }
+    if (w->fmt == FMT_F32) {
+        to_bf16((const float *)wq, nb * 32, out);
+        return;
+    }
 #ifdef __AVX512BW__
     if (w->fmt == FMT_Q4) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -128,9 +176,10 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
     if (n >= n_end) return;
     if (n + count > n_end) count = n_end - n;
     const int nb = w->k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
     const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
     for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+    if (is_dense(w)) return;
     const char *d = (const char *)(w->d + (int64_t)n * nb);
     for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
     if (w->fmt == FMT_Q4) {

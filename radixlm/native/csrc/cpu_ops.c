@@ -4,6 +4,7 @@
 
 #include "pool.c"
 #include "blocks.c"
+#include "dense.c"
 #include "matmul_f32.c"
 #include "matmul_bf16.c"
 #include "amx.c"

@@ -3,44 +3,46 @@
  * splits a matrix's rows over the team. */
 #include "rlm.h"
 
-/* ------------------------------------------------------------------ int8 blocks */
-/* One row of a Q4/Q8 matrix against one quantized activation row (T == 1). */
+/* ------------------------------------------------------------------ int8 blocks
+ * A token's dot product with a row is computed in the same order at every step size (the
+ * block products into two accumulators by block parity, then their sum, then Q4's m term
+ * by q4_msum): the same bits whether the token runs alone or among others, so a step that
+ * verifies drafts at one-token rounding reproduces decoding exactly. */
+#ifdef RLM_AVX2
+/* Block b's 8 int32 partial sums of a row (Q4: the nibbles; Q8: |w| against sign(x, w)). */
+static inline __m256i blk_dot(const QMat *w, const uint8_t *wq, const int8_t *xa, int b) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(xa + b * 32));
+    if (w->fmt == FMT_Q4) return dot_u8s8(unpack_q4(wq + b * 16), x);
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
+    return dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
+}
+
+static inline __m256 blk_fma(__m256i p, float scale, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc);
+}
+#endif
+
+/* Q4's m term of a token: sum_b m_b (dx_b sum_j a_j), two blocks at a time. */
+static inline float q4_msum(const f16 *wm, const float *xs, int nb) {
+    float msum = 0.f;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) msum += H(wm[b]) * xs[b] + H(wm[b + 1]) * xs[b + 1];
+    for (; b < nb; b++) msum += H(wm[b]) * xs[b];
+    return msum;
+}
+
+/* One row of a Q4/Q8 matrix against one quantized activation row. */
 static inline float qdot_row1(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                               const int8_t *xa, const float *xd, const float *xs, int nb) {
 #ifdef RLM_AVX2
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float msum = 0.f;
     int b = 0;
-    if (w->fmt == FMT_Q4) {
-        for (; b + 2 <= nb; b += 2) {
-            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
-                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
-            __m256i p1 = dot_u8s8(unpack_q4(wq + b * 16 + 16),
-                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32 + 32)));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
-                                   _mm256_set1_ps(H(wd[b + 1]) * xd[b + 1]), acc1);
-            msum += H(wm[b]) * xs[b] + H(wm[b + 1]) * xs[b + 1];
-        }
-        for (; b < nb; b++) {
-            __m256i p0 = dot_u8s8(unpack_q4(wq + b * 16),
-                                  _mm256_loadu_si256((const __m256i *)(xa + b * 32)));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]), acc0);
-            msum += H(wm[b]) * xs[b];
-        }
-    } else {
-        for (; b < nb; b++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
-            __m256i s = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xa + b * 32)), wv);
-            __m256i p0 = dot_u8s8(_mm256_abs_epi8(wv), s);
-            if (b & 1)
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
-                                       acc1);
-            else
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(H(wd[b]) * xd[b]),
-                                       acc0);
-        }
+    for (; b + 2 <= nb; b += 2) {
+        acc0 = blk_fma(blk_dot(w, wq, xa, b), H(wd[b]) * xd[b], acc0);
+        acc1 = blk_fma(blk_dot(w, wq, xa, b + 1), H(wd[b + 1]) * xd[b + 1], acc1);
     }
+    if (b < nb) acc0 = blk_fma(blk_dot(w, wq, xa, b), H(wd[b]) * xd[b], acc0);
+    const float msum = wm ? q4_msum(wm, xs, nb) : 0.f;
     return hsum256(_mm256_add_ps(acc0, acc1)) + msum;
 #else
     float acc = 0.f;
@@ -80,14 +82,14 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         return;
     }
 #endif
-    if (act->f32) {
+    if (act->f32 || is_dense(w)) { /* (int8 blocks of activations are for block weights) */
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
     }
     const int8_t *xa = act->xa;
     const float *xd = act->xd, *xs = act->xs;
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
 #ifdef RLM_AVX2
     uint8_t ubuf[k] __attribute__((aligned(64)));
 #endif
@@ -114,32 +116,34 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
                                        (const __m256i *)(wq + b * 32))));
         }
         int t = 0;
-        for (; t + 4 <= T; t += 4) {
-            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-            float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f;
+        for (; t + 4 <= T; t += 4) { /* 4 tokens against the unpacked row, as qdot_row1 */
+            __m256 ae[4], ao[4];
+            for (int i = 0; i < 4; i++) ae[i] = ao[i] = _mm256_setzero_ps();
             const int8_t *a0 = xa + (int64_t)t * k;
             const float *d0 = xd + (int64_t)t * nb, *s0 = xs + (int64_t)t * nb;
-            for (int b = 0; b < nb; b++) {
-                __m256i u = _mm256_load_si256((const __m256i *)(ubuf + b * 32));
-                __m256i sg = w->fmt == FMT_Q8
-                    ? _mm256_loadu_si256((const __m256i *)(wq + b * 32)) : u;
-#define RLM_TOK(i, acc, ms)                                                              \
-    {                                                                                     \
-        __m256i s = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)(i) * k + b * 32)); \
-        if (w->fmt == FMT_Q8) s = _mm256_sign_epi8(s, sg);                                \
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, s)),                         \
-                              _mm256_set1_ps(H(wd[b]) * d0[(i) * nb + b]), acc);             \
-        if (wm) ms += H(wm[b]) * s0[(i) * nb + b];                                           \
+#define RLM_BLOCK(b, acc)                                                                    \
+    {                                                                                       \
+        const __m256i u = _mm256_load_si256((const __m256i *)(ubuf + (b) * 32));            \
+        const __m256i sg = w->fmt == FMT_Q8                                                 \
+            ? _mm256_loadu_si256((const __m256i *)(wq + (b) * 32)) : u;                     \
+        for (int i = 0; i < 4; i++) {                                                       \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)i * k + (b) * 32)); \
+            if (w->fmt == FMT_Q8) x = _mm256_sign_epi8(x, sg);                              \
+            acc[i] = blk_fma(dot_u8s8(u, x), H(wd[b]) * d0[i * nb + (b)], acc[i]);          \
+        }                                                                                   \
     }
-                RLM_TOK(0, acc0, m0) RLM_TOK(1, acc1, m1) RLM_TOK(2, acc2, m2)
-                RLM_TOK(3, acc3, m3)
+            int b = 0;
+            for (; b + 2 <= nb; b += 2) {
+                RLM_BLOCK(b, ae)
+                RLM_BLOCK(b + 1, ao)
             }
-            y[(int64_t)t * ldy + n] = hsum256(acc0) + m0;
-            y[(int64_t)(t + 1) * ldy + n] = hsum256(acc1) + m1;
-            y[(int64_t)(t + 2) * ldy + n] = hsum256(acc2) + m2;
-            y[(int64_t)(t + 3) * ldy + n] = hsum256(acc3) + m3;
+            if (b < nb) RLM_BLOCK(b, ae)
+#undef RLM_BLOCK
+            for (int i = 0; i < 4; i++) {
+                const float msum = wm ? q4_msum(wm, s0 + i * nb, nb) : 0.f;
+                y[(int64_t)(t + i) * ldy + n] = hsum256(_mm256_add_ps(ae[i], ao[i])) + msum;
+            }
         }
-#undef RLM_TOK
         for (; t < T; t++)
             y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,
                                                 xd + (int64_t)t * nb, xs + (int64_t)t * nb, nb);

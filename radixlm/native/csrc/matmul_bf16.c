@@ -66,13 +66,13 @@ static inline float dot1_bf16(const uint16_t *wb, const uint16_t *x, int k) {
 static void qgemv_rows_bf16(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                             int64_t ldy) {
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
     uint16_t wb[4 * k] __attribute__((aligned(64)));
     for (int n = n0; n < n1; n += 4) {
         const int rows = n1 - n < 4 ? n1 - n : 4;
         for (int r = 0; r < rows; r++)
             dequant_row_bf16(w, w->qs + (int64_t)(n + r) * row_bytes,
-                             w->d + (int64_t)(n + r) * nb, wm_of(w, n + r, nb), nb,
+                             wd_of(w, n + r, nb), wm_of(w, n + r, nb), nb,
                              wb + (int64_t)r * k);
         int t = 0;
         if (rows == 4)

@@ -1,4 +1,4 @@
-/* fp32 activations x Q4/Q8 blocks: the weights are dequantized on the fly, the products
+/* fp32 activations x Q4/Q8 blocks (and dense rows, see dense.c): the weights are dequantized on the fly, the products
  * are exact fp32 (what the reference torch path computes, up to summation order). Steps
  * under 4 tokens: rows at a time against each token (AVX-512: 4 rows x 1-3 tokens;
  * AVX2: 4 Q4 rows); from 4 tokens: rows dequantized once, then tiles of rows x 4
@@ -282,7 +282,7 @@ static inline void panel_kernel(const float *wf, const float *xb, int k, int t0,
 static void qgemm_panel_f32(const QMat *w, int n0, int n1, int T, const float *xt, float *y,
                             int64_t ldy) {
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
     int block = (int)((128 * 1024) / ((int64_t)k * 4)) / PMR * PMR;
     block = block < PMR ? PMR : (block > 16 * PMR ? 16 * PMR : block);
     float *wf = (float *)aligned_alloc(64, sizeof(float) * (size_t)block * k);
@@ -292,7 +292,7 @@ static void qgemm_panel_f32(const QMat *w, int n0, int n1, int T, const float *x
         const int bpad = (brows + PMR - 1) / PMR * PMR;
         for (int r = 0; r < brows; r++)
             dequant_row(w, w->qs + (int64_t)(nblk + r) * row_bytes,
-                        w->d + (int64_t)(nblk + r) * nb, wm_of(w, nblk + r, nb), nb,
+                        wd_of(w, nblk + r, nb), wm_of(w, nblk + r, nb), nb,
                         wf + (int64_t)r * k);
         if (bpad > brows) memset(wf + (int64_t)brows * k, 0, sizeof(float) * (bpad - brows) * k);
         for (int t0 = 0; t0 < T; t0 += PT)
@@ -309,13 +309,17 @@ static void qgemm_panel_f32(const QMat *w, int n0, int n1, int T, const float *x
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                            int64_t ldy) {
     const int k = w->k, nb = k / 32;
-    const int64_t row_bytes = (int64_t)nb * (w->fmt == FMT_Q4 ? 16 : 32);
+    const int64_t row_bytes = row_bytes_of(w);
 #ifdef RLM_PANEL
     if (a->xt) {
         qgemm_panel_f32(w, n0, n1, T, a->xt, y, ldy);
         return;
     }
 #endif
+    if (is_dense(w) && T < 4) {
+        dense_rows_f32(w, n0, n1, T, a->xf, y, ldy);
+        return;
+    }
     float wf[RT * k] __attribute__((aligned(64)));
     int n = n0;
 #if defined(RLM_AVX2) && !defined(__AVX512F__)
@@ -371,7 +375,7 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
         }
         for (; n + RT <= n1; n += RT) {
             for (int r = 0; r < RT; r++)
-                dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, w->d + (int64_t)(n + r) * nb,
+                dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, wd_of(w, n + r, nb),
                             wm_of(w, n + r, nb), nb, wf + (int64_t)r * k);
             for (int t = 0; t < T; t += 4) {
                 float out[RT * 4];
@@ -381,6 +385,10 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
                     for (int i = 0; i < nt; i++) y[(int64_t)(t + i) * ldy + n + r] = out[r * 4 + i];
             }
         }
+    }
+    if (is_dense(w)) { /* leftover rows */
+        dense_rows_f32(w, n, n1, T, a->xf, y, ldy);
+        return;
     }
     for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
         prefetch_rows(w, n + 2, 1, n1);

@@ -6,9 +6,11 @@
  * dot product is one u8 x s8 instruction sequence:
  *   Q4: sum_j (d q_j + m)(dx a_j) = d dx sum_j q_j a_j + m (dx sum_j a_j)
  *   Q8: sum_j (d w_j)(dx a_j)     = d dx sum_j w_j a_j
- * Everything else (RMSNorm, rotary, attention, SiLU) is fp32. K/V caches are fp32 or bf16
- * (converted by bit shifts: no bf16 arithmetic anywhere), or int8 with one bf16 scale per
- * (token, KV head) row, widened to fp32 in registers (attention.c).
+ * A checkpoint that is not block-quantized runs on its own dense rows (bf16 or fp32): fp32
+ * activations against them in fp32 arithmetic, or bf16 dot products / AMX tiles for bf16
+ * activations. Everything else (RMSNorm, rotary, attention, SiLU) is fp32. K/V caches are
+ * fp32 or bf16 (converted by bit shifts), or int8 with one bf16 scale per (token, KV head)
+ * row, widened to fp32 in registers (attention.c).
  *
  * Built on the host that runs it with -march=native (radixlm/native/build.py), so the
  * #if branches pick AVX-512 VNNI, AVX-VNNI, AVX2 or plain C at compile time on the
@@ -18,7 +20,8 @@
  * This header is the one set of declarations the parts share. The parts, by area:
  *   pool.c         thread pool and barrier
  *   blocks.c       Q4/Q8 block formats: int8 activation blocks, rows dequantized to fp32
- *                  or bf16, weight prefetch
+ *                  or bf16 (dense rows converted), weight prefetch
+ *   dense.c        dense bf16 / fp32 rows against fp32 activations in small steps
  *   matmul_f32.c   fp32 activations x blocks (AVX-512 row tiles, the AVX2 panel GEMM)
  *   matmul_bf16.c  bf16 activations x blocks on AVX512-BF16 dot products
  *   amx.c          bf16 activations x blocks on AMX tiles
@@ -48,7 +51,9 @@
 #define RLM_AVX2 1
 #endif
 
-enum { FMT_Q4 = 4, FMT_Q8 = 8 };
+/* Weight formats: GGUF-style blocks (Q4, Q8), or dense rows as the checkpoint has them
+ * (bf16, fp32; see dense.c). */
+enum { FMT_Q4 = 4, FMT_Q8 = 8, FMT_BF16 = 16, FMT_F32 = 32 };
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
 /* How a matmul reads its activations. ACT_BF16 (batch steps on a CPU with native bf16 dot
  * products) rounds activations and dequantized weights to bf16 and accumulates in fp32, as
@@ -71,12 +76,30 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {
-    int32_t fmt;          /* FMT_Q4 | FMT_Q8 */
+    int32_t fmt;          /* FMT_Q4 | FMT_Q8 | FMT_BF16 | FMT_F32 */
     int32_t n, k;         /* output rows, input columns (k % 32 == 0) */
-    const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32] */
-    const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own) */
+    const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32];
+                             BF16 / F32: the dense rows [n, k] */
+    const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own); NULL for dense rows */
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
 } QMat;
+
+static inline int is_dense(const QMat *w) { return w->fmt == FMT_BF16 || w->fmt == FMT_F32; }
+
+/* Bytes of one row of w in memory. */
+static inline int64_t row_bytes_of(const QMat *w) {
+    switch (w->fmt) {
+    case FMT_Q4: return (int64_t)w->k / 2;
+    case FMT_Q8: return w->k;
+    case FMT_BF16: return (int64_t)w->k * 2;
+    default: return (int64_t)w->k * 4;
+    }
+}
+
+/* Row n's block scales (NULL for dense rows). */
+static inline const uint16_t *wd_of(const QMat *w, int64_t n, int nb) {
+    return is_dense(w) ? NULL : w->d + n * nb;
+}
 
 typedef struct {
     int32_t hidden, n_heads, n_kv_heads, head_dim, inter;
@@ -247,6 +270,9 @@ static void barrier(int nth);
 static double now_seconds(void);
 #endif
 
+/* dense.c */
+static void dense_row_f32(const QMat *w, const uint8_t *row, int k, float *out);
+
 /* blocks.c */
 static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx);
 static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
@@ -283,6 +309,8 @@ static void qgemv_rows_amx(const QMat *w, int n0, int n1, int T, const Act *a, f
 static void qgemm_amx_large(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                             int64_t ldy);
 #endif
+static void dense_rows_f32(const QMat *w, int n0, int n1, int T, const float *x, float *y,
+                           int64_t ldy);                             /* dense.c */
 static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
                        int64_t ldy);                                 /* matmul.c */
 static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth);
