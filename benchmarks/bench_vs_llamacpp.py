@@ -125,6 +125,10 @@ def main() -> None:
                          "comma list (e.g. fp32,int8): one engine each, alternating with "
                          "llama.cpp round by round; int8 is llama.cpp's own per-block "
                          "rounding of activations")
+    ap.add_argument("--speculative-algorithm", default=None,
+                    help="radixlm's speculative_algorithm (default: the engine's own, NGRAM "
+                         "where native steps run; none: off). This prompt's greedy text "
+                         "repeats itself, so n-gram drafts are nearly always accepted here")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
@@ -146,8 +150,10 @@ def run(args) -> None:
     engines = {}
     for mode in modes:  # "radixlm" for one mode (the JSON of earlier runs), else per mode
         name = "radixlm" if len(modes) == 1 else f"radixlm_{mode}"
-        engines[name] = Engine(log_level="warning", native_activations=mode)
-        print(f"{name}: native_activations={mode}; weights "
+        engines[name] = Engine(log_level="warning", native_activations=mode,
+                               speculative_algorithm=args.speculative_algorithm)
+        print(f"{name}: native_activations={mode}, speculative_algorithm="
+              f"{args.speculative_algorithm or 'default'}; weights "
               f"{engines[name].runner.precision['weights']}, activations "
               f"{engines[name].runner.precision['activations']}", flush=True)
     first = next(iter(engines.values()))
@@ -173,10 +179,15 @@ def run(args) -> None:
         rounds.append(r)
         print(json.dumps(r), flush=True)
     llama.close()
-    for engine in engines.values():
+    spec = {}
+    for name, engine in engines.items():
+        stats = engine.get_stats()
+        spec[name] = {k: stats.get(k, 0) for k in ("spec_draft_tokens_total",
+                                                   "spec_accepted_tokens_total")}
         engine.shutdown()
     report(args, host, llama, gguf, list(engines), rounds,
-           {name: e.runner.precision for name, e in engines.items()})
+           {name: {**e.runner.precision, "speculation": spec[name]}
+            for name, e in engines.items()})
 
 
 def report(args, host, llama, gguf, names, rounds, precision) -> None:
@@ -186,6 +197,7 @@ def report(args, host, llama, gguf, names, rounds, precision) -> None:
     results = {"host": host, "llama_cpp_version": llama.version,
                "llama_cpp_features": llama.features, "gguf": gguf,
                "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts,
+               "speculative_algorithm": args.speculative_algorithm,
                "precision": precision, "rounds": rounds,
                **{n: {k: statistics.median(r[n][k] for r in rounds) for k in keys}
                   for n in [*names, "llama_cpp"]}}
@@ -203,7 +215,9 @@ def report(args, host, llama, gguf, names, rounds, precision) -> None:
     for name in names:
         suffix = name[len("radixlm"):]
         print(f"{name}: weights {precision[name]['weights']}; activations "
-              f"{precision[name]['activations']}")
+              f"{precision[name]['activations']}; draft tokens accepted / drafted "
+              f"{precision[name]['speculation']['spec_accepted_tokens_total']} / "
+              f"{precision[name]['speculation']['spec_draft_tokens_total']}")
         print(f"{'metric':<22}{name:>14}{'llama.cpp':>11}{'ratio':>8}  per round (>1: radixlm)")
         for k in keys:
             per = " ".join(f"{p[k]:.2f}" for p in results[f"ratio_per_round{suffix}"])
