@@ -22,6 +22,107 @@ static inline __m256 blk_fma(__m256i p, float scale, __m256 acc) {
 }
 #endif
 
+#if defined(RLM_AVX2) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define RLM_I8_ZMM 1
+/* 512-bit int8 blocks: blocks b and b + 1 in one vector (b's 8 partial sums in the low half,
+ * b + 1's in the high half), so the low half accumulates exactly as the AVX2 path's even
+ * blocks and the high half as its odd ones: the dot part is the AVX2 build's bits. */
+
+/* 16 int32 partial sums of u8 x s8 over 64 bytes */
+static inline __m512i dot_u8s8_512(__m512i u, __m512i s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+
+/* Blocks b, b + 1 of a row as 64 unsigned bytes (Q4: the nibbles; Q8: |w|, with *neg the
+ * mask of its negative weights). */
+static inline __m512i pair_u8(const QMat *w, const uint8_t *wq, int b, __mmask64 *neg) {
+    if (w->fmt == FMT_Q4) { /* [q_b, q_b, q_b+1, q_b+1], odd 128-bit lanes shifted by 4 */
+        __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wq + b * 16)));
+        v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+        v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+        return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    }
+    const __m512i v = _mm512_loadu_si512((const void *)(wq + b * 32));
+    *neg = _mm512_movepi8_mask(v);
+    return _mm512_abs_epi8(v);
+}
+
+/* Q4's m term, 16 blocks a vector: the sum over a chunk's lanes of m_b (dx_b sum_j a_j). */
+static inline __m512 q4_mterm(const f16 *wm, const float *xs, int c, __mmask16 m, __m512 acc) {
+    const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wm + c));
+    return _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(m, xs + c), acc);
+}
+
+/* G tokens (rows xa + i k of the step, G <= 8) against one weight row, each token's sums
+ * in one fixed order whatever G is: per 16-block chunk the scales H(d_b) dx_b, the pairs'
+ * products into one accumulator (a lone last block into its low half), then the m term's
+ * lanes, the two halves, and their 8 lanes. */
+static inline __attribute__((always_inline)) void qdot_group(
+    const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm, const int8_t *xa,
+    const float *xd, const float *xs, int nb, int k, int G, float *y, int64_t ldy) {
+    __m512 acc[8], macc[8];
+    for (int i = 0; i < G; i++) acc[i] = macc[i] = _mm512_setzero_ps();
+    for (int c = 0; c < nb; c += 16) {
+        const int nc = nb - c < 16 ? nb - c : 16;
+        const __mmask16 m = (__mmask16)((1u << nc) - 1);
+        const __m512 wdv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wd + c));
+        __m512 sv[8];
+        for (int i = 0; i < G; i++) {
+            sv[i] = _mm512_mul_ps(wdv, _mm512_maskz_loadu_ps(m, xd + (int64_t)i * nb + c));
+            if (wm) macc[i] = q4_mterm(wm, xs + (int64_t)i * nb, c, m, macc[i]);
+        }
+        __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        int p = 0;
+        for (; p + 2 <= nc; p += 2) {
+            const int b = c + p;
+            __mmask64 neg = 0;
+            const __m512i u = pair_u8(w, wq, b, &neg);
+            for (int i = 0; i < G; i++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + b * 32));
+                if (w->fmt == FMT_Q8) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8_512(u, x)), s, acc[i]);
+            }
+            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
+        }
+        if (p < nc)
+            for (int i = 0; i < G; i++) {
+                const __m256i d = blk_dot(w, wq, xa + (int64_t)i * k, c + p);
+                const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
+                acc[i] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(d)), s,
+                                               acc[i], 0x00ff);
+            }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 a = _mm512_add_ps(acc[i], macc[i]);
+        y[(int64_t)i * ldy] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                                                    _mm512_extractf32x8_ps(a, 1)));
+    }
+}
+
+/* All T tokens against row n, in groups of up to 8 (one specialized body per size). */
+static void qdot_tokens(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
+                        const Act *act, int nb, int k, int T, float *y, int64_t ldy) {
+    for (int t = 0; t < T;) {
+        const int g = T - t < 8 ? T - t : 8;
+        const int8_t *xa = act->xa + (int64_t)t * k;
+        const float *xd = act->xd + (int64_t)t * nb, *xs = act->xs + (int64_t)t * nb;
+        float *yt = y + (int64_t)t * ldy;
+        switch (g) {
+#define RLM_G(n) \
+        case n: qdot_group(w, wq, wd, wm, xa, xd, xs, nb, k, n, yt, ldy); break;
+        RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+        }
+        t += g;
+    }
+}
+#endif
+
 /* Q4's m term of a token: sum_b m_b (dx_b sum_j a_j), two blocks at a time. */
 static inline float q4_msum(const f16 *wm, const float *xs, int nb) {
     float msum = 0.f;
@@ -86,10 +187,16 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
     }
-    const int8_t *xa = act->xa;
-    const float *xd = act->xd, *xs = act->xs;
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = row_bytes_of(w);
+#ifdef RLM_I8_ZMM
+    for (int n = n0; n < n1; n++)
+        qdot_tokens(w, w->qs + (int64_t)n * row_bytes, w->d + (int64_t)n * nb,
+                    w->fmt == FMT_Q4 ? w->m + (int64_t)n * nb : NULL, act, nb, k, T, y + n, ldy);
+    return;
+#endif
+    const int8_t *xa = act->xa;
+    const float *xd = act->xd, *xs = act->xs;
 #ifdef RLM_AVX2
     uint8_t ubuf[k] __attribute__((aligned(64)));
 #endif
