@@ -140,7 +140,7 @@ static void qdot_tokens(const QMat *w, const uint8_t *wq, const f16 *wd, const f
                         const Act *act, const uint8_t *xu0, int nb, int k, int T, float *y,
                         int64_t ldy) {
     for (int t = 0; t < T;) {
-        const int g = T - t < 8 ? T - t : 8;
+        const int left = T - t, groups = (left + 7) / 8, g = (left + groups - 1) / groups;
         const int8_t *xa = act->xa + (int64_t)t * k;
         const float *xd = act->xd + (int64_t)t * nb, *xs = act->xs + (int64_t)t * nb;
         const uint8_t *xu = xu0 ? xu0 + (int64_t)t * k : NULL;
