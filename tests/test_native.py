@@ -124,6 +124,28 @@ def test_int8_rows_are_the_same_bits_at_every_step_size(lib, fmt, k):
         assert torch.equal(together, alone), t
 
 
+def test_int8_blocks_on_avx512_without_vnni(tmp_path):
+    """An AVX-512 build without VNNI (a Skylake-X host): the 512-bit int8 path on maddubs,
+    Q8 by the sign trick where the VNNI build takes the activations + 128 against signed
+    weights. The integers are the same, so the same bits as this host's own build, at every
+    step size, and the twin's products."""
+    if not {"avx2", "fma", "avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):
+        pytest.skip("this host has no AVX-512 VNNI to compare the build without it to")
+    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"], tmp_path)
+    assert plain.rlm_isa().decode() == "avx2"
+    for fmt, k in ((FMT_Q4, 576), (FMT_Q8, 576), (FMT_Q8, 96)):
+        w = _rand_weight(fmt, 45, k, seed=k + fmt)
+        x = torch.randn(13, k)
+        alone = torch.cat([ops.norm_matmul(plain, x[i:i + 1], w, act="int8") for i in range(13)])
+        torch.testing.assert_close(alone, ref.qmatmul(x, w, act="int8"), rtol=1e-4, atol=1e-4)
+        for t in (4, 9, 13):
+            together = torch.cat([ops.norm_matmul(plain, x[i:i + t], w, act="int8")
+                                  for i in range(0, 13, t)])
+            assert torch.equal(together, alone), (fmt, t)
+            assert torch.equal(ops.norm_matmul(build.load(), x[:t], w, act="int8"),
+                               alone[:t]), (fmt, t)
+
+
 @pytest.mark.parametrize("fmt", [FMT_F32, FMT_BF16])
 @pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
