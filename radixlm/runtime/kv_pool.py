@@ -3,11 +3,48 @@
 Slot 0 is reserved as a padding target and never handed out, so a usable pool of
 ``capacity`` slots holds ``capacity - 1`` tokens. ``req_to_token[row, i]`` is the slot of
 token ``i`` of the request that owns ``row``; attention kernels read K/V through it.
+
+``read_slots`` / ``write_slots`` move the K/V of some slots out of and into the pool as a
+``KVPayload`` in the pool's own storage format: the seam the cache tiers (host memory, disk)
+use, treating its arrays as opaque rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class KVPayload:
+    """The K/V of ``num_tokens`` tokens in a pool's storage format.
+
+    ``k[layer]`` and ``v[layer]``: ``[num_tokens, kv_heads, head_dim]`` of the pool's dtype,
+    token-major (row ``i`` is token ``i``). ``layout`` names the format (dtype, layers, kv
+    heads, head dim): a payload goes only into a pool of the same layout. ``arrays()``: every
+    array in a fixed order, each token-major, which is what ``slice`` and the byte form
+    (``KVPool.payload_to_chunks`` / ``payload_from_buffer``) rely on."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    layout: str
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.k[0].shape[0]) if self.k else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() for a in self.arrays())
+
+    def arrays(self) -> list[torch.Tensor]:
+        return [*self.k, *self.v]
+
+    def slice(self, start: int, stop: int) -> KVPayload:
+        """Tokens ``start:stop`` (views, no copy)."""
+        return KVPayload([a[start:stop] for a in self.k], [a[start:stop] for a in self.v],
+                         self.layout)
 
 
 class SlotAllocator:
@@ -87,3 +124,66 @@ class KVPool:
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    # ------------------------------------------------------------------ the tiers' seam
+    @property
+    def layout(self) -> str:
+        """The storage format: dtype, layers, kv heads, head dim."""
+        _, heads, dim = self.k_buffer[0].shape
+        return (f"{str(self.dtype).removeprefix('torch.')}:layers={len(self.k_buffer)}:"
+                f"kv_heads={heads}:head_dim={dim}")
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token's K/V in this pool (all layers)."""
+        _, heads, dim = self.k_buffer[0].shape
+        return self.bytes_per_token(len(self.k_buffer), heads, dim, self.dtype)
+
+    def _index(self, slots: list[int]) -> torch.Tensor:
+        return torch.tensor(slots, dtype=torch.long, device=self.device)
+
+    def read_slots(self, slots: list[int]) -> KVPayload:
+        """A copy of the K/V in ``slots`` (token ``i`` of the payload is ``slots[i]``)."""
+        idx = self._index(slots)
+        return KVPayload([b.index_select(0, idx) for b in self.k_buffer],
+                         [b.index_select(0, idx) for b in self.v_buffer], self.layout)
+
+    def write_slots(self, slots: list[int], payload: KVPayload) -> None:
+        """Store ``payload`` (of this pool's layout, ``len(slots)`` tokens) into ``slots``."""
+        if payload.layout != self.layout:
+            raise ValueError(f"K/V of layout {payload.layout} cannot go into a pool of "
+                             f"layout {self.layout}")
+        if payload.num_tokens != len(slots):
+            raise ValueError(f"{payload.num_tokens} tokens of K/V for {len(slots)} slots")
+        idx = self._index(slots)
+        for bufs, rows in ((self.k_buffer, payload.k), (self.v_buffer, payload.v)):
+            for buf, r in zip(bufs, rows, strict=True):
+                buf.index_copy_(0, idx, r.to(buf.device, non_blocking=True))
+
+    def twin(self, capacity: int, device: torch.device | str = "cpu") -> KVPool:
+        """A pool of the same storage format with ``capacity`` slots on ``device`` (the host
+        tier's store), without a ``req_to_token`` table of its own."""
+        _, heads, dim = self.k_buffer[0].shape
+        return KVPool(capacity, len(self.k_buffer), heads, dim, self.dtype,
+                      torch.device(device), max_running=1, max_context=1)
+
+    def payload_to_chunks(self, payload: KVPayload) -> list[memoryview]:
+        """The payload's bytes, array by array (``payload_from_buffer`` reads them back)."""
+        return [memoryview(a.detach().cpu().contiguous().view(torch.uint8).numpy()).cast("B")
+                for a in payload.arrays()]
+
+    def payload_from_buffer(self, buffer: bytearray | memoryview,
+                            num_tokens: int) -> KVPayload:
+        """A payload of this pool's layout over ``buffer`` (views, no copy), as written by
+        ``payload_to_chunks``; ValueError unless it is exactly ``num_tokens`` tokens long."""
+        expected = num_tokens * self.token_bytes
+        if len(buffer) != expected:
+            raise ValueError(f"{len(buffer)} bytes of K/V for {num_tokens} tokens of layout "
+                             f"{self.layout} ({expected} expected)")
+        flat = torch.frombuffer(buffer, dtype=torch.uint8) if expected else torch.empty(0)
+        _, heads, dim = self.k_buffer[0].shape
+        per_array = num_tokens * heads * dim * self.k_buffer[0].element_size()
+        arrays = [flat[i * per_array:(i + 1) * per_array].view(self.dtype)
+                  .view(num_tokens, heads, dim) for i in range(2 * len(self.k_buffer))]
+        half = len(self.k_buffer)
+        return KVPayload(arrays[:half], arrays[half:], self.layout)
