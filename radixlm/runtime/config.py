@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from radixlm import envs
@@ -208,6 +209,9 @@ class EngineConfig:
             raise ValueError("hicache_storage_backend 'file' and hicache_storage_dir DIR go "
                              "together (--hicache-storage-backend file --hicache-storage-dir "
                              "DIR)")
+        if backend is not None and not os.path.isdir(self.hicache_storage_dir):
+            raise ValueError(f"hicache storage dir {self.hicache_storage_dir!r} does not exist "
+                             "or is not a directory (create it first)")
         if self.hicache_storage_size <= 0:
             raise ValueError(f"hicache_storage_size must be > 0 GB, got "
                              f"{self.hicache_storage_size}")
