@@ -30,6 +30,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
+from radixlm import envs
 from radixlm.runtime.hicache import create_tiers
 from radixlm.runtime.kv_manager import KVManager
 from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch
@@ -137,7 +138,10 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 try:
-                    self.inbox.drain(block=not self.state.has_work())
+                    idle = not self.state.has_work()
+                    if idle:  # freed step memory goes back to the OS while nothing runs
+                        envs.trim_malloc()
+                    self.inbox.drain(block=idle)
                     self.admission.poll_grammars()
                     self.step()
                 except Exception:  # the loop must survive anything
