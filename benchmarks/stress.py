@@ -20,7 +20,8 @@ mixed streaming traffic (agent templates reused across requests, unique prompts 
 and evict the tiers, chats, a share of clients disconnecting) first as a warm-up until the
 KV pool and the host tier are full (or `--soak-warmup` minutes pass), then for MINUTES
 more while its RSS is sampled every `--soak-sample` seconds: the report gives RSS after the
-warm-up, the highest and the last sample, and the growth over the warm-up figure.
+warm-up (the first sample, under load), the highest and the last sample, and the growth of
+the highest over the first.
 
 Prints the host (CPU model and ISA flags), a table, and a JSON summary (`--json PATH`).
 """
@@ -524,7 +525,7 @@ async def soak(server: Server, args: argparse.Namespace, timeout: float) -> dict
                              make=_soak_request, until=filled)
     warm_s = time.monotonic() - t0
     full = _full(await stats())
-    base = rss_mb(server.pid)
+    idle_after_warmup = rss_mb(server.pid)
     samples: list[dict[str, Any]] = []
 
     async def sampler() -> None:
@@ -542,9 +543,10 @@ async def soak(server: Server, args: argparse.Namespace, timeout: float) -> dict
                              args.disconnect_rate, args.seed + 1, timeout, make=_soak_request)
     task.cancel()
     rss = [x["rss_mb"] for x in samples if x["rss_mb"] is not None]
-    peak = max(rss, default=None)
+    base, peak = (rss[0], max(rss)) if rss else (None, None)  # base: under load, warmed up
     final = await stats()
-    return {"warmup_s": round(warm_s), "warmup_filled_tiers": full, "rss_mb_after_warmup": base,
+    return {"warmup_s": round(warm_s), "warmup_filled_tiers": full,
+            "rss_mb_idle_after_warmup": idle_after_warmup, "rss_mb_after_warmup": base,
             "rss_mb_max": peak, "rss_mb_last": rss[-1] if rss else None,
             "rss_growth_pct": (round(100 * (peak - base) / base, 2)
                                if base and peak is not None else None),
@@ -682,8 +684,9 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"{key}: {_fmt(report[key])}")
     soak_report = report.get("soak")
     if soak_report:
-        for key in ("minutes", "warmup_s", "warmup_filled_tiers", "rss_mb_after_warmup",
-                    "rss_mb_max", "rss_mb_last", "rss_growth_pct", "cache_hit_rate"):
+        for key in ("minutes", "warmup_s", "warmup_filled_tiers", "rss_mb_idle_after_warmup",
+                    "rss_mb_after_warmup", "rss_mb_max", "rss_mb_last", "rss_growth_pct",
+                    "cache_hit_rate"):
             print(f"soak {key}: {_fmt(soak_report[key])}")
         print(f"{'t_s':>6} {'rss_mb':>8} {'kv_used':>8}  tier MB")
         for x in soak_report["samples"]:
