@@ -57,7 +57,7 @@ class KVManager:
         req.cache_node, req.cache_owned_len = match.last_node, len(match.slots)
         if self.tiers is not None:
             hits = {"device": len(match.slots), "host": self._promote(req, match.host_nodes),
-                    "storage": self._load_storage(req, tokens)}
+                    "storage": self._load_storage(req, max_prefix)}
             for tier, n in hits.items():
                 self.tiers.hit_tokens[tier] += n
             self.last_hits = hits
@@ -84,17 +84,19 @@ class KVManager:
             self._relock(req, req.kv_len + used)
         return used
 
-    def _load_storage(self, req: Req, tokens: list[int]) -> int:
-        """Extend ``req``'s cached prefix with blocks from disk (written into new slots and
-        given to the tree). Returns the tokens loaded."""
-        start = req.kv_len
-        first, keys = self.tiers.storage_run(tokens, start)
+    def _load_storage(self, req: Req, max_prefix: int) -> int:
+        """Extend ``req``'s cached prefix towards ``max_prefix`` with blocks from disk
+        (written into new slots and given to the tree). Returns the tokens loaded."""
+        start, stop = req.kv_len, min(max_prefix, req.fill_len)
+        tokens = req.fill_ids  # blocks are keyed by whole blocks, also past max_prefix
+        first, keys = self.tiers.storage_run(tokens, start, stop)
         if not keys:
             return 0
-        new = self.alloc((first + len(keys)) * self.tiers.block_tokens - start)
+        block = self.tiers.block_tokens
+        new = self.alloc(min((first + len(keys)) * block, stop) - start)
         if new is None:
             return 0
-        loaded = self.tiers.load_storage(tokens, first, keys, start, new)
+        loaded = self.tiers.load_storage(tokens, first, keys, start, stop, new)
         self.slots.free(new[loaded:])
         if loaded:
             already = self.cache.insert(tokens[:start + loaded], req.kv_slots + new[:loaded])

@@ -16,6 +16,13 @@ from dataclasses import dataclass
 import torch
 
 
+def contiguous_run(slots: list[int]) -> tuple[int, int] | None:
+    """``(start, stop)`` when ``slots`` are ``start, start + 1, ..., stop - 1``, else None."""
+    if not slots or slots[-1] - slots[0] != len(slots) - 1:
+        return None
+    return (slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
+
+
 @dataclass
 class KVPayload:
     """The K/V of ``num_tokens`` tokens in a pool's storage format.
@@ -45,6 +52,14 @@ class KVPayload:
         """Tokens ``start:stop`` (views, no copy)."""
         return KVPayload([a[start:stop] for a in self.k], [a[start:stop] for a in self.v],
                          self.layout)
+
+    @staticmethod
+    def concat(parts: list[KVPayload]) -> KVPayload:
+        """The tokens of ``parts`` (of one layout) one after another, in one payload."""
+        if len(parts) == 1:
+            return parts[0]
+        return KVPayload([torch.cat(ks) for ks in zip(*(p.k for p in parts))],
+                         [torch.cat(vs) for vs in zip(*(p.v for p in parts))], parts[0].layout)
 
 
 class SlotAllocator:
@@ -155,10 +170,14 @@ class KVPool:
                              f"layout {self.layout}")
         if payload.num_tokens != len(slots):
             raise ValueError(f"{payload.num_tokens} tokens of K/V for {len(slots)} slots")
-        idx = self._index(slots)
+        run = contiguous_run(slots)
+        idx = self._index(slots) if run is None else None
         for bufs, rows in ((self.k_buffer, payload.k), (self.v_buffer, payload.v)):
             for buf, r in zip(bufs, rows, strict=True):
-                buf.index_copy_(0, idx, r.to(buf.device, non_blocking=True))
+                if run is not None:  # consecutive slots: a plain copy, no scatter
+                    buf[run[0]:run[1]].copy_(r, non_blocking=True)
+                else:
+                    buf.index_copy_(0, idx, r.to(buf.device, non_blocking=True))
 
     def twin(self, capacity: int, device: torch.device | str = "cpu") -> KVPool:
         """A pool of the same storage format with ``capacity`` slots on ``device`` (the host

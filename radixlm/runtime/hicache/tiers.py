@@ -17,7 +17,7 @@ from typing import Any
 from radixlm.runtime.hicache.host import HostTier
 from radixlm.runtime.hicache.keys import block_keys, model_fingerprint
 from radixlm.runtime.hicache.storage import FileStorage
-from radixlm.runtime.kv_pool import KVPool
+from radixlm.runtime.kv_pool import KVPayload, KVPool, contiguous_run
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +43,18 @@ class CacheTiers:
     def block_tokens(self) -> int:
         return self.storage.block_tokens if self.storage is not None else 0
 
-    def storage_run(self, tokens: list[int], start: int) -> tuple[int, list[bytes]]:
-        """The blocks on disk that extend a cached prefix of ``start`` tokens of ``tokens``:
-        ``(first block index, their keys)``, consecutive from the block holding token
-        ``start``, each wholly inside ``tokens``; ``(0, [])`` when there are none."""
+    def storage_run(self, tokens: list[int], start: int, stop: int) -> tuple[int, list[bytes]]:
+        """The blocks on disk that extend a cached prefix of ``start`` tokens towards
+        ``stop``: ``(first block index, their keys)``, consecutive from the block holding
+        token ``start``, up to the one holding token ``stop - 1``; a block is keyed by its
+        whole tokens, so ``tokens`` (the sequence) may run past ``stop``. ``(0, [])`` when
+        there are none."""
         storage = self.storage
-        if storage is None:
+        if storage is None or stop <= start:
             return 0, []
         block = storage.block_tokens
-        first = start // block
-        keys = block_keys(storage.fingerprint, tokens, block)
+        first, last = start // block, (stop - 1) // block
+        keys = block_keys(storage.fingerprint, tokens, block, last + 1)
         run: list[bytes] = []
         for key in keys[first:]:
             if not storage.contains(key):
@@ -61,22 +63,27 @@ class CacheTiers:
         return first, run
 
     def load_storage(self, tokens: list[int], first: int, keys: list[bytes], start: int,
-                     slots: list[int]) -> int:
-        """Write the K/V of tokens ``start:`` from the blocks ``keys`` (from block ``first``)
-        into pool ``slots``, in order, stopping at the first block that fails to load.
-        Returns how many tokens were written (``slots[:returned]`` hold them)."""
+                     stop: int, slots: list[int]) -> int:
+        """Write the K/V of tokens ``start:stop`` from the blocks ``keys`` (from block
+        ``first``) into pool ``slots``, as far as the blocks load: a block that fails ends
+        it. Returns how many tokens were written (``slots[:returned]`` hold them)."""
         storage, block = self.storage, self.block_tokens
         assert storage is not None
-        done = 0
+        parts = []
         for i, key in enumerate(keys, start=first):
             lo, hi = i * block, (i + 1) * block
             payload = storage.load(key, tokens[lo:hi])
             if payload is None:
                 break
-            skip = max(start - lo, 0)
-            n = block - skip
-            self.pool.write_slots(slots[done:done + n], payload.slice(skip, block))
-            done += n
+            parts.append(payload.slice(max(start - lo, 0), min(stop, hi) - lo))
+        done = sum(p.num_tokens for p in parts)
+        if contiguous_run(slots[:done]) is not None:  # block by block, plain copies
+            pos = 0
+            for part in parts:
+                self.pool.write_slots(slots[pos:pos + part.num_tokens], part)
+                pos += part.num_tokens
+        elif done:
+            self.pool.write_slots(slots[:done], KVPayload.concat(parts))
         return done
 
     def write_through(self, tokens: list[int], slots: list[int]) -> None:
