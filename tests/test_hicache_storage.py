@@ -20,7 +20,7 @@ import torch
 from radixlm.runtime.hicache import storage as storage_mod
 from radixlm.runtime.hicache.keys import block_keys
 from radixlm.runtime.hicache.storage import FileStorage
-from radixlm.runtime.kv_pool import KVPool
+from radixlm.runtime.kv_pool import KVPayload, KVPool
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 8
@@ -57,6 +57,36 @@ def write_all(store: FileStorage, pool: KVPool, tokens: list[int]) -> list[bytes
         assert store.put(key, part, block_payload(pool, part))
     assert store.wait_idle()
     return keys
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slots", [[3, 4, 5, 6, 7], [9, 2, 30, 4, 17]])
+def test_the_pool_seam_moves_kv_bit_exactly(dtype, slots):
+    """read_slots / write_slots (the tiers' seam), consecutive and scattered slots, through
+    a twin (the host tier's store) and through bytes (the disk tier's form)."""
+    pool = small_pool(dtype)
+    gen = torch.Generator().manual_seed(0)
+    for buf in pool.k_buffer + pool.v_buffer:
+        buf.copy_(torch.randn(buf.shape, generator=gen).to(dtype))
+    original = pool.read_slots(slots)
+    twin = pool.twin(16)
+    twin.write_slots([1, 2, 3, 4, 5], original)
+    back = twin.read_slots([1, 2, 3, 4, 5])
+    data = back.to_bytes()
+    assert len(data) == back.nbytes == len(slots) * pool.token_bytes
+    decoded = KVPayload.from_bytes(pool.layout, data)
+    target = [20, 21, 25, 22, 31]
+    pool.write_slots(target, decoded)
+    assert same(pool.read_slots(target), original)
+    joined = KVPayload.concat([original.slice(0, 2), original.slice(2, 5)])
+    assert same(joined, original) and joined.nbytes == len(slots) * pool.token_bytes
+    other = small_pool(torch.float16 if dtype == torch.bfloat16 else torch.bfloat16)
+    with pytest.raises(ValueError, match="layout"):
+        other.write_slots(target, original)
+    with pytest.raises(ValueError, match="holds 5 tokens for 2 slots"):
+        pool.write_slots([1, 2], original)
+    with pytest.raises(ValueError, match="not whole tokens"):
+        KVPayload.from_bytes(pool.layout, data[:-1])
 
 
 def test_blocks_read_back_exactly_and_the_index_survives_a_restart(tmp_path):

@@ -23,43 +23,101 @@ def contiguous_run(slots: list[int]) -> tuple[int, int] | None:
     return (slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class KVPayload:
-    """The K/V of ``num_tokens`` tokens in a pool's storage format.
+    """The K/V of ``num_tokens`` pool slots in the pool's own storage format, on the CPU.
 
-    ``k[layer]`` and ``v[layer]``: ``[num_tokens, kv_heads, head_dim]`` of the pool's dtype,
-    token-major (row ``i`` is token ``i``). ``layout`` names the format (dtype, layers, kv
-    heads, head dim): a payload goes only into a pool of the same layout. ``arrays()``: every
-    array in a fixed order, each token-major, which is what ``slice`` and the byte form
-    (``KVPool.payload_to_chunks`` / ``payload_from_buffer``) rely on."""
+    Per layer ``k[l]`` and ``v[l]`` ``[n, Hkv, D]`` in the pool's dtype, token-major (row
+    ``i`` is token ``i``); ``k_scale`` / ``v_scale``: per-token scales of a quantized pool
+    (empty lists here). ``layout`` names the format (``KVPool.layout``: storage, layers, KV
+    heads, head dim); a pool takes only a payload of its own layout. The arrays are the
+    pool's bytes: ``write_slots(b, read_slots(a))`` makes slots ``b`` hold exactly what ``a``
+    held. ``to_bytes`` / ``from_bytes`` carry a payload as one opaque byte string."""
 
+    layout: str
     k: list[torch.Tensor]
     v: list[torch.Tensor]
-    layout: str
+    k_scale: list[torch.Tensor]
+    v_scale: list[torch.Tensor]
 
     @property
     def num_tokens(self) -> int:
         return int(self.k[0].shape[0]) if self.k else 0
 
+    def arrays(self) -> list[torch.Tensor]:
+        """Every array, in the fixed order ``to_bytes`` writes them (layer by layer: K, V,
+        then the K and V scales of a quantized payload)."""
+        out = []
+        for i in range(len(self.k)):
+            out += [self.k[i], self.v[i]]
+            if self.k_scale:
+                out += [self.k_scale[i], self.v_scale[i]]
+        return out
+
     @property
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.arrays())
 
-    def arrays(self) -> list[torch.Tensor]:
-        return [*self.k, *self.v]
-
     def slice(self, start: int, stop: int) -> KVPayload:
-        """Tokens ``start:stop`` (views, no copy)."""
-        return KVPayload([a[start:stop] for a in self.k], [a[start:stop] for a in self.v],
-                         self.layout)
+        """Tokens ``start .. stop - 1`` of this payload (views, no copy)."""
+        def cut(xs):
+            return [x[start:stop] for x in xs]
+
+        return KVPayload(self.layout, cut(self.k), cut(self.v), cut(self.k_scale),
+                         cut(self.v_scale))
 
     @staticmethod
     def concat(parts: list[KVPayload]) -> KVPayload:
         """The tokens of ``parts`` (of one layout) one after another, in one payload."""
         if len(parts) == 1:
             return parts[0]
-        return KVPayload([torch.cat(ks) for ks in zip(*(p.k for p in parts))],
-                         [torch.cat(vs) for vs in zip(*(p.v for p in parts))], parts[0].layout)
+
+        def join(field: str) -> list[torch.Tensor]:
+            return [torch.cat(xs) for xs in zip(*(getattr(p, field) for p in parts))]
+
+        return KVPayload(parts[0].layout, join("k"), join("v"), join("k_scale"),
+                         join("v_scale"))
+
+    def to_bytes(self) -> bytes:
+        return b"".join(a.contiguous().view(torch.uint8).numpy().tobytes()
+                        for a in self.arrays())
+
+    @classmethod
+    def from_bytes(cls, layout: str, data: bytes | bytearray | memoryview) -> KVPayload:
+        """The payload ``to_bytes`` wrote for ``layout`` (ValueError if ``data`` is not a
+        whole number of tokens of it)."""
+        storage, layers, heads, dim = parse_layout(layout)
+        elem = torch.empty(0, dtype=_STORAGE[storage]).element_size()
+        per_token = 2 * layers * heads * dim * elem
+        if len(data) % per_token:
+            raise ValueError(f"{len(data)} bytes are not whole tokens of layout {layout!r} "
+                             f"({per_token} bytes a token)")
+        n = len(data) // per_token
+        flat = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data)
+                else torch.empty(0, dtype=torch.uint8))
+        size = n * heads * dim * elem
+        arrays = [flat[i * size:(i + 1) * size].view(_STORAGE[storage]).view(n, heads, dim)
+                  for i in range(2 * layers)]
+        return cls(layout, arrays[0::2], arrays[1::2], [], [])
+
+
+_STORAGE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def make_layout(storage: str, num_layers: int, num_kv_heads: int, head_dim: int) -> str:
+    """``"bfloat16/L30/H3/D64"``: the storage format and the shape of one token's K/V."""
+    return f"{storage}/L{num_layers}/H{num_kv_heads}/D{head_dim}"
+
+
+def parse_layout(layout: str) -> tuple[str, int, int, int]:
+    """(storage, layers, KV heads, head dim) of a ``make_layout`` string."""
+    try:
+        storage, layers, heads, dim = layout.split("/")
+        if storage not in _STORAGE or (layers[0], heads[0], dim[0]) != ("L", "H", "D"):
+            raise ValueError
+        return storage, int(layers[1:]), int(heads[1:]), int(dim[1:])
+    except (ValueError, IndexError):
+        raise ValueError(f"not a KV layout: {layout!r}") from None
 
 
 class SlotAllocator:
@@ -143,10 +201,10 @@ class KVPool:
     # ------------------------------------------------------------------ the tiers' seam
     @property
     def layout(self) -> str:
-        """The storage format: dtype, layers, kv heads, head dim."""
+        """The storage format (``make_layout``: dtype, layers, KV heads, head dim)."""
         _, heads, dim = self.k_buffer[0].shape
-        return (f"{str(self.dtype).removeprefix('torch.')}:layers={len(self.k_buffer)}:"
-                f"kv_heads={heads}:head_dim={dim}")
+        return make_layout(str(self.dtype).removeprefix("torch."), len(self.k_buffer), heads,
+                           dim)
 
     @property
     def token_bytes(self) -> int:
@@ -154,30 +212,40 @@ class KVPool:
         _, heads, dim = self.k_buffer[0].shape
         return self.bytes_per_token(len(self.k_buffer), heads, dim, self.dtype)
 
-    def _index(self, slots: list[int]) -> torch.Tensor:
-        return torch.tensor(slots, dtype=torch.long, device=self.device)
-
     def read_slots(self, slots: list[int]) -> KVPayload:
-        """A copy of the K/V in ``slots`` (token ``i`` of the payload is ``slots[i]``)."""
-        idx = self._index(slots)
-        return KVPayload([b.index_select(0, idx) for b in self.k_buffer],
-                         [b.index_select(0, idx) for b in self.v_buffer], self.layout)
+        """The stored K/V of ``slots`` (every layer) as a CPU ``KVPayload`` in this pool's
+        format; the pool is not changed."""
+        run = contiguous_run(slots)
+        idx = (None if run is not None
+               else torch.tensor(slots, dtype=torch.int64, device=self.device))
+
+        def gather(bufs):
+            if run is not None:  # consecutive slots: a plain copy, no gather
+                return [b[run[0]:run[1]].clone().cpu() for b in bufs]
+            return [b.index_select(0, idx).cpu() for b in bufs]
+
+        return KVPayload(self.layout, gather(self.k_buffer), gather(self.v_buffer), [], [])
 
     def write_slots(self, slots: list[int], payload: KVPayload) -> None:
-        """Store ``payload`` (of this pool's layout, ``len(slots)`` tokens) into ``slots``."""
+        """Put ``payload`` (of this pool's ``layout``, one token per slot) into ``slots``
+        of every layer, byte for byte. ValueError for another layout or a count mismatch."""
         if payload.layout != self.layout:
-            raise ValueError(f"K/V of layout {payload.layout} cannot go into a pool of "
-                             f"layout {self.layout}")
+            raise ValueError(f"KV payload layout {payload.layout!r} does not match this "
+                             f"pool's {self.layout!r}")
         if payload.num_tokens != len(slots):
-            raise ValueError(f"{payload.num_tokens} tokens of K/V for {len(slots)} slots")
+            raise ValueError(f"KV payload holds {payload.num_tokens} tokens for "
+                             f"{len(slots)} slots")
+        if not slots:
+            return
         run = contiguous_run(slots)
-        idx = self._index(slots) if run is None else None
-        for bufs, rows in ((self.k_buffer, payload.k), (self.v_buffer, payload.v)):
-            for buf, r in zip(bufs, rows, strict=True):
+        idx = (None if run is not None
+               else torch.tensor(slots, dtype=torch.int64, device=self.device))
+        for bufs, parts in ((self.k_buffer, payload.k), (self.v_buffer, payload.v)):
+            for buf, part in zip(bufs, parts, strict=True):
                 if run is not None:  # consecutive slots: a plain copy, no scatter
-                    buf[run[0]:run[1]].copy_(r, non_blocking=True)
+                    buf[run[0]:run[1]].copy_(part)
                 else:
-                    buf.index_copy_(0, idx, r.to(buf.device, non_blocking=True))
+                    buf.index_copy_(0, idx, part.to(self.device))
 
     def twin(self, capacity: int, device: torch.device | str = "cpu") -> KVPool:
         """A pool of the same storage format with ``capacity`` slots on ``device`` (the host
@@ -185,24 +253,3 @@ class KVPool:
         _, heads, dim = self.k_buffer[0].shape
         return KVPool(capacity, len(self.k_buffer), heads, dim, self.dtype,
                       torch.device(device), max_running=1, max_context=1)
-
-    def payload_to_chunks(self, payload: KVPayload) -> list[memoryview]:
-        """The payload's bytes, array by array (``payload_from_buffer`` reads them back)."""
-        return [memoryview(a.detach().cpu().contiguous().view(torch.uint8).numpy()).cast("B")
-                for a in payload.arrays()]
-
-    def payload_from_buffer(self, buffer: bytearray | memoryview,
-                            num_tokens: int) -> KVPayload:
-        """A payload of this pool's layout over ``buffer`` (views, no copy), as written by
-        ``payload_to_chunks``; ValueError unless it is exactly ``num_tokens`` tokens long."""
-        expected = num_tokens * self.token_bytes
-        if len(buffer) != expected:
-            raise ValueError(f"{len(buffer)} bytes of K/V for {num_tokens} tokens of layout "
-                             f"{self.layout} ({expected} expected)")
-        flat = torch.frombuffer(buffer, dtype=torch.uint8) if expected else torch.empty(0)
-        _, heads, dim = self.k_buffer[0].shape
-        per_array = num_tokens * heads * dim * self.k_buffer[0].element_size()
-        arrays = [flat[i * per_array:(i + 1) * per_array].view(self.dtype)
-                  .view(num_tokens, heads, dim) for i in range(2 * len(self.k_buffer))]
-        half = len(self.k_buffer)
-        return KVPayload(arrays[:half], arrays[half:], self.layout)

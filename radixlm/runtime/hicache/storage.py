@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.hicache.keys import tokens_bytes
+from radixlm.runtime.kv_pool import KVPayload
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class FileStorage:
     """Blocks of K/V in files (see the module docstring). Thread-safe: the scheduler thread
     calls ``contains`` / ``load`` / ``put`` / ``flush``, the writer thread writes.
 
-    ``codec``: the KV pool (``token_bytes``, ``payload_to_chunks``, ``payload_from_buffer``).
+    ``codec``: the KV pool (its ``layout`` and ``token_bytes``; payloads go to and from bytes
+    with ``KVPayload.to_bytes`` / ``from_bytes``).
     Raises ``ValueError`` at construction when ``directory`` is missing, not a writable
     directory, or full."""
 
@@ -80,6 +82,11 @@ class FileStorage:
              "write_errors"), 0)
         self._remove_stale_temporaries()
         self._rebuild_index()
+        free = shutil.disk_usage(root).free
+        if free < max_bytes - self._bytes:
+            logger.warning("hicache storage %s: %.1f GB free for up to %.1f GB of blocks; the "
+                           "disk tier stops writing when it fills", root, free / 1e9,
+                           max_bytes / 1e9)
         self._writer = threading.Thread(target=self._write_loop, name="radixlm-hicache-writer",
                                         daemon=True)
         self._writer.start()
@@ -203,7 +210,7 @@ class FileStorage:
             return None, "checksum mismatch"
         if view[body:body + 4 * n] != tokens_bytes(tokens):
             return None, "its tokens differ from the prefix asked for"
-        return self.codec.payload_from_buffer(view[body + 4 * n:], n), ""
+        return KVPayload.from_bytes(self.codec.layout, view[body + 4 * n:]), ""
 
     def _forget(self, key: bytes, missing: bool = False, corrupt: bool = False) -> None:
         with self._lock:
@@ -251,10 +258,9 @@ class FileStorage:
                     self._wake.notify_all()
 
     def _write(self, key: bytes, tokens: list[int], payload: Any) -> None:
-        chunks = self.codec.payload_to_chunks(payload)
-        body = [tokens_bytes(tokens), *chunks]
-        head = _HEADER.pack(MAGIC, self.fingerprint, key, len(tokens), 0,
-                            sum(len(c) for c in chunks), 0)[:-4]
+        data = payload.to_bytes()
+        body = [tokens_bytes(tokens), data]
+        head = _HEADER.pack(MAGIC, self.fingerprint, key, len(tokens), 0, len(data), 0)[:-4]
         crc = zlib.crc32(head)
         for part in body:
             crc = zlib.crc32(part, crc)

@@ -87,16 +87,21 @@ class CacheTiers:
         return done
 
     def write_through(self, tokens: list[int], slots: list[int]) -> None:
-        """Queue the whole blocks of ``tokens`` (K/V in pool ``slots``) not yet on disk."""
+        """Queue the whole blocks of ``tokens`` (K/V in pool ``slots``) not yet on disk: one
+        copy out of the pool for all of them, then block by block to the writer."""
         storage = self.storage
         if storage is None or storage.writes_disabled:
             return
         block = storage.block_tokens
-        for i, key in enumerate(block_keys(storage.fingerprint, tokens, block)):
-            if storage.known(key):
-                continue
-            lo, hi = i * block, (i + 1) * block
-            if storage.put(key, tokens[lo:hi], self.pool.read_slots(slots[lo:hi])):
+        new = [(i, key) for i, key in enumerate(block_keys(storage.fingerprint, tokens, block))
+               if not storage.known(key)]
+        if not new:
+            return
+        payload = self.pool.read_slots([s for i, _ in new for s in slots[i * block:
+                                                                        (i + 1) * block]])
+        for n, (i, key) in enumerate(new):
+            part = payload.slice(n * block, (n + 1) * block)
+            if storage.put(key, tokens[i * block:(i + 1) * block], part):
                 self.storage_written_tokens += block
 
     # ------------------------------------------------------------------ admin
