@@ -33,6 +33,46 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12}
 POOL = 1024
 
 
+def test_flags_reach_the_config_and_bad_settings_are_named(tmp_path, caplog):
+    from radixlm.cli import build_parser, engine_kwargs_from_args
+    from radixlm.runtime.config import EngineConfig
+
+    def config(*flags):
+        return EngineConfig.from_kwargs(**engine_kwargs_from_args(
+            build_parser().parse_args(["serve", *flags])))
+
+    got = config("--enable-hierarchical-cache", "--hicache-ratio", "3", "--hicache-size", "2.5",
+                 "--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path),
+                 "--hicache-storage-size", "1.5")
+    assert (got.enable_hierarchical_cache, got.hicache_ratio, got.hicache_size) == (True, 3, 2.5)
+    assert (got.hicache_storage_backend, got.hicache_storage_dir, got.hicache_storage_size) == (
+        "file", str(tmp_path), 1.5)
+    assert config().enable_hierarchical_cache is False and config().hicache_ratio == 2.0
+    bad = {("--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake",
+            "--hicache-storage-dir", str(tmp_path)): "supported: file",
+           ("--enable-hierarchical-cache", "--hicache-storage-backend", "file"):
+               "go together",
+           ("--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path)):
+               "needs enable_hierarchical_cache",
+           ("--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+            "--hicache-storage-dir", str(tmp_path / "nope")): "does not exist",
+           ("--enable-hierarchical-cache", "--hicache-ratio", "0"): "hicache_ratio must be",
+           ("--enable-hierarchical-cache", "--disable-radix-cache"): "needs the radix cache",
+           ("--enable-hierarchical-cache", "--tp-size", "2"): "tp_size > 1"}
+    for flags, message in bad.items():
+        with pytest.raises(ValueError, match=message):
+            config(*flags)
+    from radixlm.cli import ignored_flags
+
+    args = build_parser().parse_args(["serve", "--hicache-write-policy", "write_through",
+                                      "--hicache-mem-layout", "page_first"])
+    assert sorted(ignored_flags(args)) == ["hicache_mem_layout", "hicache_write_policy"]
+    with caplog.at_level("WARNING", logger="radixlm"):  # SGLang's GPU-side knobs: named
+        EngineConfig.from_kwargs(enable_hierarchical_cache=True, hicache_io_backend="kernel",
+                                 hicache_write_policy="write_through")
+    assert "hicache_io_backend, hicache_write_policy" in caplog.text
+
+
 def story(i: int, words: int = 150) -> str:
     return f"Log {i}: " + " ".join(f"entry{i}x{j}" for j in range(words))
 
