@@ -87,18 +87,25 @@ def _with_config(module, config, fn: Callable[[], object]) -> Callable[[], objec
 
 def decode_case(batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
                 splits: int | None = None, config=None,
-                dtype: torch.dtype = torch.bfloat16) -> Case:
+                dtype: torch.dtype = torch.bfloat16, kv_int8: bool = False) -> Case:
+    """``kv_int8``: the pool int8 with its bf16 row scales (``--kv-cache-dtype int8``)."""
     from radixlm.kernels import attention_decode, ref
 
     k, v, r2t = _pool(batch, context, kv_heads, head_dim, dtype)
+    scales: tuple = ()
+    if kv_int8:
+        (k, k_scale), (v, v_scale) = ref.quantize_kv(k), ref.quantize_kv(v)
+        scales = (k_scale, v_scale)
     q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=dtype)
     rows = torch.arange(batch, device=DEVICE)
     seq_lens = torch.full((batch,), context, device=DEVICE)
-    args = (q, k, v, r2t, rows, seq_lens, head_dim**-0.5)
+    args = (q, k, v, r2t, rows, seq_lens, head_dim**-0.5, *scales)
     tokens = batch * context
-    nbytes = 2 * tokens * kv_heads * head_dim * k.element_size() + tokens * 4
+    row_bytes = head_dim * k.element_size() + (2 if kv_int8 else 0)  # + a bf16 scale
+    nbytes = 2 * tokens * kv_heads * row_bytes + tokens * 4
     flops = 4.0 * tokens * heads * head_dim
-    label = f"decode B{batch} L{context} H{heads}/{kv_heads} D{head_dim}"
+    kind = "decode int8" if kv_int8 else "decode"  # (the first 5 words key the twin's time)
+    label = f"{kind} B{batch} L{context} H{heads}/{kv_heads} D{head_dim}"
     if splits is not None:
         label += f" splits={splits}"
     if config is not None:
@@ -195,6 +202,8 @@ def bench_kernels(peak_bw: float | None, peak_flops: float | None, deadline: flo
         ("elementwise", elementwise_cases),
         ("decode smollm", lambda: [decode_case(64, 1024, 9, 3, 64)]),  # SmolLM2-135M heads
         ("decode B64", lambda: [decode_case(64, 4096, 32, 8, 128)]),
+        ("decode int8 KV", lambda: [decode_case(64, 1024, 9, 3, 64, kv_int8=True),
+                                    decode_case(64, 4096, 32, 8, 128, kv_int8=True)]),
         ("decode long", lambda: [decode_case(8, 32768, 32, 8, 128, splits=s)
                                  for s in (None, 4, 8, 16, 32)]),
         ("extend prefix", lambda: [extend_case(4, 1024, 1024, 32, 8, 128)]),

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import shutil
 import signal
@@ -259,7 +260,7 @@ def schema_cases(url: str, cases: int, cap: int, limit_s: float, seed: int) -> T
     tally, end = Tally(), time.monotonic() + limit_s
     session = httpx.Client(base_url=url, timeout=120)
     for op in ops:
-        n = max(1, round(cases * weights[(op.method, op.path)] / total_w))
+        n = max(1, math.ceil(cases * weights[(op.method, op.path)] / total_w))
 
         @hseed(seed)
         @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],

@@ -56,6 +56,10 @@ def _add_memory_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--max-total-tokens", type=int, help="KV pool capacity in tokens")
     e.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float,
                    help="memory share for the KV pool")
+    e.add_argument("--kv-cache-dtype",
+                   help="K/V storage: auto (the model's dtype) | int8 (per-token, per-head "
+                        "scales: ~1.9x the tokens in the same memory); fp8_e4m3 | fp8_e5m2 "
+                        "are refused with what this device supports")
 
 
 def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
@@ -189,6 +193,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype, "device": args.device,
         "attention_backend": args.attention_backend, "context_length": args.context_length,
         "max_total_tokens": args.max_total_tokens, "mem_fraction": args.mem_fraction,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_running_requests": args.max_running_requests,
         "max_queued_requests": args.max_queued_requests,
         "chunked_prefill_size": args.chunked_prefill_size,

@@ -90,7 +90,8 @@ _POINTER_ARGS = {
     "req_to_token_ptr": "*i32", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",
     "prefix_lens_ptr": "*i64", "extend_lens_ptr": "*i64", "extend_start_loc_ptr": "*i64",
     "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "loc_ptr": "*i64", "logits_ptr": "*fp32",
-    "mask_ptr": "*i32", "scale": "fp32", "eps": "fp32",
+    "mask_ptr": "*i32", "scale": "fp32", "eps": "fp32", "k_scale_ptr": "*bf16",
+    "v_scale_ptr": "*bf16",
 }
 
 
@@ -142,20 +143,26 @@ def compile_kernels_for_gpu(arch: int = 90, dtypes: tuple[str, ...] = ("bf16",),
         types = _pointer_types(dtype)
         precision = dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                   "fp16": "float16"}[dtype]))
+        int8_types = {**types, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8"}  # an int8 pool
         for d in head_dims:
             dec = attention_decode.launch_config(d)
-            build(attention_decode._decode_stage1_kernel, types,
-                  {"BLOCK_H": 16, "BLOCK_N": dec.block_n, "BLOCK_D": d, "EVEN_D": True,
-                   "DOT_PRECISION": precision}, dec.num_warps, dec.num_stages)
-            build(attention_decode._decode_stage2_kernel, types, {"BLOCK_D": d}, num_warps=1)
             ext = attention_extend.launch_config(d)
-            build(attention_extend._extend_kernel, types,
-                  {"BLOCK_M": ext.block_m, "BLOCK_N": ext.block_n, "BLOCK_D": d,
-                   "EVEN_D": True, "DOT_PRECISION": precision}, ext.num_warps, ext.num_stages)
-            for kernel, params in ((rotary._rotary_kernel, rotary.launch_params(32, 8, d)),
-                                   (kv_store._store_kv_kernel, kv_store.launch_params(8, d))):
+            for int8, kv_types in ((False, types), (True, int8_types)):
+                build(attention_decode._decode_stage1_kernel, kv_types,
+                      {"BLOCK_H": 16, "BLOCK_N": dec.block_n, "BLOCK_D": d, "EVEN_D": True,
+                       "KV_INT8": int8, "DOT_PRECISION": precision}, dec.num_warps,
+                      dec.num_stages)
+                build(attention_extend._extend_kernel, kv_types,
+                      {"BLOCK_M": ext.block_m, "BLOCK_N": ext.block_n, "BLOCK_D": d,
+                       "EVEN_D": True, "KV_INT8": int8, "DOT_PRECISION": precision},
+                      ext.num_warps, ext.num_stages)
+            build(attention_decode._decode_stage2_kernel, types, {"BLOCK_D": d}, num_warps=1)
+            for kernel, params, kernel_types in (
+                    (rotary._rotary_kernel, rotary.launch_params(32, 8, d), types),
+                    (kv_store._store_kv_kernel, kv_store.launch_params(8, d), types),
+                    (kv_store._store_kv_int8_kernel, kv_store.launch_params(8, d), int8_types)):
                 params = dict(params)
-                build(kernel, types, params, num_warps=params.pop("num_warps"))
+                build(kernel, kernel_types, params, num_warps=params.pop("num_warps"))
         for has_residual in (False, True):
             build(norm._rmsnorm_kernel, types, {"HAS_RESIDUAL": has_residual, "BLOCK": 1024})
         build(activation._silu_and_mul_kernel, types, {"BLOCK": 1024})

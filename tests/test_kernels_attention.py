@@ -51,6 +51,7 @@ def make_pool(device: str, dtype: torch.dtype, kv_heads: int, head_dim: int,
         k_buffer=[torch.randn(shape, generator=gen).to(device, dtype) for _ in range(num_layers)],
         v_buffer=[torch.randn(shape, generator=gen).to(device, dtype) for _ in range(num_layers)],
         req_to_token=req_to_token.to(device),
+        scales=lambda layer: (None, None),  # KVPool.scales of an unquantized pool
     )
 
 

@@ -32,5 +32,6 @@ def test_all_kernels_compile_for_sm90() -> None:
     compiled = proc.stdout.split("\n")
     names = {line.split()[0] for line in compiled if line}
     assert names == {"_decode_stage1_kernel", "_decode_stage2_kernel", "_extend_kernel",
-                     "_rotary_kernel", "_store_kv_kernel", "_rmsnorm_kernel",
+                     "_rotary_kernel", "_store_kv_kernel", "_store_kv_int8_kernel",
+                     "_rmsnorm_kernel",
                      "_silu_and_mul_kernel", "_bitmask_kernel"}, compiled

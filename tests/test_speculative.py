@@ -308,6 +308,9 @@ def test_bad_settings_are_rejected_by_name():
     assert resolve_algorithm(None, native_steps=False) is None
     assert resolve_algorithm("none", native_steps=True) is None
     assert resolve_algorithm("NGRAM", native_steps=False) == "NGRAM"
+    # an int8 KV pool is not exact under drafts: off unless asked for by name
+    assert resolve_algorithm(None, native_steps=True, quantized_kv=True) is None
+    assert resolve_algorithm("NGRAM", native_steps=True, quantized_kv=True) == "NGRAM"
     args = build_parser().parse_args(["serve", "--speculative-algorithm", "NGRAM",
                                       "--speculative-num-draft-tokens", "5"])
     config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))

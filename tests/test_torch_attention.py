@@ -4,7 +4,8 @@ A scripted sequence of steps over a real ``KVPool``: prefill, decode of every ro
 scattered subsets (holes between the rows of one SDPA call, rows far apart), an
 extend step mixing one-token rows with multi-token rows, and a row handed to a new request.
 Each step's output must equal ``ref.decode_attention`` / ``ref.extend_attention`` reading
-the pool through ``req_to_token``, with and without the mirror (gather fallback).
+the pool through ``req_to_token``, with and without the mirror (gather fallback), and on an
+int8 pool (the store writes ``ref.quantize_kv``'s bytes; the twins read it dequantized).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-
 
 class Harness:
     def __init__(self, dtype: torch.dtype, mirror_bytes: int | None,
-                 context: int = CONTEXT) -> None:
+                 context: int = CONTEXT, kv_cache_dtype: str = "auto") -> None:
         self.dtype = dtype
         self.pool = KVPool(2048, LAYERS, KV_HEADS, HEAD_DIM, dtype, torch.device("cpu"), ROWS,
-                           context)
+                           context, kv_cache_dtype=kv_cache_dtype)
         options = {} if mirror_bytes is None else {"mirror_budget_bytes": mirror_bytes}
         self.backend = create_attention_backend("torch", self.pool, HEADS, KV_HEADS, HEAD_DIM,
                                                 **options)
@@ -74,22 +75,30 @@ class Harness:
                        for h in (HEADS, KV_HEADS, KV_HEADS))
             out = self.backend.forward(q, k, v, layer, batch)
             kc, vc = self.pool.k_buffer[layer], self.pool.v_buffer[layer]
-            assert torch.equal(kc[batch.out_cache_loc], k)
+            ks, vs = self.pool.scales(layer)
+            if ks is None:
+                assert torch.equal(kc[batch.out_cache_loc], k)
+            else:
+                assert torch.equal(kc[batch.out_cache_loc], ref.quantize_kv(k)[0])
+                assert torch.equal(vs[batch.out_cache_loc], ref.quantize_kv(v)[1])
             if mode == ForwardMode.DECODE:
                 expected = ref.decode_attention(q, kc, vc, self.pool.req_to_token,
-                                                batch.req_pool_indices, batch.seq_lens, scale)
+                                                batch.req_pool_indices, batch.seq_lens, scale,
+                                                ks, vs)
             else:
                 expected = ref.extend_attention(q, kc, vc, self.pool.req_to_token,
                                                 batch.req_pool_indices, batch.prefix_lens,
-                                                batch.extend_lens, scale)
+                                                batch.extend_lens, scale, ks, vs)
             assert out.shape == q.shape and out.dtype == q.dtype
             torch.testing.assert_close(out.float(), expected.float(), **TOL[self.dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mirror_bytes", [None, 0], ids=["mirror", "gather"])
-def test_torch_backend_matches_twins_over_scattered_batches(dtype, mirror_bytes) -> None:
-    h = Harness(dtype, mirror_bytes)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_torch_backend_matches_twins_over_scattered_batches(dtype, mirror_bytes,
+                                                            kv_cache_dtype) -> None:
+    h = Harness(dtype, mirror_bytes, kv_cache_dtype=kv_cache_dtype)
     first = [0, 1, 2, 3, 4, 5, 12, 19]
     for row in first:
         h.new_request(row)

@@ -20,7 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention_common import kv_block, online_softmax_step
+from radixlm.kernels.attention_common import (
+    kv_block,
+    kv_scores,
+    online_softmax_step,
+    scale_args,
+)
 from radixlm.kernels.triton_utils import dot_precision
 
 MIN_SPLIT_LEN = 256  # do not cut contexts into pieces shorter than this
@@ -47,13 +52,13 @@ def launch_config(head_dim: int) -> LaunchConfig:
 
 @triton.jit
 def _decode_stage1_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
-    mid_o_ptr, mid_lse_ptr,
-    q_stride_b, q_stride_h, cache_stride_s, cache_stride_h, r2t_stride,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, req_to_token_ptr,
+    req_pool_indices_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
+    q_stride_b, q_stride_h, cache_stride_s, cache_stride_h, scale_stride_s, r2t_stride,
     mid_o_stride_b, mid_o_stride_h, mid_o_stride_s, mid_lse_stride_b, mid_lse_stride_h,
     scale, group, head_dim, num_splits,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, KV_INT8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -77,13 +82,14 @@ def _decode_stage1_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
-        kv_off, kv_mask = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask, kv_head,
-                                   cache_stride_s, cache_stride_h, d, d_mask, EVEN_D)
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
+        kv_off, kv_mask, slots = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask,
+                                          kv_head, cache_stride_s, cache_stride_h, d, d_mask,
+                                          EVEN_D)
+        qk, vs = kv_scores(q, k_cache_ptr, kv_off, kv_mask, k_scale_ptr, v_scale_ptr, slots,
+                           n_mask, kv_head, scale_stride_s, scale, KV_INT8, DOT_PRECISION)
         qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
-                                            DOT_PRECISION)
+                                            vs, KV_INT8, DOT_PRECISION)
 
     if end > start:
         o_off = (b.to(tl.int64) * mid_o_stride_b + heads[:, None] * mid_o_stride_h
@@ -153,6 +159,8 @@ def decode_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     *,
     num_kv_splits: int | None = None,
     max_seq_len: int | None = None,
@@ -161,9 +169,11 @@ def decode_attention(
 ) -> torch.Tensor:
     """``q [B, H, D]``; request ``b`` attends to slots
     ``req_to_token[req_pool_indices[b], :seq_lens[b]]`` (every ``seq_lens[b] >= 1``).
-    Returns ``[B, H, D]``. Optional: ``num_kv_splits`` (else chosen from ``max_seq_len``,
-    which costs a device sync when not given), stage-1 ``buffers`` from
-    ``alloc_decode_buffers`` and an ``out`` tensor, so a caller can avoid per-layer work."""
+    Returns ``[B, H, D]``. ``k_scale, v_scale [S, Hkv]``: the caches are int8 with these
+    row scales (``ref.quantize_kv``), read dequantized. Optional: ``num_kv_splits`` (else
+    chosen from ``max_seq_len``, which costs a device sync when not given), stage-1
+    ``buffers`` from ``alloc_decode_buffers`` and an ``out`` tensor, so a caller can avoid
+    per-layer work."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -180,14 +190,17 @@ def decode_attention(
     mid_o, mid_lse = buffers
     block_d = triton.next_power_of_2(head_dim)
     config = launch_config(head_dim)
+    int8, k_scale, v_scale = scale_args(k_cache, v_cache, k_scale, v_scale)
     _decode_stage1_kernel[(batch, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+        q, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens,
         mid_o, mid_lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0),
+        req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         scale, group, head_dim, num_kv_splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n,
-        BLOCK_D=block_d, EVEN_D=block_d == head_dim, DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_D=block_d, EVEN_D=block_d == head_dim, KV_INT8=int8,
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     _decode_stage2_kernel[(batch, num_heads)](

@@ -18,19 +18,24 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention_common import kv_block, online_softmax_step
+from radixlm.kernels.attention_common import (
+    kv_block,
+    kv_scores,
+    online_softmax_step,
+    scale_args,
+)
 from radixlm.kernels.triton_utils import dot_precision
 
 
 @triton.jit
 def _extend_kernel(
-    q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, req_to_token_ptr, req_pool_indices_ptr,
-    prefix_lens_ptr, extend_lens_ptr, extend_start_loc_ptr,
+    q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, req_to_token_ptr,
+    req_pool_indices_ptr, prefix_lens_ptr, extend_lens_ptr, extend_start_loc_ptr,
     q_stride_t, q_stride_h, out_stride_t, out_stride_h, cache_stride_s, cache_stride_h,
-    r2t_stride,
+    scale_stride_s, r2t_stride,
     scale, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, KV_INT8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -58,13 +63,14 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
-        kv_off, kv_mask = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask, kv_head,
-                                   cache_stride_s, cache_stride_h, d, d_mask, EVEN_D)
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
+        kv_off, kv_mask, slots = kv_block(req_to_token_ptr, row, r2t_stride, n, n_mask,
+                                          kv_head, cache_stride_s, cache_stride_h, d, d_mask,
+                                          EVEN_D)
+        qk, vs = kv_scores(q, k_cache_ptr, kv_off, kv_mask, k_scale_ptr, v_scale_ptr, slots,
+                           n_mask, kv_head, scale_stride_s, scale, KV_INT8, DOT_PRECISION)
         qk = tl.where(n_mask[None, :] & (n[None, :] <= q_pos[:, None]), qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(q, qk, v_cache_ptr, kv_off, kv_mask, m_i, l_i, acc,
-                                            DOT_PRECISION)
+                                            vs, KV_INT8, DOT_PRECISION)
 
     out = acc / l_i[:, None]
     o_off = (first_row + i)[:, None] * out_stride_t + head * out_stride_h + d[None, :]
@@ -103,12 +109,15 @@ def extend_attention(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     *,
     extend_start_loc: torch.Tensor | None = None,
     max_extend_len: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``q [T, H, D]`` of ragged new tokens; returns ``[T, H, D]``. Optional:
+    """``q [T, H, D]`` of ragged new tokens; returns ``[T, H, D]``. ``k_scale, v_scale``:
+    int8 caches, as in ``decode_attention``. Optional:
     ``extend_start_loc`` (else the exclusive cumsum of ``extend_lens``), ``max_extend_len``
     (else a device sync to find it) and an ``out`` tensor."""
     num_tokens, num_heads, head_dim = q.shape
@@ -125,14 +134,15 @@ def extend_attention(
     block_d = triton.next_power_of_2(head_dim)
     config = launch_config(head_dim)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, config.block_m))
+    int8, k_scale, v_scale = scale_args(k_cache, v_cache, k_scale, v_scale)
     _extend_kernel[grid](
-        q, out, k_cache, v_cache, req_to_token, req_pool_indices,
+        q, out, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices,
         prefix_lens, extend_lens, extend_start_loc,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), req_to_token.stride(0),
         scale, group, head_dim,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
-        EVEN_D=block_d == head_dim, DOT_PRECISION=dot_precision(q.dtype),
+        EVEN_D=block_d == head_dim, KV_INT8=int8, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -40,6 +40,7 @@ class KernelOps:
     rotary_cos_sin: Callable
     apply_rotary: Callable
     store_kv: Callable
+    store_kv_int8: Callable
     apply_token_bitmask: Callable
     decode_attention: Callable
     extend_attention: Callable
@@ -53,6 +54,7 @@ REF_OPS = KernelOps(
     rotary_cos_sin=ref.rotary_cos_sin,
     apply_rotary=ref.apply_rotary,
     store_kv=ref.store_kv,
+    store_kv_int8=ref.store_kv_int8,
     apply_token_bitmask=ref.apply_token_bitmask,
     decode_attention=ref.decode_attention,
     extend_attention=ref.extend_attention,
@@ -80,6 +82,7 @@ def triton_ops() -> KernelOps:
         rotary_cos_sin=ref.rotary_cos_sin,  # a few elementwise torch ops; not worth a kernel
         apply_rotary=rotary.apply_rotary,
         store_kv=kv_store.store_kv,
+        store_kv_int8=kv_store.store_kv_int8,
         apply_token_bitmask=bitmask.apply_token_bitmask,
         decode_attention=attention_decode.decode_attention,
         extend_attention=attention_extend.extend_attention,

@@ -160,7 +160,8 @@ class Step(ctypes.Structure):
                 ("act_mode", ctypes.c_int32), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("out_loc", ctypes.c_void_p), ("rows", ctypes.c_void_p),
                 ("pos", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p),
-                ("r2t_stride", ctypes.c_int64), ("ws", ctypes.c_void_p)]
+                ("r2t_stride", ctypes.c_int64), ("ws", ctypes.c_void_p),
+                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -183,8 +184,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_silu_mul.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]
     lib.rlm_quantize_rows.restype = None
-    lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p]
+    lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p,
+                                  p, p]
     lib.rlm_attention.restype = None
+    lib.rlm_store_kv.argtypes = [p, i32, i32, i32, p, p, p, i32]
+    lib.rlm_store_kv.restype = None
 
 
 def host_info() -> dict:

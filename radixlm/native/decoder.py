@@ -58,7 +58,7 @@ def supported(model, pool) -> str | None:
     if model.device.type != "cpu":
         return "not a CPU model"
     if pool.k_buffer[0].dtype not in KV_DTYPES:
-        return f"K/V dtype {pool.k_buffer[0].dtype} (fp32 or bf16 only)"
+        return f"K/V dtype {pool.k_buffer[0].dtype} (fp32, bf16 or int8 only)"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
         return "dimensions not multiples of 32"
     if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
@@ -129,6 +129,11 @@ class NativeDecoder:
         self.head = self.arena.qmat(head)
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
+        # an int8 pool's per-layer row scales (Step.k_scales / v_scales; None otherwise)
+        self._scale_arrays = [(ctypes.c_void_p * n)(*[b.data_ptr() for b in bufs])
+                              if bufs else None for bufs in (pool.k_scale, pool.v_scale)]
+        self._scale_ptrs = [None if a is None else ctypes.addressof(a)
+                            for a in self._scale_arrays]
         self.final_norm = self._f32(model.norm)
         self._ws = torch.empty(0)
         self._head_ws = torch.empty(0)
@@ -224,7 +229,7 @@ class NativeDecoder:
         step = Step(T, self.kv_dtype, nthreads, max_ctx, mode, cos.data_ptr(),
                     sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
                     batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
-                    ws.data_ptr())
+                    ws.data_ptr(), *self._scale_ptrs)
         lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
                        ctypes.byref(step), res.data_ptr())
         x = res[batch.logits_indices].contiguous()

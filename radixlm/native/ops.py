@@ -12,7 +12,7 @@ import torch
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import FMT_Q4, QWeight
 
-KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
 
 
 class Arena:
@@ -106,11 +106,16 @@ def quantize_act(lib, x: torch.Tensor):
     return a, d, s
 
 
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
               req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              scale: float) -> torch.Tensor:
+              scale: float, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The layer's attention on its own (the contract: ``attention`` of
-    tests/native_ref.py)."""
+    tests/native_ref.py). int8 caches come with their bf16 row scales ``[S, Hkv]``."""
     q = q.float().contiguous()
     t, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -118,5 +123,16 @@ def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
     lib.rlm_attention(q.data_ptr(), t, heads, k_cache.shape[1], dim, scale, rows.data_ptr(),
                       pos.data_ptr(), req_to_token.data_ptr(), req_to_token.stride(0),
                       k_cache.data_ptr(), v_cache.data_ptr(), KV_DTYPES[k_cache.dtype],
-                      int(pos.max()) + 1, out.data_ptr())
+                      int(pos.max()) + 1, out.data_ptr(), _ptr(k_scale), _ptr(v_scale))
     return out
+
+
+def store_kv(lib, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
+             scales: torch.Tensor | None = None) -> None:
+    """Store ``x [T, Hkv, D]`` (fp32) at ``slots`` of ``cache`` (fp32, bf16, or int8 with
+    its bf16 row ``scales``) as the layer stores K or V."""
+    x = x.float().contiguous()
+    slots = slots.long().contiguous()
+    t, heads, dim = x.shape
+    lib.rlm_store_kv(x.data_ptr(), t, heads, dim, slots.data_ptr(), cache.data_ptr(),
+                     _ptr(scales), KV_DTYPES[cache.dtype])

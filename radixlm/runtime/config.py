@@ -28,6 +28,10 @@ def master_address() -> tuple[str, int] | None:
     return parse_host_port(f"{addr}:{port}", "MASTER_ADDR:MASTER_PORT")
 
 
+# --kv-cache-dtype choices (SGLang's names, and int8); which a device stores:
+# runtime.kv_pool.supported_kv_cache_dtypes.
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+
 # Bounds of the speculative-decoding settings (a native step holds at most 64 tokens).
 MAX_DRAFT_TOKENS = 32
 MAX_NGRAM_WINDOW = 64
@@ -62,6 +66,14 @@ class EngineConfig:
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
     kv_mirror_mb: int | None = None
+    # K/V storage in the pool (SGLang's --kv-cache-dtype). auto: the model's dtype. int8:
+    # one int8 per value and a bf16 scale per (token, KV head) row (symmetric absmax):
+    # about half the bytes of bf16, so the same memory holds ~1.9x the tokens; the native
+    # library reads it in registers, the torch / Triton paths dequantize on read. Rounding
+    # to int8 magnifies the ~1e-6 differences between step sizes, so speculative or
+    # chunked steps may part from plain decoding on near-ties (logprobs within ~0.03).
+    # fp8_e4m3 / fp8_e5m2: refused with the list this device supports (no fp8 path yet).
+    kv_cache_dtype: str = "auto"
     context_length: int | None = None  # default: the model's max_position_embeddings
     max_total_tokens: int | None = None  # KV pool capacity; default from mem_fraction
     mem_fraction: float = 0.15  # share of (free) memory for the KV pool when not given
@@ -155,6 +167,9 @@ class EngineConfig:
         if self.native_activations not in ("auto", "fp32", "int8", "bf16"):
             raise ValueError("native_activations must be auto|fp32|int8|bf16, got "
                              f"{self.native_activations!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {' | '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.radix_eviction_policy not in ("lru", "lfu"):
             raise ValueError("radix_eviction_policy must be lru|lfu, got "
                              f"{self.radix_eviction_policy!r}")

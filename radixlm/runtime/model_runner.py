@@ -13,7 +13,7 @@ from radixlm.runtime.attention.base import create_attention_backend, resolve_bac
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.kv_pool import KVPool
+from radixlm.runtime.kv_pool import KVPool, check_kv_cache_dtype
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
 from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
 from radixlm.runtime.parallel import (
@@ -167,8 +167,7 @@ class ModelRunner:
             raise
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
-        self.pool = KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                           self.dtype, self.device, config.max_running_requests + 1, context_len)
+        self.pool = self._create_pool(config, cfg, capacity, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, model_dir,
                                              hf_config) if lib is not None else None)
         # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
@@ -196,8 +195,8 @@ class ModelRunner:
                  f"activations {self.native.describe_modes()})"
                  if self.native is not None
                  else " (+int4 decode linears)" if self.int4 is not None else "")
-        logger.info("model on %s/%s%s, KV pool %d tokens, attention %s%s", self.device,
-                    self.dtype, extra, capacity, name,
+        logger.info("model on %s/%s%s, KV pool %d tokens (%s), attention %s%s", self.device,
+                    self.dtype, extra, capacity, self.pool.layout, name,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
     def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> None:
@@ -232,11 +231,22 @@ class ModelRunner:
             return None
         return blocks
 
+    def _create_pool(self, config: EngineConfig, cfg: ModelConfig, capacity: int,
+                     context_len: int) -> KVPool:
+        return KVPool(capacity, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype,
+                      self.device, config.max_running_requests + 1, context_len,
+                      kv_cache_dtype=config.kv_cache_dtype)
+
     def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig) -> int:
+        """Slots of the pool: ``max_total_tokens`` + 1, else as many tokens as
+        ``mem_fraction`` of the free memory holds in the K/V format (an int8 pool about
+        twice a bf16 one's). A format this device cannot store is refused here, before
+        anything is loaded."""
+        check_kv_cache_dtype(config.kv_cache_dtype, self.device)
         if config.max_total_tokens is not None:
             return config.max_total_tokens + 1
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                           self.dtype)
+                                           self.dtype, config.kv_cache_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
         else:

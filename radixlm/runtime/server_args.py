@@ -34,7 +34,7 @@ RENAMED = {
 # SGLang flags with no meaning in radixlm: name -> takes a value (False: a bare switch).
 IGNORED: dict[str, bool] = {
     "trust_remote_code": False, "skip_server_warmup": False, "load_format": True,
-    "download_dir": True, "revision": True, "kv_cache_dtype": True, "page_size": True,
+    "download_dir": True, "revision": True, "page_size": True,
     "disable_cuda_graph": False, "cuda_graph_max_bs": True, "cuda_graph_bs": True,
     "disable_cuda_graph_padding": False, "enable_torch_compile": False,
     "torch_compile_max_bs": True, "disable_overlap_schedule": False, "enable_mixed_chunk": False,

@@ -1,6 +1,20 @@
 /* Attention of a step's tokens over their requests' positions, read in place through
- * req_to_token from the fp32 or bf16 K/V pool. */
+ * req_to_token from the fp32, bf16 or int8 K/V pool. An int8 pool (KV_INT8) is read
+ * dequantized in registers: each row's int8 values are widened to fp32 and its bf16 scale
+ * folded into the score (q . k_j * ks_j) and into the softmax weight (p_j vs_j). */
 #include "rlm.h"
+
+/* The row scales of position j (1 where the pool has none). */
+static inline float kv_scale(const uint16_t *scales, const int32_t *slots, int64_t j, int Hkv,
+                             int g) {
+    return scales ? bf16_to_f32(scales[(int64_t)slots[j] * Hkv + g]) : 1.f;
+}
+
+static inline float kv_at(const void *c, int64_t i, int32_t dtype) {
+    if (dtype == KV_F32) return ((const float *)c)[i];
+    if (dtype == KV_INT8) return (float)((const int8_t *)c)[i];
+    return bf16_to_f32(((const uint16_t *)c)[i]);
+}
 
 static inline float dot_kv(const float *q, const void *kc, int64_t off, int D, int32_t dtype) {
 #ifdef RLM_AVX2
@@ -12,9 +26,7 @@ static inline float dot_kv(const float *q, const void *kc, int64_t off, int D, i
     }
 #endif
     float acc = 0.f;
-    for (int i = 0; i < D; i++)
-        acc += q[i] * (dtype == KV_F32 ? ((const float *)kc)[off + i]
-                                       : bf16_to_f32(((const uint16_t *)kc)[off + i]));
+    for (int i = 0; i < D; i++) acc += q[i] * kv_at(kc, off + i, dtype);
     return acc;
 }
 
@@ -29,30 +41,32 @@ static inline void axpy_kv(float *out, float w, const void *vc, int64_t off, int
         return;
     }
 #endif
-    for (int i = 0; i < D; i++)
-        out[i] += w * (dtype == KV_F32 ? ((const float *)vc)[off + i]
-                                       : bf16_to_f32(((const uint16_t *)vc)[off + i]));
+    for (int i = 0; i < D; i++) out[i] += w * kv_at(vc, off + i, dtype);
 }
 
 /* One query head over positions 0 .. p of its request (through req_to_token). */
 static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, int Hkv, int D,
-                        float scale, const void *kc, const void *vc, int32_t dtype,
-                        float *scores, float *out) {
+                        float scale, const KVLayer *kv, float *scores, float *out) {
     float mx = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
-        float s = dot_kv(q, kc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype) * scale;
+        float s = dot_kv(q, kv->k, ((int64_t)slots[j] * Hkv + g) * D, D, kv->dtype) * scale;
+        if (kv->ks) s *= kv_scale(kv->ks, slots, j, Hkv, g);
         scores[j] = s;
         mx = s > mx ? s : mx;
     }
     float inv = 1.f / exp_sum(scores, p + 1, mx);
     for (int i = 0; i < D; i++) out[i] = 0.f;
     for (int64_t j = 0; j <= p; j++)
-        axpy_kv(out, scores[j] * inv, vc, ((int64_t)slots[j] * Hkv + g) * D, D, dtype);
+        axpy_kv(out, scores[j] * inv * kv_scale(kv->vs, slots, j, Hkv, g), kv->v,
+                ((int64_t)slots[j] * Hkv + g) * D, D, kv->dtype);
 }
 
 #if defined(RLM_AVX2) && defined(__AVX512F__)
 static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
     if (dtype == KV_F32) return _mm512_loadu_ps((const float *)base + off);
+    if (dtype == KV_INT8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)((const int8_t *)base + off))));
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -67,21 +81,22 @@ static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
  * attend_head up to the order of the sums. scores: nh rows of stride ss. */
 static inline __attribute__((always_inline)) void attend_group(
     const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
-    int Hkv, float scale, const void *kc, const void *vc, int32_t dtype, float *scores,
-    int64_t ss, float *out) {
+    int Hkv, float scale, const KVLayer *kv, float *scores, int64_t ss, float *out) {
     const int D = AV_W * NV;
+    const int32_t dtype = kv->dtype;
     float mx[HB], inv[HB];
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
-        avec kv[NV];
-        for (int i = 0; i < NV; i++) kv[i] = AV_LOAD_KV(kc, off + AV_W * i, dtype);
+        const float sj = kv->ks ? scale * kv_scale(kv->ks, slots, j, Hkv, g) : scale;
+        avec kr[NV];
+        for (int i = 0; i < NV; i++) kr[i] = AV_LOAD_KV(kv->k, off + AV_W * i, dtype);
         for (int h = 0; h < HB; h++) {
             if (h >= nh) break;
-            avec acc = AV_MUL(AV_LOADU(q + h * D), kv[0]);
+            avec acc = AV_MUL(AV_LOADU(q + h * D), kr[0]);
             for (int i = 1; i < NV; i++)
-                acc = AV_FMA(AV_LOADU(q + h * D + AV_W * i), kv[i], acc);
-            float sc = AV_SUM(acc) * scale;
+                acc = AV_FMA(AV_LOADU(q + h * D + AV_W * i), kr[i], acc);
+            float sc = AV_SUM(acc) * sj;
             scores[h * ss + j] = sc;
             mx[h] = sc > mx[h] ? sc : mx[h];
         }
@@ -92,11 +107,14 @@ static inline __attribute__((always_inline)) void attend_group(
         for (int i = 0; i < NV; i++) o[h][i] = AV_ZERO();
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
+        const float vj = kv_scale(kv->vs, slots, j, Hkv, g);
+        avec w[HB];
+        for (int h = 0; h < HB; h++)
+            if (h < nh) w[h] = AV_SET1(kv->vs ? scores[h * ss + j] * vj : scores[h * ss + j]);
         for (int i = 0; i < NV; i++) {
-            avec vv = AV_LOAD_KV(vc, off + AV_W * i, dtype);
+            avec vv = AV_LOAD_KV(kv->v, off + AV_W * i, dtype);
             for (int h = 0; h < HB; h++)
-                if (h < nh) o[h][i] = AV_FMA(AV_SET1(scores[h * ss + j]), vv,
-                                                      o[h][i]);
+                if (h < nh) o[h][i] = AV_FMA(w[h], vv, o[h][i]);
         }
     }
     for (int h = 0; h < nh; h++)
@@ -109,31 +127,65 @@ static inline __attribute__((always_inline)) void attend_group(
 /* Query heads h0 .. h0 + nh - 1 of one token (q and out: those heads, D apart), all in KV
  * group g. scores: nh * (p + 16) floats. */
 static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p, int g,
-                         int Hkv, int D, float scale, const void *kc, const void *vc,
-                         int32_t dtype, float *scores, float *out) {
+                         int Hkv, int D, float scale, const KVLayer *kv, float *scores,
+                         float *out) {
     const int64_t ss = p + 16;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
     if (D == 64) {
         for (int h = 0; h < nh; h += 4)
             attend_group(4, 4, q + h * D, nh - h < 4 ? nh - h : 4, slots, p, g, Hkv, scale,
-                             kc, vc, dtype, scores, ss, out + h * D);
+                         kv, scores, ss, out + h * D);
         return;
     }
     if (D == 128) {
         for (int h = 0; h < nh; h += 2)
             attend_group(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
-                             kc, vc, dtype, scores, ss, out + h * D);
+                         kv, scores, ss, out + h * D);
         return;
     }
 #elif defined(RLM_AVX2)
     if (D == 64) { /* 8 vectors of K or V per row, one head at a time: 16 registers */
         for (int h = 0; h < nh; h++)
-            attend_group(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kc, vc, dtype,
-                             scores, ss, out + h * D);
+            attend_group(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kv, scores, ss,
+                         out + h * D);
         return;
     }
 #endif
     (void)ss;
     for (int h = 0; h < nh; h++)
-        attend_head(q + h * D, slots, p, g, Hkv, D, scale, kc, vc, dtype, scores, out + h * D);
+        attend_head(q + h * D, slots, p, g, Hkv, D, scale, kv, scores, out + h * D);
+}
+
+/* Quantize one head's row x [D] of K or V into the int8 pool: q = rne(x / s) clamped to
+ * +-127 with s = bf16(max|x| / 127), the same bytes as radixlm.kernels.ref.quantize_kv. */
+static void quantize_kv_row(const float *x, int D, int8_t *q, uint16_t *scale) {
+    float amax = 0.f;
+    for (int i = 0; i < D; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const uint16_t sb = f32_to_bf16(amax / 127.f);
+    const float s = bf16_to_f32(sb), inv = s > 0.f ? 1.f / s : 0.f;
+    for (int i = 0; i < D; i++) {
+        float r = nearbyintf(x[i] * inv);
+        q[i] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    }
+    *scale = sb;
+}
+
+/* Store one token's K or V (x: Hkv heads of D) at pool slot `slot` of `cache` (with its
+ * row scales for KV_INT8) in the pool's format. */
+static void store_kv_token(void *cache, uint16_t *scales, int32_t dtype, int64_t slot,
+                           const float *x, int Hkv, int D) {
+    const int64_t off = slot * Hkv * D;
+    if (dtype == KV_F32) {
+        memcpy((float *)cache + off, x, (size_t)Hkv * D * 4);
+    } else if (dtype == KV_INT8) {
+        for (int h = 0; h < Hkv; h++)
+            quantize_kv_row(x + h * D, D, (int8_t *)cache + off + h * D,
+                            scales + slot * Hkv + h);
+    } else {
+        uint16_t *out = (uint16_t *)cache + off;
+        for (int i = 0; i < Hkv * D; i++) out[i] = f32_to_bf16(x[i]);
+    }
 }

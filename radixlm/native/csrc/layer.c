@@ -19,15 +19,6 @@ static void rope_head(float *x, const float *c, const float *s, int half) {
     }
 }
 
-static void store_kv_row(void *cache, int64_t off, const float *x, int n, int32_t dtype) {
-    if (dtype == KV_F32) {
-        memcpy((float *)cache + off, x, (size_t)n * 4);
-    } else {
-        uint16_t *dst = (uint16_t *)cache + off;
-        for (int i = 0; i < n; i++) dst[i] = f32_to_bf16(x[i]);
-    }
-}
-
 /* ------------------------------------------------------------------ workspace */
 /* Attention work is split in units of one token and up to this many query heads of one
  * KV group (K/V rows loaded once per unit). */
@@ -195,10 +186,10 @@ static inline __attribute__((always_inline)) void matmul_stage(
 }
 
 /* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
- * residual stream: res += attn(norm(res)); res += mlp(norm(res)). k_cache / v_cache: this
- * layer's [capacity, n_kv_heads, head_dim] pool buffers; the step's K/V are stored at
- * out_loc before any token attends. */
-static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cache, float *res,
+ * residual stream: res += attn(norm(res)); res += mlp(norm(res)). kvl: this layer's
+ * [capacity, n_kv_heads, head_dim] pool buffers (and int8 row scales); the step's K/V are
+ * stored at out_loc in the pool's format before any token attends. */
+static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float *res,
                        const Work *wp, int tid, int nth) {
     const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
     const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
@@ -216,9 +207,8 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
             for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
         const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
         for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
-        int64_t off = S->out_loc[t] * kv;
-        store_kv_row(k_cache, off, r + q, kv, S->kv_dtype);
-        store_kv_row(v_cache, off, r + q + kv, kv, S->kv_dtype);
+        store_kv_token(kvl->k, kvl->ks, kvl->dtype, S->out_loc[t], r + q, Hkv, D);
+        store_kv_token(kvl->v, kvl->vs, kvl->dtype, S->out_loc[t], r + q + kv, Hkv, D);
     }
     barrier(nth);
     PROF(2)
@@ -231,8 +221,7 @@ static void layer_body(const Layer *L, const Step *S, void *k_cache, void *v_cac
                                                            ? g * rep + rep - h0 : per;
         const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
         attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
-                     L->attn_scale, k_cache, v_cache, S->kv_dtype, scores,
-                     w.attn + (int64_t)t * q + h0 * D);
+                     L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
     }
     barrier(nth);
     matmul_stage(&L->o, w.attn, T, q, w.tmp, S->act_mode, &w, 3, tid, nth);
@@ -270,8 +259,11 @@ typedef struct {
 
 static void layers_job(void *ctx, int tid, int nth) {
     const LayersJob *j = (const LayersJob *)ctx;
+    const Step *S = j->S;
     for (int i = 0; i < j->n_layers; i++) {
-        layer_body(&j->layers[i], j->S, j->k_caches[i], j->v_caches[i], j->res, j->w, tid, nth);
+        KVLayer kvl = {j->k_caches[i], j->v_caches[i], S->k_scales ? S->k_scales[i] : NULL,
+                       S->v_scales ? S->v_scales[i] : NULL, S->kv_dtype};
+        layer_body(&j->layers[i], S, &kvl, j->res, j->w, tid, nth);
         barrier(nth);
     }
 }
@@ -343,15 +335,25 @@ void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *d
 void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
-                   int32_t kv_dtype, int32_t max_ctx, float *out) {
+                   int32_t kv_dtype, int32_t max_ctx, float *out, const uint16_t *k_scale,
+                   const uint16_t *v_scale) {
     const int rep = Hq / Hkv;
+    const KVLayer kv = {(void *)k_cache, (void *)v_cache, (uint16_t *)k_scale,
+                        (uint16_t *)v_scale, kv_dtype};
     float *scores = (float *)malloc(sizeof(float) * (size_t)rep * (max_ctx + 16));
     for (int t = 0; t < T; t++)
         for (int g = 0; g < Hkv; g++)
             attend_heads(q + ((int64_t)t * Hq + g * rep) * D, rep,
-                         req_to_token + rows[t] * r2t_stride, pos[t], g, Hkv, D, scale, k_cache,
-                         v_cache, kv_dtype, scores, out + ((int64_t)t * Hq + g * rep) * D);
+                         req_to_token + rows[t] * r2t_stride, pos[t], g, Hkv, D, scale, &kv,
+                         scores, out + ((int64_t)t * Hq + g * rep) * D);
     free(scores);
+}
+
+/* x [T, Hkv, D] into pool slots `slots` [T] of one cache, as the layer stores K or V. */
+void rlm_store_kv(const float *x, int32_t T, int32_t Hkv, int32_t D, const int64_t *slots,
+                  void *cache, uint16_t *scales, int32_t kv_dtype) {
+    for (int t = 0; t < T; t++)
+        store_kv_token(cache, scales, kv_dtype, slots[t], x + (int64_t)t * Hkv * D, Hkv, D);
 }
 
 /* ------------------------------------------------------------------ what this build runs */

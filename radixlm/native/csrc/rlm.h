@@ -7,7 +7,8 @@
  *   Q4: sum_j (d q_j + m)(dx a_j) = d dx sum_j q_j a_j + m (dx sum_j a_j)
  *   Q8: sum_j (d w_j)(dx a_j)     = d dx sum_j w_j a_j
  * Everything else (RMSNorm, rotary, attention, SiLU) is fp32. K/V caches are fp32 or bf16
- * (converted by bit shifts: no bf16 arithmetic anywhere).
+ * (converted by bit shifts: no bf16 arithmetic anywhere), or int8 with one bf16 scale per
+ * (token, KV head) row, widened to fp32 in registers (attention.c).
  *
  * Built on the host that runs it with -march=native (radixlm/native/build.py), so the
  * #if branches pick AVX-512 VNNI, AVX-VNNI, AVX2 or plain C at compile time on the
@@ -48,7 +49,7 @@
 #endif
 
 enum { FMT_Q4 = 4, FMT_Q8 = 8 };
-enum { KV_F32 = 0, KV_BF16 = 1 };
+enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
 /* How a matmul reads its activations. ACT_BF16 (batch steps on a CPU with native bf16 dot
  * products) rounds activations and dequantized weights to bf16 and accumulates in fp32, as
  * a torch bf16 linear does; a build without AVX512-BF16 runs ACT_BF16 as ACT_F32. */
@@ -85,9 +86,16 @@ typedef struct {
     QMat qkv, o, gate_up, down;
 } Layer;
 
+/* One layer's K/V pool as attention reads and the layer writes it. */
+typedef struct {
+    void *k, *v;                /* [capacity, n_kv_heads, head_dim] of dtype */
+    uint16_t *ks, *vs;          /* KV_INT8: bf16 scale per (slot, KV head) row; else NULL */
+    int32_t dtype;              /* KV_F32 | KV_BF16 | KV_INT8 */
+} KVLayer;
+
 typedef struct {
     int32_t T;                  /* tokens in the step */
-    int32_t kv_dtype;           /* KV_F32 | KV_BF16 */
+    int32_t kv_dtype;           /* KV_F32 | KV_BF16 | KV_INT8 */
     int32_t nthreads;
     int32_t max_ctx;            /* longest attention span (pos + 1) in the step */
     int32_t act_mode;           /* ACT_F32 (exact) | ACT_INT8 blocks | ACT_BF16 rows */
@@ -98,6 +106,8 @@ typedef struct {
     const int32_t *req_to_token;
     int64_t r2t_stride;
     float *ws;                  /* workspace of rlm_workspace_floats() floats */
+    uint16_t *const *k_scales;  /* KV_INT8: per layer the K and V row scales */
+    uint16_t *const *v_scales;  /* ([capacity, n_kv_heads] bf16); else NULL */
 } Step;
 
 /* AVX2 builds run fp32 steps of PANEL_MIN_T+ tokens as a panel GEMM (matmul_f32.c). */
@@ -171,6 +181,9 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 
 static inline __m256 load8_kv(const void *base, int64_t off, int32_t dtype) {
     if (dtype == KV_F32) return _mm256_loadu_ps((const float *)base + off);
+    if (dtype == KV_INT8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)((const int8_t *)base + off))));
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + off));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -280,8 +293,10 @@ static void silu_mul(const float *g, const float *u, int n, float *out);
 
 /* attention.c */
 static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p, int g,
-                         int Hkv, int D, float scale, const void *kc, const void *vc,
-                         int32_t dtype, float *scores, float *out);
+                         int Hkv, int D, float scale, const KVLayer *kv, float *scores,
+                         float *out);
+static void store_kv_token(void *cache, uint16_t *scales, int32_t dtype, int64_t slot,
+                           const float *x, int Hkv, int D);
 
 /* ------------------------------------------------------------------ the library's API
  * (declared for ctypes in build.py) */
@@ -296,7 +311,10 @@ void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *d
 void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
-                   int32_t kv_dtype, int32_t max_ctx, float *out);
+                   int32_t kv_dtype, int32_t max_ctx, float *out, const uint16_t *k_scale,
+                   const uint16_t *v_scale);
+void rlm_store_kv(const float *x, int32_t T, int32_t Hkv, int32_t D, const int64_t *slots,
+                  void *cache, uint16_t *scales, int32_t kv_dtype);
 void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out);
 const char *rlm_isa(void);
 int32_t rlm_bf16(void);

@@ -74,7 +74,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_layers = len(pool.k_buffer)
         self.num_rows, self.max_context = pool.req_to_token.shape
         self.token_bytes = (2 * num_layers * num_kv_heads * head_dim
-                            * pool.k_buffer[0].element_size())
+                            * torch.empty(0, dtype=pool.dtype).element_size())
         default_budget = max(pool.capacity * self.token_bytes, DEFAULT_MIRROR_BYTES)
         self.mirror_budget = (default_budget if mirror_budget_bytes is None
                               else mirror_budget_bytes)
@@ -125,10 +125,9 @@ class TorchAttentionBackend(AttentionBackend):
                 valid[m] = min(valid[m], p)
                 if valid[m] < p:  # fill the mirror slot from the pool, once
                     pool_slots = self.pool.req_to_token[row, valid[m]:p].long()
-                    for mk, mv, kc, vc in zip(self.mirror_k, self.mirror_v,
-                                              self.pool.k_buffer, self.pool.v_buffer):
-                        mk[m, valid[m]:p] = kc[pool_slots]
-                        mv[m, valid[m]:p] = vc[pool_slots]
+                    for layer, (mk, mv) in enumerate(zip(self.mirror_k, self.mirror_v)):
+                        mk[m, valid[m]:p], mv[m, valid[m]:p] = self.pool.rows(layer,
+                                                                              pool_slots)
                 valid[m] = p + (1 if decode else 0)
             if not decode:
                 for m, seq in zip(mslots, batch.seq_lens_cpu):
@@ -195,18 +194,18 @@ class TorchAttentionBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ attention
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k_buffer[layer_id], self.pool.v_buffer[layer_id]
-        k_cache[batch.out_cache_loc] = k  # index_put casts if the pool dtype differs
-        v_cache[batch.out_cache_loc] = v
+        # the step's own K/V as the pool keeps them (int8: quantized and back), so this
+        # step attends to them as every later step and the other paths will
+        k, v = self.pool.store(layer_id, batch.out_cache_loc, k, v)
         meta: _Meta = batch.attn_metadata
         if not meta.use_mirror and batch.mode == ForwardMode.DECODE:
-            return self._decode_gather(q, k_cache, v_cache, layer_id, batch, meta)
+            return self._decode_gather(q, layer_id, batch, meta)
         group = meta.group
         if group is not None and group.t_idx is None:
             return self._decode_mirror(q, k, v, layer_id, group)
         out = torch.empty_like(q)
         if meta.spans:
-            self._extend(q, k, v, k_cache, v_cache, layer_id, batch, meta, out)
+            self._extend(q, k, v, layer_id, batch, meta, out)
         if group is not None:
             idx = group.t_idx
             out[idx] = self._decode_mirror(q[idx], k[idx], v[idx], layer_id, group)
@@ -227,15 +226,14 @@ class TorchAttentionBackend(AttentionBackend):
             mask=group.mask).squeeze(2)  # (rows, H, D)
         return o if group.local is None else o[group.local]
 
-    def _decode_gather(self, q, k_cache, v_cache, layer_id, batch, meta: _Meta):
-        keys = k_cache[meta.slot_idx].transpose(1, 2)  # (B, Hkv, L, D)
-        values = v_cache[meta.slot_idx].transpose(1, 2)
+    def _decode_gather(self, q, layer_id, batch, meta: _Meta):
+        keys, values = self.pool.rows(layer_id, meta.slot_idx)  # (B, L, Hkv, D)
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # (B, Hkv, L, D)
         out = self._sdpa(q.unsqueeze(2), keys, values, layer_id, batch.positions[:, None],
                          mask=meta.mask)
         return out.squeeze(2)
 
-    def _extend(self, q, k, v, k_cache, v_cache, layer_id, batch, meta: _Meta,
-                out) -> None:
+    def _extend(self, q, k, v, layer_id, batch, meta: _Meta, out) -> None:
         for start, n, p, slot, prefix_slots, mask in meta.spans:
             qs = q[start:start + n].transpose(0, 1)  # (H, n, D)
             ks, vs = k[start:start + n], v[start:start + n]
@@ -251,8 +249,9 @@ class TorchAttentionBackend(AttentionBackend):
                 if meta.use_mirror:
                     keys, values = mk[slot, :p + n], mv[slot, :p + n]
                 else:
-                    keys = torch.cat([k_cache[prefix_slots], ks.to(k_cache.dtype)])
-                    values = torch.cat([v_cache[prefix_slots], vs.to(v_cache.dtype)])
+                    prefix_k, prefix_v = self.pool.rows(layer_id, prefix_slots)
+                    keys = torch.cat([prefix_k, ks.to(prefix_k.dtype)])
+                    values = torch.cat([prefix_v, vs.to(prefix_v.dtype)])
                 o = self._sdpa(qs[None], self._heads(keys), self._heads(values), layer_id,
                                q_pos, mask=mask)
             out[start:start + n] = o[0].transpose(0, 1)

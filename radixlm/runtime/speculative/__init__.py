@@ -19,7 +19,8 @@ from radixlm.runtime.speculative.ngram import NgramDrafter
 def create_drafter(config, cache, native_steps: bool) -> Drafter | None:
     """The drafter of the algorithm the engine runs (``resolve_algorithm``; None:
     speculation off), given the radix cache to read other requests' sequences from."""
-    if resolve_algorithm(config.speculative_algorithm, native_steps) is None:
+    quantized_kv = config.kv_cache_dtype != "auto"
+    if resolve_algorithm(config.speculative_algorithm, native_steps, quantized_kv) is None:
         return None
     return NgramDrafter(cache, max_draft_tokens=config.speculative_num_draft_tokens,
                         min_match=config.speculative_ngram_min_match_window_size,

@@ -81,11 +81,15 @@ def normalize_algorithm(value: str | None) -> str | None:
                      f"{', '.join(SUPPORTED_ALGORITHMS)} or none")
 
 
-def resolve_algorithm(setting: str | None, native_steps: bool) -> str | None:
+def resolve_algorithm(setting: str | None, native_steps: bool,
+                      quantized_kv: bool = False) -> str | None:
     """The algorithm an engine runs (None: speculation off). Unset, NGRAM where the native
     CPU library runs the decode steps (a small step there is bound by reading the weights,
     so verifying a few more tokens costs little: measured 1.7x single-stream on a rewrite
-    prompt, 1.0-1.3x on free chat, on a 2-core Xeon), off elsewhere (not measured)."""
+    prompt, 1.0-1.3x on free chat, on a 2-core Xeon), off elsewhere (not measured) and
+    with an int8 KV pool (``quantized_kv``: rounding K/V to int8 turns the tiny differences
+    between a k-token and a one-token step into whole quantization steps, so greedy text
+    could part from decoding without drafts on a near-tie; asked for by name, it runs)."""
     if setting is None:
-        return "NGRAM" if native_steps else None
+        return "NGRAM" if native_steps and not quantized_kv else None
     return None if setting == "none" else setting
