@@ -140,7 +140,10 @@ def test_priority_order_through_launch_server(tiny_model_dir) -> None:
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--model-path", str(tiny_model_dir),
            "--port", str(port), "--dtype", "float32", "--enable-priority-scheduling",
            "--max-running-requests", "1", "--mem-fraction-static", "0.05",
-           "--max-total-tokens", "4096", "--trust-remote-code", "--log-level", "warning"]
+           "--max-total-tokens", "4096", "--trust-remote-code", "--log-level", "warning",
+           # the blocker must outlast the queueing: a tiny random model's text repeats, so
+           # n-gram drafts would take it through its 900 tokens in ~1/8 of the steps
+           "--speculative-algorithm", "none"]
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"radixlm-prio-{port}.log"
     with open(log_path, "w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,

@@ -174,6 +174,8 @@ def test_openai_client_reasoning_content_within_budget_and_valid_content(client,
     assert end <= budget
     assert msg.reasoning_content == "".join(tokens[:end])
     assert "</think>" not in msg.content and "<think>" not in msg.reasoning_content
+    # OpenAI's usage field counts the thinking tokens: those before the closing tag
+    assert out.usage.completion_tokens_details.reasoning_tokens == end
 
 
 def test_streamed_deltas_join_to_the_same_split(client, engine):
@@ -195,6 +197,11 @@ def test_streamed_deltas_join_to_the_same_split(client, engine):
             content += delta.content
             order.append("c")
     assert (reasoning, content) == (whole.reasoning_content, whole.content)
+    assert engine.flush_cache()
+    usage = [c.usage for c in _chat(client, 12, seed=7, stream=True,
+                                    stream_options={"include_usage": True}) if c.usage]
+    assert len(usage) == 1 and usage[0].completion_tokens_details.reasoning_tokens == (
+        _chat(client, 12, seed=7).usage.completion_tokens_details.reasoning_tokens)
     assert order.index("c") > max(i for i, k in enumerate(order) if k == "r")
     assert order.count("r") > 1  # streamed as it came
     # stream_reasoning false: all of it in one delta once the block has ended

@@ -34,7 +34,13 @@ from radixlm.server.protocol import (
     CompletionRequest,
     _OpenAIBase,
 )
-from radixlm.server.reasoning import ReasoningSetup, reasoning_setup, split_stream, split_text
+from radixlm.server.reasoning import (
+    ReasoningSetup,
+    reasoning_setup,
+    reasoning_tokens,
+    split_stream,
+    split_text,
+)
 from radixlm.server.state import ServerState, get_state
 from radixlm.server.streaming import SSEResponse
 from radixlm.server.tool_calls import (
@@ -102,15 +108,29 @@ def _fan_out(req: _OpenAIBase, prompts: list[tuple[str | None, list[int] | None]
     return calls
 
 
-def _usage(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    """OpenAI usage; the prompt counts once per prompt, not once per sample."""
+def _usage(results: list[dict[str, Any]], n: int,
+           reasoning: list[int] | None = None) -> dict[str, Any]:
+    """OpenAI usage; the prompt counts once per prompt, not once per sample. ``reasoning``:
+    each result's thinking tokens (with a reasoning parser), reported as OpenAI's
+    ``completion_tokens_details.reasoning_tokens``."""
     firsts = [r["meta_info"] for r in results[::n]]
     prompt = sum(int(m.get("prompt_tokens", 0)) for m in firsts)
     completion = sum(int(r["meta_info"].get("completion_tokens", 0)) for r in results)
     cached = sum(int(m.get("cached_tokens", 0) or 0) for m in firsts)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
+    return usage
+
+
+def _reasoning_counts(reasoning: ReasoningSetup | None, state: ServerState,
+                      calls: list[GenCall], results: list[dict[str, Any]]) -> list[int] | None:
+    if reasoning is None:
+        return None
+    return [reasoning_tokens(reasoning, state, call, r.get("output_ids") or [])
+            for call, r in zip(calls, results)]
 
 
 def _finish(meta: dict[str, Any]) -> str | None:
@@ -348,7 +368,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         choices.append({"index": k, "message": message, "finish_reason": finish,
                         "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None})
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": _usage(results, body.n)})
+                         "usage": _usage(results, body.n,
+                                         _reasoning_counts(reasoning, state, calls, results))})
 
 
 def _tool_chunks(stream: ToolCallStream, text: str, final: bool, k: int,
@@ -406,4 +427,5 @@ async def _chat_stream(state: ServerState, body: ChatCompletionRequest, calls: l
             finals[k] = chunk
     if body.stream_options is not None and body.stream_options.include_usage:
         results = [finals[k] for k in sorted(finals)]
-        yield {**head, "choices": [], "usage": _usage(results, body.n)}
+        yield {**head, "choices": [], "usage": _usage(
+            results, body.n, _reasoning_counts(reasoning, state, calls, results))}

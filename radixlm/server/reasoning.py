@@ -65,6 +65,35 @@ def split_text(setup: ReasoningSetup | None, state: ServerState, call: Any,
     return new_parser(setup, state, call).parse(text)
 
 
+def reasoning_tokens(setup: ReasoningSetup | None, state: ServerState, call: Any,
+                     output_ids: Sequence[int]) -> int:
+    """How many of a call's output tokens were thinking: those before the token that ends
+    the thinking block (all of them if it never ended); 0 without a setup or a block.
+    A binary search over decoded prefixes (the block has ended in a prefix, or not yet)."""
+    if setup is None or not output_ids:
+        return 0
+    decode = state.engine.tokenizer.decode
+
+    def parser_after(k: int) -> ReasoningParser:
+        parser = new_parser(setup, state, call)
+        parser.feed(decode(list(output_ids[:k])))
+        return parser
+
+    whole = parser_after(len(output_ids))
+    if not whole.had_block:
+        return 0
+    if not whole.in_answer:
+        return len(output_ids)
+    lo, hi = 1, len(output_ids)  # the smallest prefix in which the block has ended
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if parser_after(mid).in_answer:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+
+
 class StreamSplit:
     """One streamed choice: cumulative text in, (new reasoning, answer so far) out."""
 
