@@ -187,6 +187,43 @@ def test_a_shared_template_keeps_its_hit_rate_with_a_host_tier(host_engine):
     check_accounting(engine)
 
 
+def test_an_int8_pool_keeps_its_prefixes_quantized_in_the_host_and_disk_tiers(tmp_path):
+    """--kv-cache-dtype int8 with both tiers on the native path: the host store and the
+    files hold int8 rows and scales (the int8 bytes per token), and a prefix evicted to
+    the host, or flushed and loaded from disk, comes back with the same bits, scales
+    included, and gives the same tokens as its first (computing) run."""
+    with Engine(max_total_tokens=POOL, kv_cache_dtype="int8", enable_hierarchical_cache=True,
+                hicache_ratio=8, hicache_storage_backend="file",
+                hicache_storage_dir=str(tmp_path), log_level="warning") as engine:
+        pool, tiers = engine.runner.pool, engine.scheduler.kv.tiers
+        assert pool.layout.startswith("int8/") and tiers.host.store.layout == pool.layout
+        assert tiers.host.store.storage_dtype == torch.int8
+        assert tiers.storage.codec.layout == pool.layout
+        prompt = story(70)
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+        first = run(engine, prompt)
+        before = prefix_kv(engine, ids[:-1])
+        assert before.k_scale and before.nbytes == (len(ids) - 1) * pool.token_bytes
+        for i in range(1, 6):  # evict it to the host tier
+            run(engine, story(70 + i))
+        assert prefix_kv(engine, ids[:-1]).num_tokens < len(ids) - 1
+        host = run(engine, prompt)
+        assert host["meta_info"]["cached_tokens_details"]["host"] > 500
+        assert host["meta_info"]["cached_tokens"] == len(ids) - 1
+        assert all(torch.equal(a, b) for a, b in
+                   zip(before.arrays(), prefix_kv(engine, ids[:-1]).arrays(), strict=True))
+        assert host["output_ids"] == first["output_ids"]
+        assert engine.flush_cache("device") and engine.flush_cache("host")
+        disk = run(engine, prompt)
+        whole = (len(ids) - 1) // STORAGE_BLOCK_TOKENS * STORAGE_BLOCK_TOKENS
+        assert disk["meta_info"]["cached_tokens_details"]["storage"] == whole
+        back = prefix_kv(engine, ids[:whole])
+        assert all(torch.equal(a, b) for a, b in
+                   zip(before.slice(0, whole).arrays(), back.arrays(), strict=True))
+        assert disk["output_ids"] == first["output_ids"]
+        check_accounting(engine)
+
+
 # ---------------------------------------------------------------- the disk tier
 
 

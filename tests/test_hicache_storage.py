@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from radixlm.runtime.hicache import storage as storage_mod
+from radixlm.runtime.hicache.host import HostTier
 from radixlm.runtime.hicache.keys import block_keys
 from radixlm.runtime.hicache.storage import FileStorage
 from radixlm.runtime.kv_pool import KVPayload, KVPool
@@ -27,8 +28,9 @@ BLOCK = 8
 FP = bytes(range(32))
 
 
-def small_pool(dtype=torch.float32, heads=2, dim=4, layers=3) -> KVPool:
-    return KVPool(4 * BLOCK + 1, layers, heads, dim, dtype, torch.device("cpu"), 1, 1)
+def small_pool(dtype=torch.float32, heads=2, dim=4, layers=3, kv: str = "auto") -> KVPool:
+    return KVPool(4 * BLOCK + 1, layers, heads, dim, dtype, torch.device("cpu"), 1, 1,
+                  kv_cache_dtype=kv)
 
 
 def block_payload(pool: KVPool, tokens: list[int]):
@@ -39,6 +41,9 @@ def block_payload(pool: KVPool, tokens: list[int]):
     for layer, (k, v) in enumerate(zip(pool.k_buffer, pool.v_buffer)):
         k[slots] = (base * 0.5 + layer).expand(-1, *k.shape[1:]).to(k.dtype)
         v[slots] = (base * -0.25 - layer).expand(-1, *v.shape[1:]).to(v.dtype)
+    for layer, (ks, vs) in enumerate(zip(pool.k_scale, pool.v_scale)):  # an int8 pool's
+        ks[slots] = (base[:, :, 0] * 0.125 + layer).expand(-1, ks.shape[1]).to(ks.dtype)
+        vs[slots] = (base[:, :, 0] * -0.5 - layer).expand(-1, vs.shape[1]).to(vs.dtype)
     return pool.read_slots(slots)
 
 
@@ -59,17 +64,28 @@ def write_all(store: FileStorage, pool: KVPool, tokens: list[int]) -> list[bytes
     return keys
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("slots", [[3, 4, 5, 6, 7], [9, 2, 30, 4, 17]])
-def test_the_pool_seam_moves_kv_bit_exactly(dtype, slots):
-    """read_slots / write_slots (the tiers' seam), consecutive and scattered slots, through
-    a twin (the host tier's store) and through bytes (the disk tier's form)."""
-    pool = small_pool(dtype)
+def fill_random(pool: KVPool) -> None:
     gen = torch.Generator().manual_seed(0)
-    for buf in pool.k_buffer + pool.v_buffer:
-        buf.copy_(torch.randn(buf.shape, generator=gen).to(dtype))
+    for buf in pool.k_buffer + pool.v_buffer + pool.k_scale + pool.v_scale:
+        if buf.dtype == torch.int8:
+            buf.copy_(torch.randint(-127, 128, buf.shape, generator=gen, dtype=torch.int8))
+        else:
+            buf.copy_(torch.randn(buf.shape, generator=gen).to(buf.dtype))
+
+
+@pytest.mark.parametrize(("dtype", "kv"), [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                           (torch.bfloat16, "int8")])
+@pytest.mark.parametrize("slots", [[3, 4, 5, 6, 7], [9, 2, 30, 4, 17]])
+def test_the_pool_seam_moves_kv_bit_exactly(dtype, kv, slots):
+    """read_slots / write_slots (the tiers' seam), consecutive and scattered slots, through
+    a twin (the host tier's store) and through bytes (the disk tier's form); an int8
+    pool's payload carries its int8 rows and bf16 scales, its twin stores them as such."""
+    pool = small_pool(dtype, kv=kv)
+    fill_random(pool)
     original = pool.read_slots(slots)
+    assert len(original.k_scale) == (3 if kv == "int8" else 0)
     twin = pool.twin(16)
+    assert twin.layout == pool.layout and twin.token_bytes == pool.token_bytes
     twin.write_slots([1, 2, 3, 4, 5], original)
     back = twin.read_slots([1, 2, 3, 4, 5])
     data = back.to_bytes()
@@ -81,6 +97,8 @@ def test_the_pool_seam_moves_kv_bit_exactly(dtype, slots):
     joined = KVPayload.concat([original.slice(0, 2), original.slice(2, 5)])
     assert same(joined, original) and joined.nbytes == len(slots) * pool.token_bytes
     other = small_pool(torch.float16 if dtype == torch.bfloat16 else torch.bfloat16)
+    if kv == "int8":  # the same model dtype, not quantized: another layout
+        other = small_pool(dtype)
     with pytest.raises(ValueError, match="layout"):
         other.write_slots(target, original)
     with pytest.raises(ValueError, match="holds 5 tokens for 2 slots"):
@@ -89,14 +107,17 @@ def test_the_pool_seam_moves_kv_bit_exactly(dtype, slots):
         KVPayload.from_bytes(pool.layout, data[:-1])
 
 
-def test_blocks_read_back_exactly_and_the_index_survives_a_restart(tmp_path):
-    pool = small_pool(torch.bfloat16)
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_blocks_read_back_exactly_and_the_index_survives_a_restart(tmp_path, kv):
+    pool = small_pool(torch.bfloat16, kv=kv)
     store = FileStorage(tmp_path, FP, pool, max_bytes=1 << 30, block_tokens=BLOCK)
     tokens = seq(5)
     keys = write_all(store, pool, tokens)
     store.close()
     again = FileStorage(tmp_path, FP, pool, max_bytes=1 << 30, block_tokens=BLOCK)
     assert again.num_blocks == 5
+    assert store.block_bytes == (storage_mod._HEADER.size + 4 * BLOCK
+                                 + BLOCK * pool.token_bytes)
     assert again.stored_bytes == sum(p.stat().st_size for p in again.dir.glob("*.kv"))
     for i, key in enumerate(keys):
         part = tokens[i * BLOCK:(i + 1) * BLOCK]
@@ -104,6 +125,33 @@ def test_blocks_read_back_exactly_and_the_index_survives_a_restart(tmp_path):
         assert got is not None and same(got, block_payload(pool, part))
     assert again.stats()["corrupt_files"] == 0
     again.close()
+
+
+def test_the_host_tier_keeps_an_int8_pools_rows_quantized():
+    """Demote and load through the host tier of an int8 pool: the host store holds int8
+    rows and bf16 scales at the int8 bytes per token, and what comes back is bit-exact (so
+    attention reads the same dequantized K/V as before the round trip)."""
+    pool = small_pool(torch.bfloat16, dim=16, kv="int8")
+    gen = torch.Generator().manual_seed(1)
+    slots = [5, 6, 7, 12, 3]
+    loc = torch.tensor(slots)
+    for layer in range(3):
+        k, v = (torch.randn(5, 2, 16, generator=gen, dtype=torch.bfloat16) for _ in "kv")
+        pool.store(layer, loc, k, v)
+    host = HostTier(pool, 16)
+    assert host.store.storage_dtype == torch.int8 and len(host.store.k_scale) == 3
+    assert host.capacity_bytes == 16 * 2 * 3 * 2 * (16 + 2)  # int8 values + a bf16 scale
+    before = pool.read_slots(slots)
+    dequantized = [pool.rows(layer, loc) for layer in range(3)]
+    held = host.demote(slots)
+    assert same(host.store.read_slots(held), before)
+    target = [20, 21, 22, 23, 24]
+    host.load(held, target)
+    assert same(pool.read_slots(target), before)
+    for layer in range(3):
+        k, v = pool.rows(layer, torch.tensor(target))
+        assert torch.equal(k, dequantized[layer][0]) and torch.equal(v, dequantized[layer][1])
+    assert host.demoted_tokens == host.loaded_tokens == 5
 
 
 def test_keys_name_the_whole_prefix_and_the_fingerprint():
