@@ -377,6 +377,12 @@ class HiServer:
         return code
 
 
+def metric(text: str, name: str, tier: str) -> float:
+    """The value of ``name{tier="..."}`` in a Prometheus text page."""
+    head = f'{name}{{tier="{tier}"}} '
+    return float(next(ln for ln in text.splitlines() if ln.startswith(head)).split()[-1])
+
+
 def test_a_restarted_server_serves_a_known_prefix_from_disk(tmp_path):
     store, log = tmp_path / "kv", tmp_path / "server.log"
     store.mkdir()
@@ -399,6 +405,15 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tmp_path):
         line = next(ln for ln in metrics.splitlines()
                     if ln.startswith('radixlm_hicache_hit_tokens_total{tier="storage"}'))
         assert float(line.split()[-1]) == meta["cached_tokens_details"]["storage"]
+        stats = httpx.get(server.url + "/get_server_info", timeout=30).json()["stats"]
+        for tier in ("device", "host"):  # every per-tier figure as the engine counts it
+            for key, figure in stats["hicache"][tier].items():
+                name = "radixlm_hicache_" + key + ("_total" if key.endswith("tokens")
+                                                   and key != "tokens" else "")
+                assert metric(metrics, name, tier) == figure, (name, tier)
+        assert metric(metrics, "radixlm_hicache_promoted_tokens_total", "storage") == \
+            meta["cached_tokens_details"]["storage"]
+        assert metric(metrics, "radixlm_hicache_bytes", "storage") > 0
         tree = httpx.get(server.url + "/radix_tree", timeout=30).json()
         assert {n["tier"] for n in tree["nodes"][1:]} == {"device"}
         oai = httpx.post(server.url + "/v1/completions", timeout=300, json={
