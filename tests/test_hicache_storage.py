@@ -19,7 +19,7 @@ import torch
 
 from radixlm.runtime.hicache import storage as storage_mod
 from radixlm.runtime.hicache.host import HostTier
-from radixlm.runtime.hicache.keys import block_keys
+from radixlm.runtime.hicache.keys import block_keys, model_fingerprint
 from radixlm.runtime.hicache.storage import FileStorage
 from radixlm.runtime.kv_pool import KVPayload, KVPool
 
@@ -152,6 +152,28 @@ def test_the_host_tier_keeps_an_int8_pools_rows_quantized():
         k, v = pool.rows(layer, torch.tensor(target))
         assert torch.equal(k, dequantized[layer][0]) and torch.equal(v, dequantized[layer][1])
     assert host.demoted_tokens == host.loaded_tokens == 5
+
+
+def test_the_fingerprint_tells_models_layouts_and_settings_apart(tmp_path):
+    """Another checkpoint (same file size, other bytes), another config, another KV layout
+    (int8 vs bf16 storage) or other numerics settings: another fingerprint, so other keys;
+    an identical copy of the model shares them."""
+    def model(name: str, weights: bytes, config: str = '{"layers": 3}') -> Path:
+        root = tmp_path / name
+        root.mkdir()
+        (root / "config.json").write_text(config)
+        (root / "model.safetensors").write_bytes(weights)
+        return root
+
+    layout, settings = "bfloat16/L3/H2/D4", {"weight_quant": "none", "dtype": "bfloat16"}
+    base = model_fingerprint(model("a", b"\1" * 4096), layout, settings)
+    assert model_fingerprint(model("copy", b"\1" * 4096), layout, settings) == base
+    others = [model_fingerprint(model("w", b"\2" * 4096), layout, settings),
+              model_fingerprint(model("c", b"\1" * 4096, '{"layers": 4}'), layout, settings),
+              model_fingerprint(tmp_path / "a", "int8/L3/H2/D4", settings),
+              model_fingerprint(tmp_path / "a", layout, {**settings, "dtype": "float32"}),
+              model_fingerprint(tmp_path / "a", layout, {**settings, "weight_quant": "q8"})]
+    assert len({base, *others}) == 6
 
 
 def test_keys_name_the_whole_prefix_and_the_fingerprint():
