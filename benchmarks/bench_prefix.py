@@ -38,20 +38,37 @@ to produce logits), and ``optimal_hit_rate = sum_i optimal_i / sum_i len(p_i)``.
 an unbounded cache that shares every computed prefix, including with requests still in
 flight, would reach. ``hit_rate_vs_optimal`` = hit_rate / optimal_hit_rate.
 
+Cache tiers (``agent_tiers`` and ``restart``, each with engines of its own):
+
+* ``agent_tiers``: agents reusing prompt templates whose working set is 4x the KV pool
+  (16 templates of ~1k tokens over a 4k-token pool, in full mode), each visit a template
+  plus a new task, visited round by round in a shuffled order by two concurrent agents, on
+  three engines: the pool alone (``pool``), the pool with a host tier of 4x its size
+  (``pool+host``: ``enable_hierarchical_cache``, ``hicache_ratio=4``) and a pool large
+  enough for everything (``unlimited``). Reported: hit rate by tier, TTFT, throughput.
+* ``restart``: a 3k-token prompt on an engine with a disk tier (TTFT cold), the engine shut
+  down, a new engine over the same directory serving the same prompt (TTFT after the
+  restart, its K/V from disk), alternating cold prompts and restarts round by round;
+  also with the block files dropped from the page cache (``posix_fadvise DONTNEED``).
+
 Targets reported: few-shot throughput (cache on) >= 4x cache off; hit rate >= 90% of
 optimal on every sharing workload; overhead on ``no_sharing`` (1 - on/off output tok/s)
-<= 3%. Timings on a shared or loaded machine are noisy, the no-sharing overhead most of
-all; ``cpu_s`` (CPU seconds of this process, all threads) and ``cpu_speedup`` (CPU seconds
-per output token, off / on) are reported beside wall-clock numbers because they depend
-less on other processes. ``outputs_identical`` counts (prompt, output) pairs found in
-both modes (greedy: all of them, unless low-precision numerics flip a near-tie).
+<= 3%; ``agent_tiers``: hit rate with the host tier >= 80% of the unlimited pool's;
+``restart``: TTFT after a restart <= 15% of the cold TTFT. Timings on a shared or loaded
+machine are noisy, the no-sharing overhead most of all; ``cpu_s`` (CPU seconds of this
+process, all threads) and ``cpu_speedup`` (CPU seconds per output token, off / on) are
+reported beside wall-clock numbers because they depend less on other processes.
+``outputs_identical`` counts (prompt, output) pairs found in both modes (greedy: all of
+them, unless low-precision numerics flip a near-tie).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -239,6 +256,149 @@ class NoSharing:
         rec.generate(self.prompts, self.params)
 
 
+# --------------------------------------------------------------------------- cache tiers
+TIER_MODES = ("pool", "pool+host", "unlimited")
+
+
+class AgentTiers:
+    """Templates whose working set is 4x the pool, revisited round by round (see the module
+    docstring); ``pool_tokens`` is the small pool."""
+
+    name = "agent_tiers"
+
+    def __init__(self, tok, rng: random.Random, quick: bool) -> None:
+        self.pool_tokens = 1024 if quick else 4096
+        count, length = (8, 512) if quick else (16, 1024)
+        self.templates = []
+        for t in range(count):
+            ids = tok.encode(f"You are agent {t}. Rules: ", add_special_tokens=False)
+            while len(ids) < length:
+                ids += tok.encode(" " + words(rng, 64), add_special_tokens=False)
+            self.templates.append(ids[:length])
+        self.rounds = 3 if quick else 4
+        self.visits = []
+        for r in range(self.rounds):
+            order = list(range(count))
+            rng.shuffle(order)
+            self.visits += [self.templates[t] + tok.encode(
+                f"\nTask {r}.{t}: {words(rng, rng.randint(10, 30))}\nAnswer:",
+                add_special_tokens=False) for t in order]
+        self.working_set = count * length
+        self.params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+    def run(self, rec: Recorder) -> None:
+        lock, queue = threading.Lock(), list(self.visits)
+
+        def agent() -> None:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    prompt = queue.pop(0)
+                rec.generate([prompt], self.params)
+
+        with ThreadPoolExecutor(2) as pool:
+            for f in [pool.submit(agent) for _ in range(2)]:
+                f.result()
+
+
+def tier_split(rec: Recorder) -> dict:
+    split: Counter = Counter()
+    for r in rec.records:
+        split.update(r.result["meta_info"].get("cached_tokens_details") or {})
+    return dict(split)
+
+
+def bench_agent_tiers(args, tok, repeats: int) -> dict:
+    """The three engines of ``agent_tiers`` on one workload, runs alternating."""
+    from radixlm.runtime.engine import Engine
+
+    workload = AgentTiers(tok, random.Random(f"{args.seed}-agent_tiers"), args.quick)
+    pool = workload.pool_tokens
+    common = {"dtype": args.dtype, "log_level": "warning"}
+    engines = {"pool": Engine(args.model, max_total_tokens=pool, **common),
+               "pool+host": Engine(args.model, max_total_tokens=pool, hicache_ratio=4,
+                                   enable_hierarchical_cache=True, **common),
+               "unlimited": Engine(args.model, max_total_tokens=8 * pool, **common)}
+    runs: dict[str, list[dict]] = {m: [] for m in TIER_MODES}
+    try:
+        for i in range(repeats):
+            for mode in TIER_MODES if i % 2 == 0 else TIER_MODES[::-1]:
+                engine = engines[mode]
+                if not engine.flush_cache():
+                    raise RuntimeError("flush_cache refused")
+                rec = Recorder(engine)
+                before = engine.get_stats()
+                t = time.perf_counter()
+                workload.run(rec)
+                summary = summarize(rec, time.perf_counter() - t, before, engine.get_stats())
+                engine.check_integrity()
+                summary["cached_by_tier"] = tier_split(rec)
+                runs[mode].append(summary)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    result: dict = {"pool_tokens": pool, "working_set_tokens": workload.working_set,
+                    "host_tier_tokens": 4 * pool}
+    for mode in TIER_MODES:
+        by_wall = sorted(runs[mode], key=lambda s: s["wall_s"])
+        result[mode] = {**by_wall[len(by_wall) // 2], "repeats": repeats,
+                        "hit_rate_all": [s["hit_rate"] for s in runs[mode]]}
+    result["host_vs_unlimited_hit_rate"] = (result["pool+host"]["hit_rate"]
+                                            / result["unlimited"]["hit_rate"])
+    return result
+
+
+def _drop_page_cache(directory: str) -> None:
+    for root, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def bench_restart(args, tok, repeats: int) -> dict:
+    """Cold TTFT of a 3k-token prompt vs its TTFT on a restarted engine (disk tier)."""
+    from radixlm.runtime.engine import Engine
+
+    rng = random.Random(f"{args.seed}-restart")
+    length = 1024 if args.quick else 3072
+    params = {"temperature": 0, "max_new_tokens": 1}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="radixlm-restart-") as store:
+        def engine():
+            e = Engine(args.model, dtype=args.dtype, max_total_tokens=2 * length + 512,
+                       enable_hierarchical_cache=True, hicache_storage_backend="file",
+                       hicache_storage_dir=store, log_level="warning")
+            e.generate("Warm up the steps, please.", {"max_new_tokens": 4})
+            return e
+
+        for r in range(repeats):
+            ids = []
+            while len(ids) < length:
+                ids += tok.encode(" " + words(rng, 64), add_special_tokens=False)
+            ids = tok.encode(f"Document {r}:", add_special_tokens=False) + ids[:length]
+            first = engine()
+            cold = first.generate(input_ids=ids, sampling_params=params)["meta_info"]
+            first.shutdown()  # writes what is queued
+            row = {"prompt_tokens": len(ids), "cold_ttft_s": cold["ttft"]}
+            for drop in (False, True):
+                if drop:
+                    _drop_page_cache(store)
+                again = engine()
+                meta = again.generate(input_ids=ids, sampling_params=params)["meta_info"]
+                again.shutdown()
+                key = "restart_cold_disk" if drop else "restart"
+                row[f"{key}_ttft_s"] = meta["ttft"]
+                row[f"{key}_from_disk"] = meta["cached_tokens_details"]["storage"]
+                row[f"{key}_ratio"] = meta["ttft"] / cold["ttft"]
+            rows.append(row)
+    med = {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0]}
+    return {"rounds": rows, "median": med}
+
+
 # --------------------------------------------------------------------------- driver
 def run_once(engine, workload) -> tuple[dict, list[list[int]]]:
     if not engine.flush_cache():
@@ -292,6 +452,14 @@ def targets(results: dict) -> dict:
             v = results[name]["radix_on"]["hit_rate_vs_optimal"]
             t[f"{name}_hit_rate>=90%_of_optimal"] = {"value": v, "met": v is not None
                                                      and v >= 0.9}
+    if "agent_tiers" in results:
+        v = results["agent_tiers"]["host_vs_unlimited_hit_rate"]
+        t["agent_tiers_host_hit_rate>=80%_of_unlimited"] = {"value": v, "met": v >= 0.8}
+    if "restart" in results:
+        v = results["restart"]["median"]["restart_ratio"]
+        t["restart_ttft<=15%_of_cold"] = {"value": v, "met": v <= 0.15}
+        v = results["restart"]["median"]["restart_cold_disk_ratio"]
+        t["restart_ttft_page_cache_dropped<=15%_of_cold"] = {"value": v, "met": v <= 0.15}
     if "no_sharing" in results:
         overhead = 1 - results["no_sharing"]["speedup"]
         t["no_sharing_overhead<=3%"] = {"value": overhead, "met": overhead <= 0.03}
@@ -305,6 +473,8 @@ def print_table(results: dict) -> None:
             "optimal_hit_rate", "prefill_tokens", "wall_s")
     print(f"\n{'workload':<17}{'mode':<10}" + "".join(f"{c:>17}" for c in cols))
     for name, res in results["workloads"].items():
+        if name in TIER_WORKLOADS:
+            continue
         for mode in MODES:
             row = res[mode]
             cells = "".join(f"{row[c]:>17.4f}" if isinstance(row[c], float) else f"{row[c]:>17}"
@@ -312,10 +482,36 @@ def print_table(results: dict) -> None:
             print(f"{name:<17}{mode:<10}{cells}")
         print(f"{'':<17}{'speedup':<10}{res['speedup']:>17.2f}   (cpu-time speedup "
               f"{res['cpu_speedup']:.2f}, outputs identical {res['outputs_identical']})")
+    print_tiers(results["workloads"])
     print("\ntargets:")
     for k, v in results["targets"].items():
         val = "n/a" if v["value"] is None else f"{v['value']:.3f}"
         print(f"  {k:<42}{val:>10}  {'met' if v['met'] else 'NOT MET'}")
+
+
+def print_tiers(workloads: dict) -> None:
+    res = workloads.get("agent_tiers")
+    if res:
+        print(f"\nagent_tiers: pool {res['pool_tokens']} tokens, working set "
+              f"{res['working_set_tokens']}, host tier {res['host_tier_tokens']}")
+        print(f"{'mode':<12}{'hit_rate':>10}{'ttft_p50_s':>12}{'output_tok_s':>14}"
+              f"{'wall_s':>9}  cached by tier")
+        for mode in TIER_MODES:
+            row = res[mode]
+            print(f"{mode:<12}{row['hit_rate']:>10.3f}{row['ttft_p50_s']:>12.4f}"
+                  f"{row['output_tok_s']:>14.2f}{row['wall_s']:>9.1f}  "
+                  f"{row['cached_by_tier'] or '-'}")
+    res = workloads.get("restart")
+    if res:
+        print(f"\nrestart ({res['median']['prompt_tokens']} tokens): cold TTFT / after a "
+              "restart / after a restart with the page cache dropped, per round")
+        for row in res["rounds"]:
+            print(f"  {row['cold_ttft_s']:.3f} s / {row['restart_ttft_s']:.3f} s "
+                  f"({row['restart_ratio']:.1%}, {row['restart_from_disk']} from disk) / "
+                  f"{row['restart_cold_disk_ttft_s']:.3f} s ({row['restart_cold_disk_ratio']:.1%})")
+
+
+TIER_WORKLOADS = ("agent_tiers", "restart")
 
 
 def main() -> None:
@@ -324,7 +520,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="engine dtype (auto: bf16 where native)")
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool, both engines")
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a smoke run")
-    ap.add_argument("--workloads", default="few_shot,multi_turn_chat,tree_of_thought,no_sharing")
+    ap.add_argument("--workloads", default="few_shot,multi_turn_chat,tree_of_thought,no_sharing,"
+                                           "agent_tiers,restart")
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per mode, alternating (default 1; no_sharing: 3, quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -338,9 +535,10 @@ def main() -> None:
     print(host_line(host), flush=True)
     kinds = {w.name: w for w in (FewShot, MultiTurnChat, TreeOfThought, NoSharing)}
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    unknown = [n for n in names if n not in kinds]
+    unknown = [n for n in names if n not in kinds and n not in TIER_WORKLOADS]
     if unknown:
-        ap.error(f"unknown workload(s) {unknown}; choose from {sorted(kinds)}")
+        ap.error(f"unknown workload(s) {unknown}; choose from "
+                 f"{sorted(kinds) + list(TIER_WORKLOADS)}")
     common = {"dtype": args.dtype, "max_total_tokens": args.max_total_tokens,
               "log_level": "warning"}
     engines = {"radix_on": Engine(args.model, **common),
@@ -357,15 +555,23 @@ def main() -> None:
                               "max_total_tokens": args.max_total_tokens, "seed": args.seed},
                    "workloads": {}}
         for name in names:
+            if name in TIER_WORKLOADS:
+                continue
             workload = kinds[name](tok, random.Random(f"{args.seed}-{name}"), args.quick)
             repeats = args.repeats or (3 if name == "no_sharing" and not args.quick else 1)
             t = time.perf_counter()
             results["workloads"][name] = bench_workload(engines, workload, repeats)
             print(f"[{name}: {time.perf_counter() - t:.1f}s]", flush=True)
-        results["targets"] = targets(results["workloads"])
     finally:
         for engine in engines.values():
             engine.shutdown()
+    for name, bench in (("agent_tiers", bench_agent_tiers), ("restart", bench_restart)):
+        if name in names:
+            t = time.perf_counter()
+            results["workloads"][name] = bench(args, tok, args.repeats or (1 if args.quick
+                                                                            else 3))
+            print(f"[{name}: {time.perf_counter() - t:.1f}s]", flush=True)
+    results["targets"] = targets(results["workloads"])
     print(json.dumps(results, indent=2))
     print(host_line(host))
     print_table(results)

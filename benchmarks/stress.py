@@ -14,6 +14,15 @@ and time:
 5. idle: KV held by requests (used - radix tree) and requests left must be 0; RSS after;
 6. SIGTERM under load (only for a server it started): in-flight streams finish, exit 0.
 
+`--soak MINUTES` runs a memory soak instead: the server (started with the hierarchical
+cache: a host tier and a disk tier in a temporary directory, unless `--no-tiers`) gets
+mixed streaming traffic (agent templates reused across requests, unique prompts that fill
+and evict the tiers, chats, a share of clients disconnecting) first as a warm-up until the
+KV pool and the host tier are full (or `--soak-warmup` minutes pass), then for MINUTES
+more while its RSS is sampled every `--soak-sample` seconds: the report gives RSS after the
+warm-up (the first sample, under load), the highest and the last sample, and the growth of
+the highest over the first.
+
 Prints the host (CPU model and ISA flags), a table, and a JSON summary (`--json PATH`).
 """
 
@@ -24,10 +33,12 @@ import asyncio
 import json
 import math
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +147,8 @@ class Server:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.proc: subprocess.Popen | None = None
+        self.store = None
+        self.given_pid: int | None = args.pid
         if args.url:
             self.url = args.url.rstrip("/")
             return
@@ -150,12 +163,18 @@ class Server:
             cmd += ["--max-running-requests", str(args.max_running)]
         if args.max_total_tokens:
             cmd += ["--max-total-tokens", str(args.max_total_tokens)]
+        self.store: str | None = None
+        if args.soak and not args.no_tiers:
+            self.store = tempfile.mkdtemp(prefix="radixlm-soak-kv-")
+            cmd += ["--enable-hierarchical-cache", "--hicache-ratio", str(args.hicache_ratio),
+                    "--hicache-storage-backend", "file", "--hicache-storage-dir", self.store,
+                    "--hicache-storage-size", str(args.hicache_storage_size)]
         self.log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
 
     @property
     def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
+        return self.given_pid if self.proc is None else self.proc.pid
 
     def wait_up(self, limit_s: float) -> None:
         end = time.monotonic() + limit_s
@@ -174,6 +193,8 @@ class Server:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        if self.store is not None:
+            shutil.rmtree(self.store, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- 1. bad inputs
@@ -304,9 +325,10 @@ def _has_token(route: str, event: dict[str, Any]) -> bool:
 
 
 async def one_stream(c: httpx.AsyncClient, rng: random.Random, tally: Tally, max_tokens: int,
-                     disconnect: bool, retry: bool) -> float:
-    """One streamed request; returns how long to wait before the next (Retry-After)."""
-    route, body = _request(rng, max_tokens)
+                     disconnect: bool, retry: bool, make: Any = _request) -> float:
+    """One streamed request (``make(rng, max_tokens)`` -> route, body); returns how long to
+    wait before the next (Retry-After)."""
+    route, body = make(rng, max_tokens)
     t0 = time.perf_counter()
     tally.cases += 1
     try:
@@ -351,8 +373,10 @@ async def one_stream(c: httpx.AsyncClient, rng: random.Random, tally: Tally, max
 
 
 async def closed_loop(url: str, clients: int, duration: float, max_tokens: int,
-                      disconnect_rate: float, seed: int, timeout: float) -> Tally:
-    """`clients` clients each streaming one request after another for `duration` s."""
+                      disconnect_rate: float, seed: int, timeout: float,
+                      make: Any = _request, until: Any = None) -> Tally:
+    """`clients` clients each streaming one request after another for `duration` s (or
+    until the coroutine `until` returns, if given, whichever is first)."""
     tally, end = Tally(), time.monotonic() + duration
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as c:
@@ -360,10 +384,16 @@ async def closed_loop(url: str, clients: int, duration: float, max_tokens: int,
             rng = random.Random(seed * 1000 + i)
             while time.monotonic() < end:
                 wait = await one_stream(c, rng, tally, max_tokens,
-                                        rng.random() < disconnect_rate, retry=True)
+                                        rng.random() < disconnect_rate, retry=True, make=make)
                 await asyncio.sleep(min(wait, max(end - time.monotonic(), 0)))
 
-        await asyncio.gather(*(client(i) for i in range(clients)))
+        async def stopper() -> None:
+            nonlocal end
+            await until()
+            end = time.monotonic()
+
+        await asyncio.gather(*(client(i) for i in range(clients)),
+                             *([stopper()] if until is not None else []))
     return tally
 
 
@@ -445,6 +475,87 @@ async def sigterm_under_load(server: Server, streams: int, max_tokens: int) -> d
             "shutdown_s": round(time.perf_counter() - t0, 2)}
 
 
+# ---------------------------------------------------------------- 7. soak
+
+
+def _template(i: int) -> str:
+    """Agent template i: a fixed instruction block of 200-500 tokens reused by requests."""
+    rng = random.Random(10_000 + i)
+    return (f"You are agent {i}. Follow these rules. "
+            + " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 400))) + "\n")
+
+
+def _soak_request(rng: random.Random, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """Half reuse one of 32 agent templates (hits in every tier), a third are unique
+    prompts of up to ~600 tokens (they fill the tiers and push others down), the rest the
+    short chat/completion mix of the streaming phase."""
+    kind = rng.random()
+    if kind < 0.5:
+        text = _template(rng.randrange(32)) + "Task: " + " ".join(
+            rng.choice(WORDS) for _ in range(rng.randint(4, 30)))
+    elif kind < 0.83:
+        text = f"Unique {rng.random()}: " + " ".join(
+            rng.choice(WORDS) for _ in range(rng.randint(50, 500)))
+    else:
+        return _request(rng, max_tokens)
+    return "/generate", {"text": text, "stream": True,
+                         "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.7}}
+
+
+def _full(stats: dict[str, Any]) -> bool:
+    """The KV pool (and the host tier, with tiers) hold at least 90% of their capacity."""
+    pool = stats["kv_used_tokens"] >= 0.9 * stats["kv_capacity"]
+    host = (stats.get("hicache") or {}).get("host")
+    return pool and (host is None or host["bytes"] >= 0.9 * host["capacity_bytes"])
+
+
+async def soak(server: Server, args: argparse.Namespace, timeout: float) -> dict[str, Any]:
+    """Warm-up until the tiers are full, then `args.soak` minutes of mixed traffic with RSS
+    sampled; returns the figures (see the module docstring)."""
+    async def stats() -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            return (await c.get("/get_server_info")).json()["stats"]
+
+    async def filled() -> None:
+        while not _full(await stats()):
+            await asyncio.sleep(5)
+
+    t0 = time.monotonic()
+    warm = await closed_loop(server.url, args.soak_clients, args.soak_warmup * 60,
+                             args.max_tokens, args.disconnect_rate, args.seed, timeout,
+                             make=_soak_request, until=filled)
+    warm_s = time.monotonic() - t0
+    full = _full(await stats())
+    idle_after_warmup = rss_mb(server.pid)
+    samples: list[dict[str, Any]] = []
+
+    async def sampler() -> None:
+        start = time.monotonic()
+        while True:
+            await asyncio.sleep(args.soak_sample)
+            s = await stats()
+            tiers = s.get("hicache") or {}
+            samples.append({"t_s": round(time.monotonic() - start), "rss_mb": rss_mb(server.pid),
+                            "kv_used": s["kv_used_tokens"],
+                            **{f"{t}_mb": round(v["bytes"] / 1e6) for t, v in tiers.items()}})
+
+    task = asyncio.ensure_future(sampler())
+    load = await closed_loop(server.url, args.soak_clients, args.soak * 60, args.max_tokens,
+                             args.disconnect_rate, args.seed + 1, timeout, make=_soak_request)
+    task.cancel()
+    rss = [x["rss_mb"] for x in samples if x["rss_mb"] is not None]
+    base, peak = (rss[0], max(rss)) if rss else (None, None)  # base: under load, warmed up
+    final = await stats()
+    return {"warmup_s": round(warm_s), "warmup_filled_tiers": full,
+            "rss_mb_idle_after_warmup": idle_after_warmup, "rss_mb_after_warmup": base,
+            "rss_mb_max": peak, "rss_mb_last": rss[-1] if rss else None,
+            "rss_growth_pct": (round(100 * (peak - base) / base, 2)
+                               if base and peak is not None else None),
+            "minutes": args.soak, "samples": samples, "hicache": final.get("hicache"),
+            "cache_hit_rate": final.get("cache_hit_rate"),
+            "warmup": warm.summary(), "load": load.summary()}
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -472,6 +583,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "bad,schema,stream,overload,sigterm")
     p.add_argument("--server-log", help="write the server's output here")
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--pid", type=int, help="with --url: the server's pid (for RSS)")
+    p.add_argument("--soak", type=float, default=0.0,
+                   help="minutes of the memory soak instead of the other phases (0: off)")
+    p.add_argument("--soak-warmup", type=float, default=10.0,
+                   help="most minutes of warm-up before the soak (ends when tiers are full)")
+    p.add_argument("--soak-clients", type=int, default=8)
+    p.add_argument("--soak-sample", type=float, default=10.0, help="seconds between samples")
+    p.add_argument("--no-tiers", action="store_true",
+                   help="soak without the hierarchical cache")
+    p.add_argument("--hicache-ratio", type=float, default=2.0)
+    p.add_argument("--hicache-storage-size", type=float, default=2.0, help="GB of disk tier")
     args = p.parse_args(argv)
     if args.quick:
         args.cases, args.clients, args.duration = min(args.cases, 120), 16, 8.0
@@ -498,6 +620,10 @@ def main(argv: list[str] | None = None) -> int:
             "text": "warm up", "sampling_params": {"max_new_tokens": 2}})
         report["rss_mb_before"] = rss_mb(server.pid)
         timeout = args.request_timeout + 30
+        if args.soak:
+            report["soak"] = asyncio.run(soak(server, args, timeout))
+            report["idle"] = idle_state(server.url)
+            return _finish(report, args)
         phases: dict[str, Tally] = {}
         if "bad" not in skip:
             tally, wrong, worst = asyncio.run(bad_inputs(server.url, args.big_mb))
@@ -529,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         report["phases"] = {k: v.summary() for k, v in phases.items()}
     finally:
         server.stop()
+    return _finish(report, args)
+
+
+def _finish(report: dict[str, Any], args: argparse.Namespace) -> int:
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
@@ -553,6 +683,17 @@ def print_report(report: dict[str, Any]) -> None:
                 "idle", "rss_mb_before", "rss_mb_after", "sigterm", "bad_input_mismatches"):
         if key in report:
             print(f"{key}: {_fmt(report[key])}")
+    soak_report = report.get("soak")
+    if soak_report:
+        for key in ("minutes", "warmup_s", "warmup_filled_tiers", "rss_mb_idle_after_warmup",
+                    "rss_mb_after_warmup", "rss_mb_max", "rss_mb_last", "rss_growth_pct",
+                    "cache_hit_rate"):
+            print(f"soak {key}: {_fmt(soak_report[key])}")
+        print(f"{'t_s':>6} {'rss_mb':>8} {'kv_used':>8}  tier MB")
+        for x in soak_report["samples"]:
+            tiers = " ".join(f"{k}={v}" for k, v in x.items() if k.endswith("_mb")
+                             and k != "rss_mb")
+            print(f"{x['t_s']:>6} {_fmt(x['rss_mb']):>8} {x['kv_used']:>8}  {tiers}")
     for name, s in report.get("phases", {}).items():
         for sample in s.get("samples", []):
             print(f"  [{name}] {sample}")

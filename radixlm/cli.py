@@ -24,6 +24,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(e)
     _add_memory_args(e)
     _add_scheduling_args(e)
+    _add_hicache_args(e)
     _add_decoding_args(e)
     _add_reasoning_args(e)
     _add_parallel_args(e)
@@ -83,6 +84,25 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
                    dest="priority_preemption_threshold", type=int,
                    help="preempt only when priorities differ by more than this")
     e.add_argument("--disable-radix-cache", action="store_true", default=None)
+
+
+def _add_hicache_args(e: argparse._ArgumentGroup) -> None:
+    """The hierarchical cache: a host tier and a disk tier below the KV pool (SGLang's
+    names; --hicache-storage-dir and --hicache-storage-size are ours)."""
+    e.add_argument("--enable-hierarchical-cache", action="store_true", default=None,
+                   help="evicted radix nodes move to a host-memory tier (the KV pool's "
+                        "format) and come back on a match instead of being recomputed")
+    e.add_argument("--hicache-ratio", type=float,
+                   help="host tier size as a multiple of the KV pool (default 2)")
+    e.add_argument("--hicache-size", type=float,
+                   help="host tier size in GB (overrides --hicache-ratio; default 0: unset)")
+    e.add_argument("--hicache-storage-backend",
+                   help="file: also write whole 64-token blocks through to disk, found again "
+                        "by their content after a restart")
+    e.add_argument("--hicache-storage-dir",
+                   help="directory of the file backend (must exist and be writable)")
+    e.add_argument("--hicache-storage-size", type=float,
+                   help="most GB the file backend keeps (least recently used go; default 8)")
 
 
 def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
@@ -188,6 +208,11 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "priority_preemption": args.priority_preemption,
         "priority_preemption_threshold": args.priority_preemption_threshold,
         "disable_radix_cache": args.disable_radix_cache,
+        "enable_hierarchical_cache": args.enable_hierarchical_cache,
+        "hicache_ratio": args.hicache_ratio, "hicache_size": args.hicache_size,
+        "hicache_storage_backend": args.hicache_storage_backend,
+        "hicache_storage_dir": args.hicache_storage_dir,
+        "hicache_storage_size": args.hicache_storage_size,
         "enable_jump_forward": False if args.disable_jump_forward else None,
         "grammar_backend": args.grammar_backend,
         "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,

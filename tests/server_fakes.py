@@ -141,7 +141,7 @@ class FakeEngine:
         self.aborted.append(rid)
         self._abort_flags.add(rid)
 
-    def flush_cache(self) -> bool:
+    def flush_cache(self, tier: str | None = None) -> bool:
         return not self.running
 
     def shutdown(self) -> None:

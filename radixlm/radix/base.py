@@ -16,11 +16,37 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from radixlm.radix.continuation import ContinuationCursor
 
 FreeSlotsFn = Callable[[list[int]], None]
+
+# Where a node's K/V lives. The device tier is the KV pool; the host tier a store of the same
+# format outside the pool's capacity (``HostStore``). Along every path from the root the
+# device comes first: a node on the device has only device ancestors.
+DEVICE, HOST = "device", "host"
+TIER_ORDER = {DEVICE: 0, HOST: 1}
+
+
+class HostStore(Protocol):
+    """What a tiered radix tree asks of the host tier's store: slots of its own (indices
+    like the pool's, into another buffer) holding copies of pool K/V.
+
+    ``capacity``: usable host slots; ``num_free``: those not holding anything now.
+    ``demote(slots)`` copies the K/V of the pool's ``slots`` into ``len(slots)`` newly taken
+    host slots and returns them (None, nothing taken, if fewer are free); ``free`` gives host
+    slots back. The tree owns every host slot it was given until it frees it."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def num_free(self) -> int: ...
+
+    def demote(self, slots: list[int]) -> list[int] | None: ...
+
+    def free(self, host_slots: list[int]) -> None: ...
 
 
 @dataclass
@@ -30,10 +56,14 @@ class MatchResult:
     ``slots[i]`` is the KV slot holding token ``i`` of the matched prefix. ``last_node``
     is an opaque handle: pass it to ``lock`` / ``unlock``. The slots are only safe to use
     while that handle is locked (an unlocked prefix may be evicted at the next ``evict``).
+    ``host_nodes``: in a tiered tree, the nodes of the host tier that continue the match
+    below ``last_node``, top down (their K/V can be promoted instead of recomputed); they
+    are not locked and may leave the host tier at the next eviction.
     """
 
     slots: list[int]
     last_node: Any
+    host_nodes: list[Any] = field(default_factory=list)
 
     @property
     def prefix_len(self) -> int:
@@ -48,8 +78,8 @@ class NodeView:
     ``num_tokens`` those of the edge itself, ``token_ids`` its first few ids. ``hits``:
     admissions whose cached prefix ran through this node. ``locked``: a running request
     holds it (or a descendant); ``evictable``: not locked, so its slots count as
-    evictable. ``tier``: where its K/V lives (``"device"``, the KV pool; further tiers
-    such as host memory would show here).
+    evictable. ``tier``: where its K/V lives (``"device"``, the KV pool; ``"host"``, the
+    hierarchical cache's host tier).
     """
 
     node_id: int
@@ -68,7 +98,8 @@ class NodeView:
 @dataclass(frozen=True)
 class TreeView:
     """A bounded snapshot of a prefix cache: ``nodes`` (the root first, each parent before
-    its children) and the totals of the whole cache. ``truncated``: nodes were left out."""
+    its children) and the totals of the whole cache (``total_tokens`` and its split count
+    the device tier; ``host_tokens`` the host tier). ``truncated``: nodes were left out."""
 
     enabled: bool
     num_nodes: int  # nodes in the whole tree, the root excluded
@@ -77,6 +108,7 @@ class TreeView:
     protected_tokens: int
     nodes: list[NodeView] = field(default_factory=list)
     truncated: bool = False
+    host_tokens: int = 0
 
 
 class BasePrefixCache(ABC):

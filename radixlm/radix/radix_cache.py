@@ -17,8 +17,9 @@ import heapq
 from collections.abc import Sequence
 from typing import Literal
 
-from radixlm.radix.base import BasePrefixCache, FreeSlotsFn, MatchResult, TreeView
+from radixlm.radix.base import DEVICE, BasePrefixCache, FreeSlotsFn, MatchResult, TreeView
 from radixlm.radix.continuation import ContinuationCursor, continuation
+from radixlm.radix.integrity import check_tree
 from radixlm.radix.view import pretty_tree, tree_view
 
 EvictionPolicy = Literal["lru", "lfu"]
@@ -38,6 +39,7 @@ class TreeNode:
         "hit_count",
         "node_id",
         "dead",
+        "tier",
     )
 
     def __init__(self, key: list[int], slots: list[int], parent: TreeNode | None, node_id: int):
@@ -51,6 +53,7 @@ class TreeNode:
         self.hit_count = 0
         self.node_id = node_id
         self.dead = False  # evicted or dropped by reset: no longer a valid handle
+        self.tier = DEVICE  # where ``slots`` point: the KV pool, or a slower tier's store
 
     def __repr__(self) -> str:
         head = self.key[:4]
@@ -66,8 +69,35 @@ def _as_list(values: Sequence[int]) -> list[int]:
 
 
 def _is_evictable_leaf(node: TreeNode) -> bool:
-    """Unlocked, childless and not the root (the only node without a parent)."""
-    return node.parent is not None and not node.children and node.lock_ref == 0
+    """Unlocked, on the device, without a child on the device, and not the root (the only
+    node without a parent). Without tiers: unlocked, childless, not the root."""
+    if node.parent is None or node.lock_ref or node.tier != DEVICE:
+        return False
+    return not node.children or all(c.tier != DEVICE for c in node.children.values())
+
+
+def eviction_key(node: TreeNode, policy: str) -> tuple[int, int, int, TreeNode]:
+    """Heap order of eviction candidates: least recently (with ``"lfu"``: least often, then
+    least recently) used first."""
+    hits = node.hit_count if policy == "lfu" else 0
+    return (hits, node.last_access, node.node_id, node)
+
+
+def check_handle(node: TreeNode) -> None:
+    if not isinstance(node, TreeNode) or node.dead:
+        raise ValueError(f"stale or foreign cache handle: {node!r}")
+
+
+def path_slots(root: TreeNode, node: TreeNode) -> list[int]:
+    """The slots along the path from ``root`` down to ``node``, concatenated."""
+    pieces: list[list[int]] = []
+    while node is not root:
+        pieces.append(node.slots)
+        node = node.parent  # type: ignore[assignment]
+    slots: list[int] = []
+    for piece in reversed(pieces):
+        slots += piece
+    return slots
 
 
 def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
@@ -181,10 +211,6 @@ class RadixCache(BasePrefixCache):
             node, pos = child, pos + match_len
         return node, pos
 
-    def _check_handle(self, node: TreeNode) -> None:
-        if not isinstance(node, TreeNode) or node.dead:
-            raise ValueError(f"stale or foreign cache handle: {node!r}")
-
     # ------------------------------------------------------------------ interface
 
     def match_prefix(self, token_ids: Sequence[int], count_hit: bool = True) -> MatchResult:
@@ -196,15 +222,7 @@ class RadixCache(BasePrefixCache):
         """
         tokens = _as_list(token_ids)
         node, _ = self._walk(tokens, self._tick(), hits=int(count_hit))
-        pieces: list[list[int]] = []
-        walk = node
-        while walk is not self._root:
-            pieces.append(walk.slots)
-            walk = walk.parent  # type: ignore[assignment]
-        slots: list[int] = []
-        for piece in reversed(pieces):
-            slots += piece
-        return MatchResult(slots=slots, last_node=node)
+        return MatchResult(slots=path_slots(self._root, node), last_node=node)
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Length ``match_prefix`` would return, without splitting or touching anything."""
@@ -230,6 +248,7 @@ class RadixCache(BasePrefixCache):
         if len(tokens) % self.page_size:
             raise ValueError(f"insert length {len(tokens)} is not a multiple of page_size")
         node, pos = self._walk(tokens, self._tick(), hits=0)
+        cached = self._settle_path(node, pos, slot_list)
         if pos < len(tokens):
             leaf = self._new_node(tokens[pos:], slot_list[pos:], node)
             leaf.last_access = self._clock
@@ -237,10 +256,16 @@ class RadixCache(BasePrefixCache):
             self._evictable_leaves.discard(node)
             self._evictable_leaves.add(leaf)
             self._evictable_size += len(leaf.key)
+        return cached
+
+    def _settle_path(self, node: TreeNode, pos: int, slots: list[int]) -> int:
+        """``insert`` walked ``pos`` tokens to ``node``: how many of them were cached on the
+        device (the caller's slots for those are duplicates). A tiered tree moves nodes of
+        slower tiers on that path to the device here, taking the caller's ``slots``."""
         return pos
 
     def lock(self, node: TreeNode) -> None:
-        self._check_handle(node)
+        check_handle(node)
         node.direct_locks += 1
         self._evictable_leaves.discard(node)
         while node is not self._root:
@@ -251,7 +276,7 @@ class RadixCache(BasePrefixCache):
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: TreeNode) -> None:
-        self._check_handle(node)
+        check_handle(node)
         if node.direct_locks <= 0:
             raise ValueError(f"unlock without a matching lock: {node!r}")
         node.direct_locks -= 1
@@ -265,35 +290,37 @@ class RadixCache(BasePrefixCache):
         if _is_evictable_leaf(start):
             self._evictable_leaves.add(start)
 
-    def _priority(self, node: TreeNode) -> tuple[int, int, int, TreeNode]:
-        hits = node.hit_count if self.eviction_policy == "lfu" else 0
-        return (hits, node.last_access, node.node_id, node)
-
     def evict(self, num_tokens: int) -> int:
         """Free whole unlocked leaves, least recently (or least often) used first, until at
         least ``num_tokens`` slots are freed or nothing evictable is left. A parent left
         childless and unlocked becomes a candidate in the same call."""
         if num_tokens <= 0 or not self._evictable_leaves:
             return 0
-        heap = [self._priority(leaf) for leaf in self._evictable_leaves]
+        policy = self.eviction_policy
+        heap = [eviction_key(leaf, policy) for leaf in self._evictable_leaves]
         heapq.heapify(heap)
         freed: list[int] = []
         while len(freed) < num_tokens and heap:
             node = heapq.heappop(heap)[-1]
             parent = node.parent
-            assert parent is not None and node.lock_ref == 0 and not node.children
-            del parent.children[self._child_key(node.key, 0)]
+            assert parent is not None and _is_evictable_leaf(node)
             self._evictable_leaves.discard(node)
             self._evictable_size -= len(node.key)
             freed += node.slots
-            node.dead, node.parent = True, None
-            self._num_nodes -= 1
+            self._retire(node)
             if _is_evictable_leaf(parent):
                 self._evictable_leaves.add(parent)
-                heapq.heappush(heap, self._priority(parent))
+                heapq.heappush(heap, eviction_key(parent, policy))
         if freed:
             self._free_slots(freed)
         return len(freed)
+
+    def _retire(self, node: TreeNode) -> None:
+        """An evicted leaf leaves the device (its slots are freed by the caller): here it
+        leaves the tree; a tiered tree may keep it in a slower tier instead."""
+        del node.parent.children[self._child_key(node.key, 0)]  # type: ignore[union-attr]
+        node.dead, node.parent = True, None
+        self._num_nodes -= 1
 
     @property
     def evictable_size(self) -> int:
@@ -343,39 +370,8 @@ class RadixCache(BasePrefixCache):
         self._fresh_tree()
 
     def check_integrity(self) -> None:
-        root = self._root
-        assert root.parent is None and not root.key and not root.dead
-        assert root.direct_locks >= 0 and root.lock_ref == 0
-        evictable = protected = 0
-        seen: set[int] = set()
-        leaves: set[TreeNode] = set()
-        for node in [root, *self._nodes()]:
-            child_refs = 0
-            for ckey, child in node.children.items():
-                assert child.parent is node, f"{child!r} has the wrong parent"
-                assert not child.dead, f"{child!r} is dead but still in the tree"
-                assert ckey == self._child_key(child.key, 0), f"{child!r} under key {ckey!r}"
-                child_refs += child.lock_ref
-            if node is root:
-                continue
-            size = len(node.key)
-            assert size > 0 and size == len(node.slots), f"{node!r}: bad edge lengths"
-            assert size % self.page_size == 0, f"{node!r}: edge not page-aligned"
-            assert node.direct_locks >= 0
-            assert node.lock_ref == node.direct_locks + child_refs, f"{node!r}: lock_ref"
-            if node.lock_ref:
-                protected += size
-            else:
-                evictable += size
-            if _is_evictable_leaf(node):
-                leaves.add(node)
-            for slot in node.slots:
-                assert slot not in seen, f"slot {slot} owned twice"
-                seen.add(slot)
-        assert evictable == self._evictable_size, f"evictable {evictable} != {self._evictable_size}"
-        assert protected == self._protected_size, f"protected {protected} != {self._protected_size}"
-        assert leaves == self._evictable_leaves, "evictable-leaf set out of date"
-        assert len(self._nodes()) == self._num_nodes, "node count out of date"
+        off_device = check_tree(self, self._root, self._nodes(), _is_evictable_leaf)
+        assert not off_device, "a node outside the device tier in a tree without tiers"
 
     def pretty_print(self) -> str:
         return pretty_tree(self._root, f"RadixCache(total={self.total_size}, evictable="

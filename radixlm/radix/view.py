@@ -3,7 +3,7 @@ playground's ``/radix_tree``) and a text dump (``pretty_tree``, for debugging). 
 neither touches access times, hit counts or locks.
 
 Both take the tree's root node (``radix_cache.TreeNode``: ``key``, ``children``,
-``hit_count``, ``lock_ref``, ``last_access``, ``node_id``).
+``hit_count``, ``lock_ref``, ``last_access``, ``node_id``, ``tier``).
 """
 
 from __future__ import annotations
@@ -41,22 +41,24 @@ def tree_view(cache: Any, root: Any, max_nodes: int, max_ids: int = 16) -> TreeV
             out.append(NodeView(child.node_id, node.node_id, end, len(child.key),
                                 tuple(child.key[:max_ids]), child.hit_count,
                                 child.lock_ref > 0, child.lock_ref == 0,
-                                len(child.children), child.last_access))
+                                len(child.children), child.last_access, child.tier))
             todo.append((child, end))
     return TreeView(True, cache.num_nodes, cache.total_size, cache.evictable_size,
-                    cache.protected_size, out, truncated=len(out) - 1 < cache.num_nodes)
+                    cache.protected_size, out, truncated=len(out) - 1 < cache.num_nodes,
+                    host_tokens=getattr(cache, "host_size", 0))
 
 
 def pretty_tree(root: Any, header: str) -> str:
     """``header`` and one indented line per node: its key (first 8 ids), length, lock
-    references, access time and hits."""
+    references, access time, hits and (off the device) its tier."""
     lines = [header]
 
     def visit(node: Any, depth: int) -> None:
         for child in sorted(node.children.values(), key=lambda n: n.key[0]):
             key = child.key if len(child.key) <= 8 else [*child.key[:8], "..."]
             lines.append(f"{'  ' * depth}{key} len={len(child.key)} ref={child.lock_ref} "
-                         f"t={child.last_access} hits={child.hit_count}")
+                         f"t={child.last_access} hits={child.hit_count}"
+                         + ("" if child.tier == "device" else f" tier={child.tier}"))
             visit(child, depth + 1)
 
     visit(root, 1)

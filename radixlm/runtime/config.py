@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from radixlm import envs
@@ -37,6 +38,8 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
 # Bounds of the speculative-decoding settings (a native step holds at most 64 tokens).
 MAX_DRAFT_TOKENS = 32
 MAX_NGRAM_WINDOW = 64
+# Storage backends of the hierarchical cache (SGLang also has mooncake, hf3fs, nixl, ...).
+HICACHE_STORAGE_BACKENDS = ("file",)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,18 @@ class EngineConfig:
     priority_preemption_threshold: int = 0
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"  # lru | lfu
+    # Hierarchical cache (SGLang's HiCache names): evicted radix nodes move to a host tier
+    # in the KV pool's storage format instead of being dropped, and come back on a match.
+    # Host tier size: hicache_size GB when > 0, else hicache_ratio x the KV pool. With
+    # hicache_storage_backend "file", whole 64-token blocks are also written through to
+    # files under hicache_storage_dir (at most hicache_storage_size GB), found again by
+    # their content (model + KV layout + tokens), also after a restart.
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: float = 0
+    hicache_storage_backend: str | None = None  # None | file
+    hicache_storage_dir: str | None = None
+    hicache_storage_size: float = 8.0
     enable_jump_forward: bool = True
     grammar_compile_workers: int = 2
     grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
@@ -206,6 +221,36 @@ class EngineConfig:
                              "replicas behind sglang-router); one Engine is one replica")
         self._check_nodes()
         self._check_speculative()
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        if self.hicache_ratio <= 0 or self.hicache_size < 0:
+            raise ValueError("hicache_ratio must be > 0 and hicache_size >= 0 (GB; 0: use "
+                             f"the ratio), got {self.hicache_ratio} and {self.hicache_size}")
+        backend = self.hicache_storage_backend
+        if backend is not None and backend not in HICACHE_STORAGE_BACKENDS:
+            raise ValueError(f"hicache_storage_backend {backend!r} is not supported here "
+                             f"(supported: {', '.join(HICACHE_STORAGE_BACKENDS)})")
+        if (backend is None) != (self.hicache_storage_dir is None):
+            raise ValueError("hicache_storage_backend 'file' and hicache_storage_dir DIR go "
+                             "together (--hicache-storage-backend file --hicache-storage-dir "
+                             "DIR)")
+        if backend is not None and not os.path.isdir(self.hicache_storage_dir):
+            raise ValueError(f"hicache storage dir {self.hicache_storage_dir!r} does not exist "
+                             "or is not a directory (create it first)")
+        if self.hicache_storage_size <= 0:
+            raise ValueError(f"hicache_storage_size must be > 0 GB, got "
+                             f"{self.hicache_storage_size}")
+        if not self.enable_hierarchical_cache:
+            if backend is not None:
+                raise ValueError("hicache_storage_backend needs enable_hierarchical_cache "
+                                 "(--enable-hierarchical-cache)")
+            return
+        if self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache "
+                             "(drop disable_radix_cache)")
+        if self.tp_size > 1:
+            raise ValueError("enable_hierarchical_cache is not supported with tp_size > 1")
 
     def _check_speculative(self) -> None:
         object.__setattr__(self, "speculative_algorithm",

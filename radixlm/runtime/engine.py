@@ -421,9 +421,13 @@ class Engine:
     def abort(self, rid: str) -> None:
         self.scheduler.abort(rid)
 
-    def flush_cache(self) -> bool:
-        """Drop the prefix cache; refuses (False) while requests are in flight."""
-        return bool(self.scheduler.call(self.scheduler.flush_cache))
+    def flush_cache(self, tier: str | None = None) -> bool:
+        """Drop the prefix cache (every tier), or only ``tier``: ``"device"`` (the KV
+        pool's prefixes move on as eviction would move them), ``"host"`` or ``"storage"``
+        (the hierarchical cache's tiers). The device tier and a full flush refuse (False)
+        while requests are in flight; ValueError for a tier this engine lacks."""
+        s = self.scheduler
+        return bool(s.call(lambda: s.flush_cache(tier)))
 
     def get_stats(self) -> dict:
         """Counters and gauges; read without waiting for the scheduler thread (each value

@@ -9,6 +9,11 @@ keeps per (token, KV head) row ``head_dim`` int8 values and one bf16 scale, symm
 absmax (``radixlm.kernels.ref.quantize_kv``): 2 + 2/D bytes per value pair instead of 4
 (bf16), so the same memory holds ~1.94x the tokens at D = 64. Every writer of K/V (the
 attention backends, the native library) stores the quantized form; readers dequantize.
+
+``read_slots`` / ``write_slots`` move the K/V of some slots out of and into the pool as a
+``KVPayload`` in the pool's own storage format (for int8: the int8 rows and their scales,
+kept quantized): the seam the cache tiers (host memory, disk) use, treating its arrays as
+opaque rows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ import torch
 
 from radixlm.kernels import ref
 from radixlm.runtime.config import KV_CACHE_DTYPES
+
+
+def contiguous_run(slots: list[int]) -> tuple[int, int] | None:
+    """``(start, stop)`` when ``slots`` are ``start, start + 1, ..., stop - 1``, else None."""
+    if not slots or slots[-1] - slots[0] != len(slots) - 1:
+        return None
+    return (slots[0], slots[-1] + 1) if slots == list(range(slots[0], slots[-1] + 1)) else None
 
 
 class SlotAllocator:
@@ -142,12 +154,24 @@ class KVPayload:
         return KVPayload(self.layout, cut(self.k), cut(self.v), cut(self.k_scale),
                          cut(self.v_scale))
 
+    @staticmethod
+    def concat(parts: list[KVPayload]) -> KVPayload:
+        """The tokens of ``parts`` (of one layout) one after another, in one payload."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def join(field: str) -> list[torch.Tensor]:
+            return [torch.cat(xs) for xs in zip(*(getattr(p, field) for p in parts))]
+
+        return KVPayload(parts[0].layout, join("k"), join("v"), join("k_scale"),
+                         join("v_scale"))
+
     def to_bytes(self) -> bytes:
         return b"".join(a.contiguous().view(torch.uint8).numpy().tobytes()
                         for a in self.arrays())
 
     @classmethod
-    def from_bytes(cls, layout: str, data: bytes) -> KVPayload:
+    def from_bytes(cls, layout: str, data: bytes | bytearray | memoryview) -> KVPayload:
         """The payload ``to_bytes`` wrote for ``layout`` (ValueError if ``data`` is not a
         whole number of tokens of it)."""
         storage, layers, heads, dim = parse_layout(layout)
@@ -158,7 +182,7 @@ class KVPayload:
             raise ValueError(f"{len(data)} bytes are not whole tokens of layout {layout!r} "
                              f"({per_token} bytes a token)")
         n = len(data) // per_token
-        flat = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+        flat = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data)
                 else torch.empty(0, dtype=torch.uint8))
         k, v, ks, vs, off = [], [], [], [], 0
 
@@ -282,12 +306,23 @@ class KVPool:
         return self.k_scale[layer], self.v_scale[layer]
 
     # ------------------------------------------------------------------ the tiers' seam
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token's K/V in this pool (all layers, scales included)."""
+        _, heads, dim = self.k_buffer[0].shape
+        return self.bytes_per_token(len(self.k_buffer), heads, dim, self.dtype,
+                                    self.kv_cache_dtype)
+
     def read_slots(self, slots: list[int]) -> KVPayload:
         """The stored K/V of ``slots`` (every layer) as a CPU ``KVPayload`` in this pool's
-        format; the pool is not changed."""
-        idx = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        format (int8 rows and their scales for an int8 pool); the pool is not changed."""
+        run = contiguous_run(slots)
+        idx = (None if run is not None
+               else torch.tensor(slots, dtype=torch.int64, device=self.device))
 
         def gather(bufs):
+            if run is not None:  # consecutive slots: a plain copy, no gather
+                return [b[run[0]:run[1]].clone().cpu() for b in bufs]
             return [b.index_select(0, idx).cpu() for b in bufs]
 
         return KVPayload(self.layout, gather(self.k_buffer), gather(self.v_buffer),
@@ -304,8 +339,22 @@ class KVPool:
                              f"{len(slots)} slots")
         if not slots:
             return
-        idx = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        run = contiguous_run(slots)
+        idx = (None if run is not None
+               else torch.tensor(slots, dtype=torch.int64, device=self.device))
         for bufs, parts in ((self.k_buffer, payload.k), (self.v_buffer, payload.v),
                             (self.k_scale, payload.k_scale), (self.v_scale, payload.v_scale)):
-            for buf, part in zip(bufs, parts):
-                buf.index_copy_(0, idx, part.to(self.device))
+            for buf, part in zip(bufs, parts, strict=True):
+                if run is not None:  # consecutive slots: a plain copy, no scatter
+                    buf[run[0]:run[1]].copy_(part)
+                else:
+                    buf.index_copy_(0, idx, part.to(self.device))
+
+    def twin(self, capacity: int, device: torch.device | str = "cpu") -> KVPool:
+        """A pool of the same storage format (``kv_cache_dtype`` included: an int8 pool's
+        twin keeps int8 rows and scales) with ``capacity`` slots on ``device`` (the host
+        tier's store), without a ``req_to_token`` table of its own."""
+        _, heads, dim = self.k_buffer[0].shape
+        return KVPool(capacity, len(self.k_buffer), heads, dim, self.dtype,
+                      torch.device(device), max_running=1, max_context=1,
+                      kv_cache_dtype=self.kv_cache_dtype)

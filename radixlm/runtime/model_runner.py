@@ -166,7 +166,7 @@ class ModelRunner:
                  tp: TPGroup | None = None) -> None:
         """Rank 0 (``tp`` None) starts the other tensor-parallel ranks itself when
         ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
-        self.config = config
+        self.config, self.model_dir = config, model_dir  # (the disk cache tier's fingerprint)
         hf_config = load_hf_config(model_dir)
         self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir, hf_config))
         rank = tp.rank if tp is not None else 0

@@ -46,6 +46,8 @@ def make_output(req: Req, tokenizer, final: bool) -> dict:
     }
     if req.first_token_at is not None:
         meta["ttft"] = req.first_token_at - req.created_at
+    if req.cached_tokens_details is not None:  # hierarchical cache: cached_tokens by tier
+        meta["cached_tokens_details"] = dict(req.cached_tokens_details)
     if req.forced_tokens:
         meta["forced_tokens"] = req.forced_tokens
     if req.speculative:

@@ -70,6 +70,8 @@ class Req:
     # outcome and stats
     finish_reason: dict | None = None
     cached_tokens: int = 0
+    # hierarchical cache: cached_tokens by tier ({"device", "host", "storage"}), else None
+    cached_tokens_details: dict | None = None
     forced_tokens: int = 0
     num_retractions: int = 0
     created_at: float = field(default_factory=time.perf_counter)

@@ -48,6 +48,10 @@ IGNORED: dict[str, bool] = {
     "file_storage_path": True, "enable_dp_attention": False, "mm_attention_backend": True,
     "prefill_attention_backend": True, "decode_attention_backend": True,
     "enable_deterministic_inference": False,
+    # HiCache's GPU-side knobs (how host copies move over PCIe, their memory layout, when
+    # they are written and prefetched): on a CPU host tier they mean nothing
+    "hicache_io_backend": True, "hicache_mem_layout": True, "hicache_write_policy": True,
+    "hicache_storage_prefetch_policy": True,
 }
 
 # Server-only settings: meaningful to `radixlm serve`, not to an in-process Engine.

@@ -79,6 +79,55 @@ class _EngineStatsCollector(Collector):
             yield GaugeMetricFamily("radixlm_kv_usage_ratio", "KV pool usage (0..1)",
                                     value=float(used) / float(cap))
         yield from _spec_ratios(stats)
+        yield from _tier_metrics(stats.get("hicache"))
+
+
+# Per-tier figures of the hierarchical cache: (stats key, metric name, help, kind).
+_TIER_METRICS = (
+    ("hit_tokens", "radixlm_hicache_hit_tokens",
+     "Prompt tokens admissions took from each cache tier", "counter"),
+    ("promoted_tokens", "radixlm_hicache_promoted_tokens",
+     "Tokens brought back to the KV pool from each slower tier", "counter"),
+    ("demoted_tokens", "radixlm_hicache_demoted_tokens",
+     "Tokens copied into each slower tier (evicted to host, written through to storage)",
+     "counter"),
+    ("evicted_tokens", "radixlm_hicache_evicted_tokens",
+     "Tokens dropped from the host tier (for room, or too large for it)", "counter"),
+    ("tokens", "radixlm_hicache_tokens", "Tokens each cache tier holds", "gauge"),
+    ("bytes", "radixlm_hicache_bytes", "Bytes of K/V each cache tier holds", "gauge"),
+    ("capacity_bytes", "radixlm_hicache_capacity_bytes", "Bytes each cache tier may hold",
+     "gauge"),
+)
+# The storage tier's file counters: (stats key, metric name, help).
+_STORAGE_COUNTERS = (
+    ("corrupt_files", "radixlm_hicache_storage_corrupt_files",
+     "Stored blocks that failed their checks on load (removed, never served)"),
+    ("skipped_writes", "radixlm_hicache_storage_skipped_writes",
+     "Blocks not written through because the write queue was full"),
+    ("write_errors", "radixlm_hicache_storage_write_errors", "Block writes that failed"),
+    ("evicted_files", "radixlm_hicache_storage_evicted_files",
+     "Stored blocks removed to stay within --hicache-storage-size"),
+)
+
+
+def _tier_metrics(tiers: dict[str, Any] | None) -> Iterator[Metric]:
+    """The hierarchical cache's figures by tier (label ``tier``); absent when it is off."""
+    if not tiers:
+        return
+    for key, name, doc, kind in _TIER_METRICS:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            name, doc, labels=["tier"])
+        for tier, figures in tiers.items():
+            if key in figures:
+                family.add_metric([tier], float(figures[key]))
+        yield family
+    storage = tiers.get("storage")
+    if storage is not None:
+        for key, name, doc in _STORAGE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(storage[key]))
+        yield GaugeMetricFamily("radixlm_hicache_storage_writing",
+                                "1 while the storage tier writes (0: stopped, disk full)",
+                                value=float(storage["writing"]))
 
 
 def _spec_ratios(stats: dict[str, Any]) -> Iterator[Metric]:

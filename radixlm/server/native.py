@@ -264,10 +264,20 @@ def _version() -> str:
 
 @router.post("/flush_cache", operation_id="flush_cache")
 @router.get("/flush_cache", operation_id="flush_cache_get")  # SGLang answers GET too
-async def flush_cache(request: Request) -> Response:
-    """Empty the radix cache; 400 (nothing done) while requests are running."""
-    if await asyncio.to_thread(get_state(request).engine.flush_cache):
-        return PlainTextResponse("Cache flushed.\n")
+async def flush_cache(request: Request, tier: str | None = None) -> Response:
+    """Empty the radix cache, every tier of it, or only ``?tier=device|host|storage`` (the
+    hierarchical cache's tiers); 400 (nothing done) while requests are running (the device
+    tier and a full flush only) or for a tier this server lacks."""
+    unknown = sorted(set(request.query_params) - {"tier"})
+    if unknown:
+        raise ApiError(400, f"unknown query parameter(s) of /flush_cache: {', '.join(unknown)} "
+                            "(it takes tier=device|host|storage)", param=unknown[0])
+    try:
+        done = await asyncio.to_thread(get_state(request).engine.flush_cache, tier)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tier") from None
+    if done:
+        return PlainTextResponse(f"Cache flushed{f' ({tier} tier)' if tier else ''}.\n")
     return PlainTextResponse("Cache not flushed: requests are running or waiting.\n",
                              status_code=400)
 

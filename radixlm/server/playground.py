@@ -86,7 +86,7 @@ def tree_json(state: ServerState, max_nodes: int, max_bytes: int, show_text: boo
     stats = engine.get_stats()
     head = {"enabled": view.enabled, "num_nodes": view.num_nodes,
             "total_tokens": view.total_tokens, "evictable_tokens": view.evictable_tokens,
-            "protected_tokens": view.protected_tokens,
+            "protected_tokens": view.protected_tokens, "host_tokens": view.host_tokens,
             "cache_hit_rate": stats.get("cache_hit_rate"),
             "cached_tokens_total": stats.get("cached_tokens_total"),
             "prompt_tokens_total": stats.get("prompt_tokens_total"),

@@ -167,6 +167,8 @@ class Admission:
             req.cached_tokens = matched
             state.stats["cached_tokens_total"] += matched
             state.stats["prompt_tokens_total"] += len(req.input_ids)
+            if self.kv.tiers is not None:
+                req.cached_tokens_details = dict(self.kv.last_hits)
         state.waiting.remove(req)
         self._unqueue(req)
         req.status = ReqStatus.RUNNING

@@ -30,6 +30,8 @@ import threading
 import traceback
 from collections.abc import Callable
 
+from radixlm import envs
+from radixlm.runtime.hicache import create_tiers
 from radixlm.runtime.kv_manager import KVManager
 from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch
 from radixlm.runtime.request import Req
@@ -75,7 +77,8 @@ class Scheduler:
         self.runner = runner
         self.grammar_backend = grammar_backend
         self.kv = KVManager(runner.pool.capacity, config.max_running_requests + 1,
-                            config.disable_radix_cache, config.radix_eviction_policy)
+                            config.disable_radix_cache, config.radix_eviction_policy,
+                            tiers=create_tiers(config, runner.pool, runner.model_dir))
         self.state = SchedulerState()
         self.admission_lock = threading.Lock()
         self.num_queued = 0  # admitted and not yet started, or reserved (under the lock)
@@ -102,6 +105,7 @@ class Scheduler:
         self._stop.set()
         self.inbox.put("wake", None)
         self.thread.join(timeout=30)
+        self.kv.close()
 
     def submit(self, req: Req) -> None:
         self.inbox.put("add", req)
@@ -134,7 +138,10 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 try:
-                    self.inbox.drain(block=not self.state.has_work())
+                    idle = not self.state.has_work()
+                    if idle:  # freed step memory goes back to the OS while nothing runs
+                        envs.trim_malloc()
+                    self.inbox.drain(block=idle)
                     self.admission.poll_grammars()
                     self.step()
                 except Exception:  # the loop must survive anything
@@ -190,13 +197,11 @@ class Scheduler:
             self.postprocessor.process(one, out)
 
     # ------------------------------------------------------------------ admin
-    def flush_cache(self) -> bool:
-        if self.state.has_work() or self.state.all_reqs_holding_kv():
-            return False
-        freed = self.kv.cache.all_slots()
-        self.kv.cache.reset()
-        self.kv.slots.free(freed)
-        return True
+    def flush_cache(self, tier: str | None = None) -> bool:
+        """Empty the prefix cache, or one tier of it (``KVManager.flush``); False while
+        requests are in flight (the device tier and a full flush only)."""
+        busy = self.state.has_work() or bool(self.state.all_reqs_holding_kv())
+        return self.kv.flush(tier, busy)
 
     def snapshot(self) -> dict:
         kv, state = self.kv, self.state
@@ -214,4 +219,5 @@ class Scheduler:
             "tree_evictable": kv.cache.evictable_size,
             "evicted_tokens_total": kv.evicted_total,
             "cache_hit_rate": state.stats["cached_tokens_total"] / prompt if prompt else 0.0,
+            "hicache": kv.tier_stats(),
         }

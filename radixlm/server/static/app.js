@@ -295,6 +295,7 @@
         `${view.evictable_tokens} evictable)`,
       `hit rate ${pct(view.cache_hit_rate)}`,
     ];
+    if (view.host_tokens) parts.splice(2, 0, `${view.host_tokens} more in the host tier`);
     if (!view.enabled) parts.unshift("cache disabled");
     if (view.truncated) parts.push(`showing ${view.returned} (cut by ${view.truncated_by})`);
     el.treeSummary.textContent = parts.join(" · ");
