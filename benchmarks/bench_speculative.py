@@ -43,7 +43,10 @@ from __future__ import annotations
 
 # radixlm before torch (it bounds OpenMP's spin-wait, which libgomp reads once, when torch
 # loads it)
-import radixlm  # noqa: F401  # isort: skip
+try:
+    import radixlm  # noqa: F401  # isort: skip
+except ImportError:  # the llama.cpp worker runs in llama.cpp's own venv
+    pass
 
 import argparse
 import bisect
@@ -581,7 +584,7 @@ def main() -> None:
 
     host = host_info()
     print(host_line(host), flush=True)
-    off = Engine(log_level="warning")
+    off = Engine(log_level="warning", speculative_algorithm="none")  # (the default is on)
     results: dict = {"host": host, "host_line": host_line(host), "notes": [],
                      "args": vars(args)}
     cases = build_cases(off, TASKS, args.prompts, args.new_tokens)
