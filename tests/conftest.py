@@ -113,7 +113,10 @@ class RealServer:
         cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
                "--context-length", str(self.CONTEXT),
                "--max-total-tokens", str(self.MAX_TOTAL_TOKENS),
-               "--max-running-requests", str(self.MAX_RUNNING), "--log-level", "warning"]
+               "--max-running-requests", str(self.MAX_RUNNING), "--log-level", "warning",
+               # fp32 activations: a cache hit's answer is then the miss's (int8 small steps
+               # round a prompt's last token unlike its prefill, which can flip a near-tie)
+               "--native-activations", "fp32"]
         env = {**os.environ, "PYTHONPATH": str(root)}
         log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"radixlm-e2e-{port}.log", "w+")  # noqa: SIM115
         self._log, self.url = log, f"http://127.0.0.1:{port}"

@@ -33,6 +33,8 @@ def add_run_args(p: argparse.ArgumentParser, default_model: str) -> None:
     e.add_argument("--max-total-tokens", type=int, help="KV pool capacity in tokens")
     e.add_argument("--dtype", help="auto | bfloat16 | float16 | float32")
     e.add_argument("--device", help="auto | cpu | cuda")
+    e.add_argument("--native-activations",
+                   help="auto | fp32 | int8 | bf16: how native CPU matmuls read activations")
 
 
 def load_engine(model: str, engine_kwargs: dict[str, Any]) -> Any:
@@ -91,7 +93,8 @@ def run_main(args: argparse.Namespace) -> int:
     else:
         model = args.model or args.default_model
         kwargs = {"context_length": args.context_length, "dtype": args.dtype,
-                  "max_total_tokens": args.max_total_tokens, "device": args.device}
+                  "max_total_tokens": args.max_total_tokens, "device": args.device,
+                  "native_activations": args.native_activations}
         try:
             backend = EngineBackend(load_engine(model, kwargs))
         except UnknownModel as exc:
