@@ -77,18 +77,11 @@ def worker(gguf: str, threads: int, extra_bufts: bool, num_pred: int) -> None:
     "stop": ids, "schema": dict | null}), answers {"ttft", "total", "ids"} a line. One
     ``Llama`` per mode (the lookup one needs logits for every position)."""
     import llama_cpp
-    import llama_cpp.llama as high_level
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from llamacpp_common import announce_ready, use_plain_buffers
 
-    if not extra_bufts:  # see bench_vs_llamacpp.py: AMX buffers crash where not granted
-        default_params = llama_cpp.llama_model_default_params
-
-        def params():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        high_level.llama_cpp.llama_model_default_params = params
+    if not extra_bufts:
+        use_plain_buffers(llama_cpp)
     common = {"model_path": gguf, "n_ctx": 2048, "n_threads": threads,
               "n_threads_batch": threads, "n_batch": 512, "verbose": False}
     # logits_all=True said explicitly: with a draft model llama-cpp-python keeps logits of
@@ -98,8 +91,7 @@ def worker(gguf: str, threads: int, extra_bufts: bool, num_pred: int) -> None:
               "lookup": llama_cpp.Llama(**common, logits_all=True,
                                         draft_model=LlamaPromptLookupDecoding(
                                             num_pred_tokens=num_pred))}
-    features = llama_cpp.llama_print_system_info().decode().strip()
-    print(json.dumps({"ready": llama_cpp.__version__, "features": features}), flush=True)
+    announce_ready(llama_cpp)
     grammars: dict[str, object] = {}
     for line in sys.stdin:
         job = json.loads(line)

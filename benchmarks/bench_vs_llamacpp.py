@@ -32,27 +32,15 @@ WORDS = ("the of and to in is was for on that with as by at from his her an were
 # ---------------------------------------------------------------- llama.cpp worker
 def worker(gguf: str, threads: int, extra_bufts: bool) -> None:
     """Reads one JSON job a line ({"prompt": ids, "new": n}), answers timings a line.
-
-    ``extra_bufts`` False turns off llama.cpp's extra weight buffer types (AMX and repacked
-    layouts): its AMX matmul segfaults on the development VM (AMX tiles not granted), and a
-    Q4_1 model gets no repacked layout anyway."""
+    ``extra_bufts`` False: plain weight buffers (``llamacpp_common.use_plain_buffers``)."""
     import llama_cpp
-    import llama_cpp.llama as high_level
+    from llamacpp_common import announce_ready, use_plain_buffers
 
     if not extra_bufts:
-        default_params = llama_cpp.llama_model_default_params
-
-        def params():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        high_level.llama_cpp.llama_model_default_params = params
-
+        use_plain_buffers(llama_cpp)
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=4096, n_threads=threads,
                           n_threads_batch=threads, n_batch=512, verbose=False)
-    features = llama_cpp.llama_print_system_info().decode().strip()  # what it was built for
-    print(json.dumps({"ready": llama_cpp.__version__, "features": features}), flush=True)
+    announce_ready(llama_cpp)
     for line in sys.stdin:
         job = json.loads(line)
         llm.reset()

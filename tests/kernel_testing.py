@@ -17,7 +17,18 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import torch
+
+HAS_CUDA = torch.cuda.is_available()
+# A kernel test's devices: Triton's interpreter on a host without CUDA, the GPU where there is
+# one (CUDA tests skip only where no GPU is present).
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="interpreter off on CUDA")),
+    pytest.param("cuda", marks=[pytest.mark.cuda,
+                                pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")]),
+]
+DTYPES = [torch.float32, torch.bfloat16]
 
 TRITON_JIT_MODULES = ("triton.language.standard", "triton.language.random", "triton.language")
 KERNEL_MODULES = (

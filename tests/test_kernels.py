@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import enable_interpreter_without_cuda
+from kernel_testing import DEVICES, DTYPES, enable_interpreter_without_cuda
 
 enable_interpreter_without_cuda()
 
@@ -24,13 +24,6 @@ from radixlm.kernels import (  # noqa: E402  (after the interpreter is enabled)
     rotary,
 )
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="interpreter off on CUDA")),
-    pytest.param("cuda", marks=[pytest.mark.cuda,
-                                pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")]),
-]
-DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
 
 

@@ -14,16 +14,10 @@ import json
 
 import pytest
 import torch
-from kernel_testing import enable_interpreter_without_cuda
+from kernel_testing import DEVICES, enable_interpreter_without_cuda
 
 enable_interpreter_without_cuda()
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="interpreter off on CUDA")),
-    pytest.param("cuda", marks=[pytest.mark.cuda,
-                                pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")]),
-]
 SHARED = "You are a careful assistant. Answer in one short sentence, please. Question: "
 PROMPTS = [SHARED + "what is two plus two?", SHARED + "name a colour.", "Hi", SHARED + "why?"]
 

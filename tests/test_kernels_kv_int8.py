@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import enable_interpreter_without_cuda
+from kernel_testing import DEVICES, DTYPES, enable_interpreter_without_cuda
 
 enable_interpreter_without_cuda()
 
@@ -21,13 +21,6 @@ from radixlm.runtime.attention.base import create_attention_backend  # noqa: E40
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from radixlm.runtime.kv_pool import KVPool  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="interpreter off on CUDA")),
-    pytest.param("cuda", marks=[pytest.mark.cuda,
-                                pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")]),
-]
-DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 CAPACITY, ROWS, CONTEXT = 900, 4, 160
 SHARED = 50  # rows 1 and 3 start with the same SHARED slots

@@ -1,0 +1,28 @@
+"""What the benchmarks' llama.cpp workers share (they run in llama.cpp's own venv, so this
+imports nothing from radixlm)."""
+
+from __future__ import annotations
+
+import json
+
+
+def use_plain_buffers(llama_cpp) -> None:
+    """Turn off llama.cpp's extra weight buffer types (AMX and repacked layouts) for every
+    model loaded after this: its AMX matmul segfaults where AMX tiles are not granted (as on
+    the development VM), and a Q4_1 model gets no repacked layout anyway."""
+    import llama_cpp.llama as high_level
+
+    default_params = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+
+    high_level.llama_cpp.llama_model_default_params = params
+
+
+def announce_ready(llama_cpp) -> None:
+    """The worker's first line: llama-cpp-python's version and what llama.cpp was built for."""
+    features = llama_cpp.llama_print_system_info().decode().strip()
+    print(json.dumps({"ready": llama_cpp.__version__, "features": features}), flush=True)
