@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4
+from radixlm.runtime.models.quant import EXACT_ROWS, Linear, gemm_rows, pack_int4, quantize_int4
 from radixlm.runtime.weights import (
     gguf_source,
     load_hf_config,
@@ -51,3 +51,25 @@ def test_int4_linear_matches_dequantized_reference():
     approx = Linear(w, None, quantize_int4(w))
     ref = x.float() @ w.t()
     assert (approx(x.float()) - ref).norm() / ref.norm() < 0.05  # lossy, but close
+
+
+def test_gemm_row_counts_stay_few_and_pad_little():
+    # oneDNN keeps native memory per GEMM shape for the process's life: prefill chunks of
+    # every token count must map onto a bounded set of row counts.
+    rows = [gemm_rows(m) for m in range(1, 16385)]
+    assert all(r >= m for m, r in zip(range(1, 16385), rows))
+    assert rows[:EXACT_ROWS] == list(range(1, EXACT_ROWS + 1))
+    assert len({r for r in rows if r > EXACT_ROWS}) <= 48
+    assert max(r - m for m, r in zip(range(1, 512), rows)) < EXACT_ROWS
+    assert max((r - m) / m for m, r in zip(range(512, 16385), rows[511:])) <= 1 / 8
+
+
+def test_padded_gemm_rows_give_the_unpadded_result():
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 32), torch.randn(48)
+    lin = Linear(w, b)
+    for m in (EXACT_ROWS + 1, 200, 700):
+        x = torch.randn(m, 32)
+        y = lin(x)
+        assert y.shape == (m, 48) and y.is_contiguous()
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
