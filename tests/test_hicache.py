@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -424,5 +425,38 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tmp_path):
         assert httpx.post(server.url + "/flush_cache?tier=storage",
                           timeout=30).status_code == 200
         assert not list(store.rglob("*.kv"))
+    finally:
+        assert server.stop() == 0
+
+
+def test_two_servers_on_one_storage_dir_share_it_without_damage(tmp_path):
+    """Two live servers write the same prefix and their own to one directory at once; a
+    third, started on it afterwards, serves all three from disk with the same tokens."""
+    store = tmp_path / "kv"
+    store.mkdir()
+    bodies = {name: {"text": story(i, 100), "sampling_params": GREEDY}
+              for i, name in ((70, "shared"), (71, "a"), (72, "b"))}
+    a, b = HiServer(store, tmp_path / "a.log"), HiServer(store, tmp_path / "b.log")
+    try:
+        def serve(srv: HiServer, names: tuple[str, ...]) -> dict:  # one at a time each
+            return {n: httpx.post(srv.url + "/generate", json=bodies[n],
+                                  timeout=300).json()["output_ids"] for n in names}
+
+        with ThreadPoolExecutor(2) as pool:  # the two servers write at the same time
+            runs = [pool.submit(serve, a, ("shared", "a")), pool.submit(serve, b, ("b", "shared"))]
+            first, second = (job.result() for job in runs)
+        assert first["shared"] == second["shared"]
+        cold = {**first, **second}
+    finally:
+        assert a.stop() == 0 and b.stop() == 0
+    server = HiServer(store, tmp_path / "c.log")
+    try:
+        for name, body in bodies.items():
+            warm = httpx.post(server.url + "/generate", json=body, timeout=300).json()
+            assert warm["meta_info"]["cached_tokens_details"]["storage"] >= \
+                3 * STORAGE_BLOCK_TOKENS, name
+            assert warm["output_ids"] == cold[name], name
+        info = httpx.get(server.url + "/get_server_info", timeout=30).json()
+        assert info["stats"]["hicache"]["storage"]["corrupt_files"] == 0
     finally:
         assert server.stop() == 0

@@ -15,6 +15,7 @@ from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.speculative.lookup import NgramIndex
 from radixlm.runtime.speculative.ngram import NgramDrafter
 from radixlm.runtime.speculative.policy import DraftBudget, DraftPolicy
+from radixlm.runtime.speculative.text import TextLookup, text_codec
 
 
 def make_req(input_ids: list[int], output_ids: list[int] | None = None,
@@ -265,6 +266,66 @@ def test_tree_failures_do_not_pause_prompt_lookup() -> None:
     drafter.observe(req, 3, 0)  # rejected: the tree pauses for this request
     cache.insert(prompt + [9, 9], list(range(20, 28)))  # a newer run, but the tree is paused
     assert drafter.propose(req, 4) == [5, 6]  # prompt lookup still drafts
+
+
+# ---------------------------------------------------------------------- lookup by text
+PASSAGE = "Meeting notes. Present: Nina Petrova and Lena Fischer. Next meeting: 14 June."
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(f"Extract the names as JSON.\n\n{text}", add_special_tokens=False)
+
+
+def test_text_lookup_drafts_a_copy_whose_tokens_start_differently(tokenizer) -> None:
+    prompt = chat_prompt(tokenizer, PASSAGE)
+    out = tokenizer.encode('{"first": "Nina', add_special_tokens=False)
+    assert tokenizer.encode(" Nina", add_special_tokens=False)[0] not in out  # 'N' 'ina'
+    req = make_req(prompt, out)
+    assert NgramDrafter(radix(), max_draft_tokens=8).propose(req, 8) == []  # no token match
+    drafter = NgramDrafter(radix(), max_draft_tokens=8, tokenizer=tokenizer)
+    draft = drafter.propose(req, 8)
+    assert tokenizer.decode(draft).startswith(" Petrova and Lena")
+    assert len(draft) <= 8 and drafter.stats["text_drafts"] == 1
+    drafter.observe(req, len(draft), 2)
+    assert drafter.stats["text_accepted_tokens"] == 2 and drafter.stats["text_drafted_tokens"]
+    # the latest occurrence of the longest matching text, and [] where none occurs
+    lookup = TextLookup(text_codec(tokenizer), prompt)
+    tail = tokenizer.encode(" Next meeting", add_special_tokens=False)
+    assert tokenizer.decode(lookup.propose(prompt[:3] + tail, 4)) == ": 14"
+    assert lookup.propose(tokenizer.encode("zebra quagga", add_special_tokens=False), 8) == []
+    assert lookup.propose(prompt, 8) == []  # the prompt's own end: nothing follows it
+    assert lookup.propose(out, 0) == []
+
+
+def test_text_lookup_works_with_any_tokenizer_and_checks_its_settings(tokenizer) -> None:
+    class Slow:  # decode/encode only, as a tokenizer without a Rust backend has
+        def decode(self, ids, skip_special_tokens=False):
+            return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+        def encode(self, text, add_special_tokens=True):
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    prompt = chat_prompt(tokenizer, PASSAGE)
+    out = tokenizer.encode('{"first": "Nina', add_special_tokens=False)
+    fast = TextLookup(text_codec(tokenizer), prompt).propose(prompt + out, 6)
+    assert fast and TextLookup(text_codec(Slow()), prompt).propose(prompt + out, 6) == fast
+    for bad in ({"min_chars": 0}, {"max_back": 0}, {"window": 0}):
+        with pytest.raises(ValueError, match="min_chars, max_back and window"):
+            TextLookup(text_codec(tokenizer), prompt, **bad)
+
+
+def test_text_drafts_pause_after_rejections_and_leave_token_lookup_first(tokenizer) -> None:
+    policy = DraftPolicy(max_tokens=8, initial=4, patience=2, pause_tokens=50)
+    drafter = NgramDrafter(radix(), max_draft_tokens=8, policy=policy, tokenizer=tokenizer)
+    prompt = chat_prompt(tokenizer, PASSAGE)
+    req = make_req(prompt, tokenizer.encode('{"first": "Nina', add_special_tokens=False))
+    for _ in range(2):
+        assert drafter.propose(req, 8)
+        drafter.observe(req, 8, 0)  # rejected outright, twice: the text source pauses
+    assert drafter.propose(req, 8) == [] and drafter.stats["text_drafts"] == 2
+    req.output_ids = tokenizer.encode("Present: Nina", add_special_tokens=False)
+    token_draft = drafter.propose(req, 8)  # token lookup matches here, and goes first
+    assert token_draft and drafter.stats["ngram_drafts"] == 1
 
 
 # ---------------------------------------------------------------------- on the real model

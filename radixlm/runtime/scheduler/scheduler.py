@@ -92,7 +92,8 @@ class Scheduler:
         self.inbox = Inbox(self.state, add=self.admission.add, finish=finish)
         self.speculation = Speculation(config, self.state, self.kv, runner, grammar_backend,
                                        create_drafter(config, self.kv.cache,
-                                                      native_steps=runner.native is not None))
+                                                      native_steps=runner.native is not None,
+                                                      tokenizer=tokenizer))
         self.postprocessor.on_finish = self.speculation.release
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)

@@ -1,7 +1,7 @@
 """Drafts without a draft model: prompt lookup over the request's own tokens, and what the
 radix tree's cached sequences say comes next (``--speculative-algorithm NGRAM``).
 
-Two sources, tried in this order each step:
+Three sources, tried in this order each step:
 
 1. **The tree** (``BasePrefixCache.continuation``): when a cached sequence extends the
    request's whole current sequence (an agent's or a template's earlier run of the same
@@ -12,6 +12,12 @@ Two sources, tried in this order each step:
 2. **Prompt lookup** (``NgramIndex``): the longest suffix of prompt + output, between
    ``max_match`` and ``min_match`` tokens, that occurred earlier (the most recent
    occurrence among equally long ones), and what followed it there.
+3. **Prompt lookup by text** (``TextLookup``, with a tokenizer), where the first two give
+   less than two tokens: the prompt's text after the latest occurrence of the text of the
+   last few tokens, tokenized. It finds copies whose tokens start differently from the
+   prompt's (a JSON value after its quote, a word at a line's start). Its drafts run to
+   the caller's limit (a copy goes on until the model leaves it; the scheduler's cost
+   model sizes the step); its budget only pauses it after rejections.
 
 Each source has its own ``DraftBudget`` (``policy.py``): the draft length adapts to that
 source's acceptance history for this request, and a source whose drafts keep failing
@@ -30,24 +36,27 @@ from typing import TYPE_CHECKING, Any
 from radixlm.radix import BasePrefixCache, ContinuationCursor
 from radixlm.runtime.speculative.lookup import NgramIndex
 from radixlm.runtime.speculative.policy import DraftBudget, DraftPolicy
+from radixlm.runtime.speculative.text import TextLookup, text_codec
 
 if TYPE_CHECKING:
     from radixlm.runtime.request import Req
 
-TREE, NGRAM = "tree", "ngram"
+TREE, NGRAM, TEXT = "tree", "ngram", "text"
+SOURCES = (TREE, NGRAM, TEXT)
 _TAIL = 8  # output tokens compared per call to notice a rollback (jump-forward retokenizes)
 
 
 class _DraftState:
-    """One request: its indexed tokens, tree cursor, budgets and the pending draft."""
+    """One request: its indexed tokens, tree cursor, text lookup, a budget per source and
+    the pending draft."""
 
-    __slots__ = ("index", "n_input", "cursor", "tree", "ngram", "source", "drafted_at")
+    __slots__ = ("index", "n_input", "cursor", "text", "budgets", "source", "drafted_at")
 
-    def __init__(self, index: NgramIndex, n_input: int, tree: DraftBudget,
-                 ngram: DraftBudget) -> None:
-        self.index, self.n_input = index, n_input
+    def __init__(self, index: NgramIndex, n_input: int, text: TextLookup | None,
+                 budgets: dict[str, DraftBudget]) -> None:
+        self.index, self.n_input, self.text = index, n_input, text
         self.cursor = ContinuationCursor()
-        self.tree, self.ngram = tree, ngram
+        self.budgets = budgets
         self.source: str | None = None  # whose draft awaits ``observe``
         self.drafted_at = 0  # sequence length when that draft was made
 
@@ -60,14 +69,17 @@ class NgramDrafter:
     suffix lengths prompt lookup tries; ``max_candidates``: earlier occurrences of the last
     ``min_match`` tokens it compares. ``policy`` sets the prompt-lookup budget (its
     ``max_tokens`` is replaced by ``max_draft_tokens``); tree drafts start at full length.
-    ``use_tree=False`` leaves the tree out. Of a request it reads ``uid`` (the key of its
-    state), ``input_ids``, ``output_ids`` and ``params.max_new_tokens``. ``stats`` counts
-    drafts, drafted and accepted tokens per source (``tree_*``, ``ngram_*``).
+    ``use_tree=False`` leaves the tree out; ``tokenizer`` (``decode`` / ``encode``) turns
+    on prompt lookup by text. Of a request it reads ``uid``
+    (the key of its state), ``input_ids``, ``output_ids`` and ``params.max_new_tokens``.
+    ``stats`` counts drafts, drafted and accepted tokens per source (``tree_*``,
+    ``ngram_*``, ``text_*``).
     """
 
     def __init__(self, cache: BasePrefixCache, *, max_draft_tokens: int = 8,
                  min_match: int = 2, max_match: int = 8, max_candidates: int = 8,
-                 policy: DraftPolicy | None = None, use_tree: bool = True) -> None:
+                 policy: DraftPolicy | None = None, use_tree: bool = True,
+                 tokenizer: Any = None) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         NgramIndex(min_match, max_match, max_candidates)  # validates the three
@@ -76,17 +88,19 @@ class NgramDrafter:
                                     initial=min(base.initial, max_draft_tokens))
         self.tree_policy = replace(base, max_tokens=max_draft_tokens, initial=max_draft_tokens)
         self.cache, self.use_tree = cache, use_tree
+        self.codec = text_codec(tokenizer) if tokenizer is not None else None
         self.max_draft_tokens = max_draft_tokens
         self.min_match, self.max_match, self.max_candidates = min_match, max_match, max_candidates
         self._states: dict[int, _DraftState] = {}
-        self.stats = {f"{s}_{k}": 0 for s in (TREE, NGRAM)
+        self.stats = {f"{s}_{k}": 0 for s in SOURCES
                       for k in ("drafts", "drafted_tokens", "accepted_tokens")}
 
     # ------------------------------------------------------------------ Drafter
     def propose(self, req: Req, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` draft ids continuing ``req.input_ids + req.output_ids``
-        (the tree's continuation, else prompt lookup; [] while both are paused or find
-        nothing). Reads ``req``, never changes it."""
+        (the tree's continuation, else prompt lookup, else, where that gives less than two
+        tokens, lookup by text; [] while all are paused or find nothing). Reads ``req``,
+        never changes it."""
         room = req.params.max_new_tokens - len(req.output_ids) - 1
         limit = min(max_tokens, self.max_draft_tokens, room)
         if limit <= 0:
@@ -95,12 +109,17 @@ class NgramDrafter:
         index, seq_len = st.index, len(st.index)
         st.source = None
         draft: list[int] = []
-        if self.use_tree and (k := min(limit, st.tree.allowed(seq_len))):
+        budgets = st.budgets
+        if self.use_tree and (k := min(limit, budgets[TREE].allowed(seq_len))):
             draft = self.cache.continuation(index.tokens, k, st.cursor)
             st.source = TREE if draft else None
-        if not draft and (k := min(limit, st.ngram.allowed(seq_len))):
+        if not draft and (k := min(limit, budgets[NGRAM].allowed(seq_len))):
             draft = index.propose(k)
             st.source = NGRAM if draft else None
+        if len(draft) < 2 and st.text is not None and budgets[TEXT].allowed(seq_len):
+            found = st.text.propose(index.tokens, limit)
+            if len(found) > len(draft):
+                draft, st.source = found, TEXT
         if draft:
             st.drafted_at = seq_len
             self.stats[f"{st.source}_drafts"] += 1
@@ -111,8 +130,7 @@ class NgramDrafter:
         st = self._states.get(req.uid)
         if st is None or st.source is None:
             return
-        budget = st.tree if st.source == TREE else st.ngram
-        budget.update(num_drafted, num_accepted, st.drafted_at)
+        st.budgets[st.source].update(num_drafted, num_accepted, st.drafted_at)
         self.stats[f"{st.source}_drafted_tokens"] += max(num_drafted, 0)
         self.stats[f"{st.source}_accepted_tokens"] += max(num_accepted, 0)
         st.source = None
@@ -135,8 +153,11 @@ class NgramDrafter:
         if st is None or st.n_input != n_input:
             index = NgramIndex(self.min_match, self.max_match, self.max_candidates)
             index.extend(list(req.input_ids))
-            st = _DraftState(index, n_input, DraftBudget(self.tree_policy),
-                             DraftBudget(self.ngram_policy))
+            text = (TextLookup(self.codec, list(req.input_ids))
+                    if self.codec is not None else None)
+            st = _DraftState(index, n_input, text, {
+                TREE: DraftBudget(self.tree_policy), NGRAM: DraftBudget(self.ngram_policy),
+                TEXT: DraftBudget(self.tree_policy)})
             self._states[req.uid] = st
         index = st.index
         have = len(index) - n_input
