@@ -354,7 +354,8 @@ def drafter_cost(tokenizer, context: int = 4096, steps: int = 400) -> dict:
     out: dict[str, float] = {"context_tokens": context}
     for label, cache, use_tree in (("ngram_only", miss, False), ("tree_miss", miss, True),
                                    ("tree_hit", hit, True)):
-        drafter = NgramDrafter(cache, max_draft_tokens=8, use_tree=use_tree)
+        drafter = NgramDrafter(cache, max_draft_tokens=8, use_tree=use_tree,
+                               tokenizer=tokenizer)
         req = SimpleNamespace(uid=1, input_ids=prompt, output_ids=[],
                               params=SimpleNamespace(max_new_tokens=10 * steps))
         t0 = time.perf_counter()
@@ -583,7 +584,7 @@ def main() -> None:
     longest = max(cases, key=lambda c: len(c.ids))
     results["step_costs"] = step_costs(off, longest.ids, repeats=1 if args.quick else 3)
     results["offline"] = replay_tasks(cases, results["step_costs"]["relative"],
-                                      args.max_draft, {})
+                                      args.max_draft, {"tokenizer": off.tokenizer})
     results["drafter_cost"] = drafter_cost(off.tokenizer)
     print(json.dumps({"offline": results["offline"], "drafter_cost": results["drafter_cost"]}),
           flush=True)
