@@ -15,9 +15,7 @@ Three sources, tried in this order each step:
 3. **Prompt lookup by text** (``TextLookup``, with a tokenizer), where the first two give
    less than two tokens: the prompt's text after the latest occurrence of the text of the
    last few tokens, tokenized. It finds copies whose tokens start differently from the
-   prompt's (a JSON value after its quote, a word at a line's start). Its drafts run to
-   the caller's limit (a copy goes on until the model leaves it; the scheduler's cost
-   model sizes the step); its budget only pauses it after rejections.
+   prompt's (a JSON value after its quote, a word at a line's start).
 
 Each source has its own ``DraftBudget`` (``policy.py``): the draft length adapts to that
 source's acceptance history for this request, and a source whose drafts keep failing
@@ -70,8 +68,9 @@ class NgramDrafter:
     ``min_match`` tokens it compares. ``policy`` sets the prompt-lookup budget (its
     ``max_tokens`` is replaced by ``max_draft_tokens``); tree drafts start at full length.
     ``use_tree=False`` leaves the tree out; ``tokenizer`` (``decode`` / ``encode``) turns
-    on prompt lookup by text. Of a request it reads ``uid``
-    (the key of its state), ``input_ids``, ``output_ids`` and ``params.max_new_tokens``.
+    on prompt lookup by text (its own budget, under prompt lookup's policy). Of a request it
+    reads ``uid`` (the key of its state), ``input_ids``, ``output_ids`` and
+    ``params.max_new_tokens``.
     ``stats`` counts drafts, drafted and accepted tokens per source (``tree_*``,
     ``ngram_*``, ``text_*``).
     """
@@ -116,8 +115,9 @@ class NgramDrafter:
         if not draft and (k := min(limit, budgets[NGRAM].allowed(seq_len))):
             draft = index.propose(k)
             st.source = NGRAM if draft else None
-        if len(draft) < 2 and st.text is not None and budgets[TEXT].allowed(seq_len):
-            found = st.text.propose(index.tokens, limit)
+        if (len(draft) < 2 and st.text is not None
+                and (k := min(limit, budgets[TEXT].allowed(seq_len))) > len(draft)):
+            found = st.text.propose(index.tokens, k)
             if len(found) > len(draft):
                 draft, st.source = found, TEXT
         if draft:
@@ -157,7 +157,7 @@ class NgramDrafter:
                     if self.codec is not None else None)
             st = _DraftState(index, n_input, text, {
                 TREE: DraftBudget(self.tree_policy), NGRAM: DraftBudget(self.ngram_policy),
-                TEXT: DraftBudget(self.tree_policy)})
+                TEXT: DraftBudget(self.ngram_policy)})
             self._states[req.uid] = st
         index = st.index
         have = len(index) - n_input
