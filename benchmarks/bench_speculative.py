@@ -24,7 +24,8 @@ What it reports, in this order:
    plus one token advance the position, and the drafter observes the result, exactly as a
    verifying step would. Per task: draft steps / steps, acceptance length (tokens per
    step, SGLang's ``accept_length``), accepted / drafted, and an estimated speedup from the
-   measured cost of a k-token step relative to a one-token step on this host. A "rerun"
+   measured cost of a k-token step relative to a one-token step on this host (the native
+   library's verify step timed directly where it runs, else prefix-cached TTFTs). A "rerun"
    row replays each prompt once more with its earlier run in the radix tree (the tree
    source). Tokens jump-forward forced under a JSON schema cost no model step on either
    side (found by replaying the grammar over the output) and are left out of the counts.
@@ -230,7 +231,58 @@ def forced_positions(engine, case: Case) -> list[int]:
 
 
 # ---------------------------------------------------------------- offline replay
-def step_costs(engine, ids: list[int], sizes=(1, 2, 3, 5, 9, 17), repeats: int = 3) -> dict:
+STEP_SIZES = (1, 2, 3, 5, 9, 17)
+
+
+def step_costs(engine, ids: list[int], repeats: int = 3) -> dict:
+    """Cost of a step verifying j - 1 drafts relative to a one-token decode step, on this
+    host: the native library's step itself where it runs (``native_step_costs``), else from
+    TTFTs with the prefix cached (``prefill_step_costs``: an extend, not a verify step)."""
+    if getattr(engine.runner, "native", None) is not None:
+        return native_step_costs(engine, len(ids), repeats)
+    return prefill_step_costs(engine, ids, repeats=repeats)
+
+
+def native_step_costs(engine, context: int, repeats: int = 3, steps: int = 10) -> dict:
+    """One request with ``context`` positions of K/V and j new tokens at one-token rounding
+    (``act_rows=1``, as a verify step runs), timed on the native library directly, relative
+    to j = 1. Writes K/V into free slots of the idle engine's pool (the cache is flushed
+    first and after; timing only)."""
+    import torch
+
+    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+
+    runner = engine.runner
+    engine.flush_cache()
+    end = context + max(STEP_SIZES)
+    runner.pool.req_to_token[0, :end] = torch.arange(1, end + 1)
+
+    def t(values):
+        return torch.tensor(values, dtype=torch.int64)
+
+    def batch(j: int) -> ForwardBatch:
+        return ForwardBatch(
+            ForwardMode.EXTEND, t([17 + i for i in range(j)]), t(range(context, context + j)),
+            t(range(1 + context, 1 + context + j)), t([0]), t([context + j]), t([context]),
+            t([j]), t([0]), t(range(j)), [context + j], [context], [j], [1_000_000],
+            act_rows=1)
+
+    times: dict[int, list[float]] = {j: [] for j in STEP_SIZES}
+    for _ in range(repeats):
+        for j in STEP_SIZES:
+            fb = batch(j)
+            runner.native.forward(fb)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                runner.native.forward(fb)
+            times[j].append((time.perf_counter() - t0) / steps)
+    engine.flush_cache()
+    base = statistics.median(times[1])
+    return {"method": "native verify steps", "decode_step_s": base,
+            "relative": {j: statistics.median(v) / base for j, v in times.items()}}
+
+
+def prefill_step_costs(engine, ids: list[int], sizes=STEP_SIZES, repeats: int = 3) -> dict:
     """Cost of a step over j new tokens relative to a one-token decode step, on this host:
     ``1 + (ttft(prefix + j) - ttft(prefix + 1)) / decode_step`` with the prefix cached."""
     tail = max(sizes)
@@ -253,7 +305,7 @@ def step_costs(engine, ids: list[int], sizes=(1, 2, 3, 5, 9, 17), repeats: int =
             ttft[j].append(out["meta_info"]["ttft"])
     base = statistics.median(ttft[1])
     rel = {j: max(1.0, 1 + (statistics.median(ttft[j]) - base) / step) for j in sizes}
-    return {"decode_step_s": step, "relative": rel}
+    return {"method": "prefix-cached TTFTs", "decode_step_s": step, "relative": rel}
 
 
 def cost_of(costs: dict[int, float], tokens: int) -> float:
@@ -472,7 +524,7 @@ def print_tables(results: dict) -> None:
           "tok/step: accept length; us/call: the drafter's time per call, the first call's "
           "indexing of the prompt included)")
     costs = sorted((int(j), c) for j, c in results["step_costs"]["relative"].items())
-    print("step cost relative to a 1-token step: "
+    print(f"step cost relative to a 1-token step ({results['step_costs'].get('method')}): "
           + ", ".join(f"{j} tok {c:.2f}" for j, c in costs))
     print("drafter cost: " + ", ".join(f"{k} {v:.1f}" for k, v in results["drafter_cost"].items()))
     for note in results["notes"]:
