@@ -4,7 +4,8 @@ A bf16 ``F.linear`` on the CPU goes through oneDNN, which keeps state for every 
 count (token count) it sees; the torch model path runs with a new token count on most
 prefill steps. This measures glibc malloc's in-use bytes (``mallinfo2``: heap + mmapped
 chunks) after a run over ``--shapes`` new row counts and after repeating the same ones,
-with oneDNN on and off, for SmolLM2-135M's projection shapes.
+with oneDNN on and off, and with oneDNN on at the row counts the torch path runs
+(``models/quant.py: gemm_rows``, rounded up), for SmolLM2-135M's projection shapes.
 
 Prints the host line, a table and a JSON summary (``--json PATH``).
 """
@@ -27,12 +28,16 @@ class MI2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6"); libc.mallinfo2.restype = MI2
 def used():
     m = libc.mallinfo2(); return (m.uordblks + m.hblkhd) / 1e6
-torch.backends.mkldnn.enabled = sys.argv[1] == "1"
+torch.backends.mkldnn.enabled = sys.argv[1] != "0"
 lo, n = int(sys.argv[2]), int(sys.argv[3])
+if sys.argv[1] == "rounded":
+    from radixlm.runtime.models.quant import gemm_rows
+else:
+    def gemm_rows(m): return m
 w = [torch.randn(o, 576, dtype=torch.bfloat16) for o in (576, 1536, 192)]
 def run(rows):
     for m in rows:
-        x = torch.randn(m, 576, dtype=torch.bfloat16)
+        x = torch.randn(gemm_rows(m), 576, dtype=torch.bfloat16)
         for wi in w: F.linear(x, wi)
 run(range(lo - 10, lo))
 a = used(); run(range(lo, lo + n)); b = used(); run(range(lo, lo + n)); c = used()
@@ -49,7 +54,7 @@ def main() -> None:
         sys.exit("needs glibc >= 2.33 (mallinfo2)")
     print(host_line())
     rows = {}
-    for name, flag in (("onednn", "1"), ("aten", "0")):
+    for name, flag in (("onednn", "1"), ("aten", "0"), ("rounded", "rounded")):
         out = subprocess.check_output([sys.executable, "-c", _CHILD, flag, "65",
                                        str(args.shapes)], text=True)
         rows[name] = json.loads(out.strip().splitlines()[-1])
