@@ -112,40 +112,6 @@ def test_quantized_default_activations_follow_the_isa_rule(llama_dir):
 
 
 @needs_native
-def test_a_prompt_found_in_the_cache_rounds_as_a_cold_prefill(model_dir):
-    """With int8 small steps, a step computing prompt tokens takes the rounding of the
-    8-token step whatever its size: a cache hit's last prompt token (a one-token step)
-    rounds as it did inside the cold prefill; decode steps stay int8."""
-    from radixlm.native.build import ACT_INT8
-    from radixlm.runtime.engine import Engine
-
-    with Engine(max_total_tokens=2048, log_level="warning",
-                speculative_algorithm="none") as engine:
-        native = engine.runner.native
-        if native.prompt_rows is None:
-            pytest.skip("this CPU runs fp32 activations at every step size")
-        assert native.act_modes[0] == (1, ACT_INT8) and native.prompt_rows == 8
-        asked = []
-        forward = native.forward
-
-        def record(batch):
-            asked.append((batch.num_tokens, native._mode(batch.act_rows or batch.num_tokens)))
-            return forward(batch)
-
-        native.forward = record
-        prompt = engine.tokenizer.encode("The capital of France is", add_special_tokens=False)
-        params = {"max_new_tokens": 3, "temperature": 0}
-        cold = engine.generate(input_ids=prompt, sampling_params=params)
-        hit = engine.generate(input_ids=prompt, sampling_params=params)
-        assert hit["meta_info"]["cached_tokens"] == len(prompt) - 1
-        prefill = native._mode(8)  # fp32, or bf16 on a bf16 model with AMX
-        assert prefill != ACT_INT8
-        assert asked[0] == (len(prompt), prefill) and asked[3] == (1, prefill)  # prompts
-        assert asked[1][1] == asked[4][1] == ACT_INT8  # decode steps
-        assert hit["output_ids"] == cold["output_ids"]
-
-
-@needs_native
 def test_int8_activations_on_dense_weights_are_refused(llama_dir):
     from radixlm.runtime.engine import Engine
 

@@ -266,18 +266,6 @@ class NativeDecoder:
         return attended <= LARGE_MAX_CTX_PER_TOKEN * t
 
     @property
-    def prompt_rows(self) -> int | None:
-        """The step size whose activation rounding a step with prompt tokens gets (None:
-        its own): INT8_MAX_ROWS where small steps run int8. A prompt's last token gives
-        the first output token's logits; rounded alike whatever the step's size, a prompt
-        found in the cache (its last few tokens in a small step) answers as it did when
-        the whole prompt ran at once, but for the K/V read back from the pool (SmolLM2,
-        16 chat prompts asked twice, greedy: 16/16 texts equal and first-token logprobs
-        0.029 apart on average, vs 15/16 and 0.049 with int8 rounding for the hit)."""
-        return INT8_MAX_ROWS if self.act_modes[0][1] == ACT_INT8 and len(self.act_modes) > 1 \
-            else None
-
-    @property
     def large_from(self) -> int:
         """Tokens from which steps run bf16 (1 << 30: none do)."""
         return next((n for n, m in self.act_modes if m == ACT_BF16), 1 << 30)

@@ -420,17 +420,6 @@ class ModelRunner:
                 out.accepted[i] = drafts[i][:m]
                 out.accepted_logprobs[i] = lps[:m]
 
-    def _act_rows(self, sb: ScheduleBatch) -> int | None:
-        """``ForwardBatch.act_rows`` of the step: its size without drafts, at least the
-        native library's ``prompt_rows`` where it computes prompt tokens (None: its own)."""
-        base = sum(sb.extend_lens)
-        prompt = self.native.prompt_rows if self.native is not None else None
-        if prompt and base < prompt and any(
-                p < len(r.input_ids) for r, p, n in zip(sb.reqs, sb.prefix_lens,
-                                                        sb.extend_lens) if n):
-            return prompt
-        return base if sb.drafts else None
-
     def _plan(self, sb: ScheduleBatch) -> tuple[StepPlan, list[dict], list[tuple[Req, int]]]:
         """The step's forward inputs as plain lists, which logits rows belong to which
         request, and the (request, end) pairs whose req_to_token rows the plan writes."""
@@ -439,7 +428,7 @@ class ModelRunner:
         plan = StepPlan(ForwardMode.EXTEND if sb.drafts else sb.mode, [], [], [],
                         [r.row for r in sb.reqs], [p + n for p, n in zip(sb.prefix_lens, lens)],
                         list(sb.prefix_lens), lens, [], [], [r.uid for r in sb.reqs],
-                        ([], [], []), act_rows=self._act_rows(sb))
+                        ([], [], []), act_rows=sum(sb.extend_lens) if sb.drafts else None)
         sync_rows, sync_cols, sync_vals = plan.table_writes
         synced: list[tuple[Req, int]] = []
         logits_indices = plan.logits_indices
