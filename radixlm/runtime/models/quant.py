@@ -40,7 +40,7 @@ def gemm_rows(m: int) -> int:
     """
     if m <= EXACT_ROWS:
         return m
-    step = max(EXACT_ROWS, 1 << max(0, m.bit_length() - 4))
+    step = max(EXACT_ROWS, 1 << (m.bit_length() - 4))
     return -(-m // step) * step
 
 
@@ -100,6 +100,8 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  int4=None, int8=None) -> None:
         self.weight, self.bias, self.int4, self.int8 = weight, bias, int4, int8
+        # oneDNN's per-shape memory is a CPU matter: elsewhere GEMMs run at their own rows
+        self.round_rows = weight.device.type == "cpu"
         # Rows up to which the weight-only kernel is used (-1: never, even for 0 rows).
         self.max_rows = (INT4_MAX_ROWS if int4 is not None
                          else INT8_MAX_ROWS if int8 is not None else -1)
@@ -116,7 +118,7 @@ class Linear:
                 y = y.to(x.dtype)
             return y if self.bias is None else y + self.bias
         m = x.shape[0]
-        pad = gemm_rows(m) - m
+        pad = gemm_rows(m) - m if self.round_rows else 0
         if pad:
             x = F.pad(x, (0, 0, 0, pad))
         y = F.linear(x, self.weight, self.bias)

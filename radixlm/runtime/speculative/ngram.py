@@ -153,8 +153,7 @@ class NgramDrafter:
         if st is None or st.n_input != n_input:
             index = NgramIndex(self.min_match, self.max_match, self.max_candidates)
             index.extend(list(req.input_ids))
-            text = (TextLookup(self.codec, list(req.input_ids))
-                    if self.codec is not None else None)
+            text = TextLookup(self.codec, n_input) if self.codec is not None else None
             st = _DraftState(index, n_input, text, {
                 TREE: DraftBudget(self.tree_policy), NGRAM: DraftBudget(self.ngram_policy),
                 TEXT: DraftBudget(self.ngram_policy)})

@@ -34,19 +34,20 @@ def text_codec(tokenizer: Any) -> tuple[Callable[[list[int]], str], Callable[[st
 class TextLookup:
     """Text-level prompt lookup for one request.
 
-    ``codec``: ``text_codec(tokenizer)``. ``prompt_ids``: the request's prompt.
-    ``propose(tokens, k)`` takes the request's sequence (prompt, then output) and returns at
+    ``codec``: ``text_codec(tokenizer)``. ``n_prompt``: the request's prompt length.
+    ``propose(tokens, k)`` takes the request's sequence (prompt, then output: the prompt's
+    text is decoded from its first ``n_prompt`` tokens on the first call) and returns at
     most ``k`` ids, [] where its last tokens' text does not occur in the prompt's text.
     """
 
-    __slots__ = ("decode", "encode", "prompt_ids", "min_chars", "max_back", "window", "_text")
+    __slots__ = ("decode", "encode", "n_prompt", "min_chars", "max_back", "window", "_text")
 
-    def __init__(self, codec: tuple[Callable, Callable], prompt_ids: list[int], *,
+    def __init__(self, codec: tuple[Callable, Callable], n_prompt: int, *,
                  min_chars: int = 2, max_back: int = 4, window: int = 64) -> None:
         if min_chars < 1 or max_back < 1 or window < 1:
             raise ValueError(f"need min_chars, max_back and window >= 1, got {min_chars}, "
                              f"{max_back}, {window}")
-        (self.decode, self.encode), self.prompt_ids = codec, prompt_ids
+        (self.decode, self.encode), self.n_prompt = codec, n_prompt
         self.min_chars, self.max_back, self.window = min_chars, max_back, window
         self._text: str | None = None
 
@@ -56,7 +57,7 @@ class TextLookup:
         if k <= 0 or not tokens:
             return []
         if self._text is None:
-            self._text = self.decode(self.prompt_ids)
+            self._text = self.decode(tokens[:self.n_prompt])
         text, end = self._text, -1
         for m in range(1, min(self.max_back, len(tokens)) + 1):
             piece = self.decode(tokens[-m:])
