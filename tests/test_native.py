@@ -100,7 +100,7 @@ def test_library_reports_its_bf16_and_amx_paths(lib, request):
 
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
 @pytest.mark.parametrize("act", ["fp32", "int8", "bf16"])
-@pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576)])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 96), (130, 576), (6, 1024)])
 @pytest.mark.parametrize("t", [1, 2, 3, 9, 37, 70])
 def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
     """Every activation mode on odd shapes: 2-3 tokens share unpacked weights; 37 and 70
@@ -110,7 +110,7 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
 
 
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
-@pytest.mark.parametrize("k", [96, 576])
+@pytest.mark.parametrize("k", [96, 576, 1024])
 def test_int8_rows_are_the_same_bits_at_every_step_size(lib, fmt, k):
     """With int8 activation blocks a token's products are summed in the same order whatever
     else shares the step (alone, 2-3 tokens, groups of 4 and the rest): the same bits, so a
@@ -336,8 +336,8 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
     """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
-    bf16 dot products on an AVX512-BF16 CPU without them; the smaller ones int8 blocks where
-    the CPU has u8 x s8 SIMD, else fp32 (all fp32 without bf16 or u8 x s8). 16 requests
+    bf16 dot products on an AVX512-BF16 CPU without them, but steps under 8 tokens int8
+    blocks where the CPU has u8 x s8 SIMD (else fp32; all fp32 without bf16 or u8 x s8). 16 requests
     decoded together, and one alone: every chosen token's logprob within 0.3 of the fp32
     reference scoring the same text (bf16 prefill and bf16 / int8 steps, as a torch bf16
     model would differ)."""
@@ -348,9 +348,10 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
     try:
         lib = load()
         native = engine.runner.native
-        expect_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
+        lib_from = 8 if lib.rlm_amx() else (2 if lib.rlm_bf16() else 0)
+        assert lib.rlm_bf16_min_rows() == lib_from
         small = ACT_INT8 if int8_decode_preferred() else ACT_F32
-        assert lib.rlm_bf16_min_rows() == expect_from
+        expect_from = max(lib_from, 8) if lib_from and small == ACT_INT8 else lib_from
         assert native._mode(1) == small
         if expect_from:
             assert native._mode(expect_from - 1) == small
@@ -513,7 +514,8 @@ def test_int8_one_token_steps_by_isa():
     tokens (one-token steps first of all) where the CPU multiplies u8 x s8 in SIMD (AVX2's
     maddubs, VNNI's dpbusd), whatever the vendor, and fp32 without (plain C builds, other
     architectures); larger steps fp32, or bf16 from ``bf16_from`` tokens on a bf16 model
-    (sooner than 8 where bf16 dot products take over); an explicit mode runs every step."""
+    (never under 8 where int8 runs: its small steps round alike at every size); an explicit
+    mode runs every step."""
     from radixlm.native.decoder import activation_modes
 
     for flags, expected in ((["avx2", "fma"], True),
@@ -525,7 +527,9 @@ def test_int8_one_token_steps_by_isa():
         assert build.int8_decode_preferred(flags) is expected, flags
     I8, F32, BF16 = ACT_INT8, ACT_F32, ACT_BF16
     assert activation_modes("auto", 8, torch.bfloat16, True) == ((1, I8), (8, BF16))  # AMX
-    assert activation_modes("auto", 2, torch.bfloat16, True) == ((1, I8), (2, BF16))
+    # bf16 dot products without AMX: int8 still under 8 tokens (same bits at every size)
+    assert activation_modes("auto", 2, torch.bfloat16, True) == ((1, I8), (8, BF16))
+    assert activation_modes("auto", 2, torch.bfloat16, False) == ((1, F32), (2, BF16))
     assert activation_modes("auto", 8, torch.float32, True) == ((1, I8), (8, F32))
     assert activation_modes("auto", 0, torch.bfloat16, True) == ((1, I8), (8, F32))  # AVX2
     assert activation_modes("auto", 8, torch.bfloat16, False) == ((1, F32), (8, BF16))

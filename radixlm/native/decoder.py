@@ -83,13 +83,16 @@ BF16_LARGE_MAX_ROWS = 256
 
 
 # Steps under this many tokens run int8 activation blocks by default where int8 is
-# preferred (and no bf16 path takes over sooner). A token's int8 products are the same bits
-# at every step size (csrc/matmul.c), so a request's steps round alike alone or beside up
-# to 7 others, and a step verifying drafts at one-token rounding (``act_rows``) reproduces
-# decoding exactly. The price on AVX-512: int8 wins one-token steps (0.82-0.91x the fp32
-# step time on a 2-core Xeon) and 2-token ones (0.89x), and loses from 4 tokens (a
-# 4-token step 1.17x; one Q4 matmul alone 1.30x at 4, 1.7x at 8), where fp32 tiles of 4
-# rows x 4 tokens share their loads; from 8 tokens fp32 / bf16 run, as before.
+# preferred; bf16 dot products, where the library has them, only take over from here. A
+# token's int8 products are the same bits at every step size (csrc/matmul_i8.c), so a
+# request's steps round alike alone or beside up to 7 others, and a step verifying drafts
+# at one-token rounding (``act_rows``) reproduces decoding exactly. Measured
+# (bench_decode_step.py --activations int8,bf16, context 300): on a 2-core Zen 4 (AVX512-
+# BF16 dot products, no AMX) int8 steps of 2 / 4 / 6 / 8 tokens take 0.65 / 0.78 / 0.83 /
+# 0.98x the bf16 step time (the 512-bit kernel reads a Q4 row's chunks of 16 blocks
+# transposed, one block a lane); on a 2-core Xeon (an older kernel) int8 won one- and
+# 2-token steps (0.82-0.91x, 0.89x fp32) and lost from 4 (1.17x); from 8 tokens fp32 /
+# bf16 (AMX tiles) run.
 INT8_MAX_ROWS = 8
 
 
@@ -104,10 +107,13 @@ def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
     numbers are 8-bit-mantissa ones anyway) bf16 from ``bf16_from`` tokens where the
     library has bf16 (the compute-bound steps); below that int8 blocks where ``int8`` (a
     block-quantized model on a CPU with u8 x s8 SIMD: ``build.int8_decode_preferred``) for
-    steps under INT8_MAX_ROWS tokens; fp32 otherwise. An explicit mode runs every step."""
+    steps under INT8_MAX_ROWS tokens (bf16 then from INT8_MAX_ROWS at the soonest); fp32
+    otherwise. An explicit mode runs every step."""
     if act != "auto":
         return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
     bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
+    if int8 and bf16:
+        bf16 = max(bf16, INT8_MAX_ROWS)
     plan = [(1, ACT_INT8 if int8 else ACT_F32)]
     if int8 and (not bf16 or bf16 > INT8_MAX_ROWS):
         plan.append((INT8_MAX_ROWS, ACT_F32))

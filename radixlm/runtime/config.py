@@ -70,8 +70,9 @@ class EngineConfig:
     # block weights only). bf16: activations and weights rounded to bf16, fp32 sums (a torch
     # bf16 linear's numbers). auto: int8 for steps under 8 tokens (one-token steps first of
     # all) of a block-quantized model where the CPU has u8 x s8 SIMD (AVX2 maddubs or VNNI);
-    # on a bf16 model bf16 for steps of 8+ tokens on AMX tiles or 2+ tokens with
-    # AVX512-BF16 dot products; fp32 otherwise (native.decoder.activation_modes).
+    # on a bf16 model bf16 for the larger steps (AMX tiles or AVX512-BF16 dot products: from
+    # 8 tokens after int8, else from 2 with bf16 dot products); fp32 otherwise
+    # (native.decoder.activation_modes).
     native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).

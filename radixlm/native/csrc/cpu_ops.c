@@ -8,6 +8,7 @@
 #include "matmul_f32.c"
 #include "matmul_bf16.c"
 #include "amx.c"
+#include "matmul_i8.c"
 #include "matmul.c"
 #include "vmath.c"
 #include "attention.c"

@@ -72,10 +72,12 @@ static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
     *hi = (int)((int64_t)T * (tid + 1) / nth);
 }
 
-/* Prepare rows [lo, hi) of x [T, k] for a matmul: int8 blocks, bf16 rows (ACT_BF16 on a
+/* Prepare rows [lo, hi) of x [T, k] for a matmul of weights in format fmt: int8 blocks
+ * (for Q4 weights on a 512-bit build laid out as interleave_act), bf16 rows (ACT_BF16 on a
  * bf16 build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the
  * tiles are granted), or fp32 block sums. */
-static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int tid, int nth) {
+static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int fmt, int tid,
+                     int nth) {
     int lo, hi, nb = k / 32;
 #ifdef RLM_BF16
     const int bf16 = mode == ACT_BF16;
@@ -123,6 +125,11 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         } else {
             quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                          w->xs + (int64_t)t * nb);
+#ifdef RLM_I8_ZMM
+            if (fmt == FMT_Q4) interleave_act(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, nb);
+#else
+            (void)fmt;
+#endif
         }
     }
 #ifdef RLM_AMX
@@ -177,7 +184,7 @@ int32_t rlm_profile(double *out, int32_t reset) {
 static inline __attribute__((always_inline)) void matmul_stage(
     const QMat *m, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
     int tid, int nth) {
-    Act a = prep_rows(x, T, k, w, mode, tid, nth);
+    Act a = prep_rows(x, T, k, w, mode, m->fmt, tid, nth);
     barrier(nth);
     PROF(stage)
     gemv(m, T, &a, y, tid, nth);
@@ -295,7 +302,7 @@ static void head_job(void *ctx, int tid, int nth) {
         else memcpy(j->w->x + (int64_t)t * k, j->x + (int64_t)t * k, (size_t)k * 4);
     }
     PROF_START()
-    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, tid, nth);
+    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, j->head->fmt, tid, nth);
     barrier(nth);
     gemv(j->head, j->T, &a, j->logits, tid, nth);
     barrier(nth);

@@ -25,7 +25,8 @@
  *   matmul_f32.c   fp32 activations x blocks (AVX-512 row tiles, the AVX2 panel GEMM)
  *   matmul_bf16.c  bf16 activations x blocks on AVX512-BF16 dot products
  *   amx.c          bf16 activations x blocks on AMX tiles
- *   matmul.c       qgemv_rows (picks one of the above) and the int8-block path
+ *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
+ *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
  *   attention.c    attention through req_to_token
  *   layer.c        workspace, activation preparation, the layer and head jobs, the
@@ -66,6 +67,12 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #define RLM_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
+/* 512-bit int8 blocks (matmul.c): a row's full chunks of 16 blocks are read transposed,
+ * with the activations laid out to match (interleave_act). */
+#if defined(RLM_AVX2) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define RLM_I8_ZMM 1
+#define RLM_CHUNK 16
 #endif
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
@@ -275,6 +282,10 @@ static void dense_row_f32(const QMat *w, const uint8_t *row, int k, float *out);
 
 /* blocks.c */
 static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx);
+#ifdef RLM_I8_ZMM
+static inline int chunk_block(int l);
+static void interleave_act(int8_t *a, float *dx, int nb);
+#endif
 static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                         int nb, float *out);
 static inline void prefetch_rows(const QMat *w, int n, int count, int n_end);

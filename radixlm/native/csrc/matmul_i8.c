@@ -1,0 +1,309 @@
+/* The int8-block matmul's kernels: the block dot products the AVX2 paths share, and the
+ * 512-bit path (qgemv_rows_i8zmm); qgemv_rows in matmul.c picks them. */
+#include "rlm.h"
+
+/* ------------------------------------------------------------------ int8 blocks
+ * A token's dot product with a row is computed in the same order at every step size (the
+ * block products into two accumulators by block parity, then their sum, then Q4's m term
+ * by q4_msum; on AVX-512 the order of qdot_group): the same bits whether the token runs
+ * alone or among others, so a step that verifies drafts at one-token rounding reproduces
+ * decoding exactly. */
+#ifdef RLM_AVX2
+/* Block b's 8 int32 partial sums of a row (Q4: the nibbles; Q8: |w| against sign(x, w)). */
+static inline __m256i blk_dot(const QMat *w, const uint8_t *wq, const int8_t *xa, int b) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(xa + b * 32));
+    if (w->fmt == FMT_Q4) return dot_u8s8(unpack_q4(wq + b * 16), x);
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
+    return dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
+}
+
+static inline __m256 blk_fma(__m256i p, float scale, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc);
+}
+#endif
+
+#ifdef RLM_I8_ZMM
+/* 512-bit int8 blocks. A row's full chunks of 16 blocks are read transposed: step s of a
+ * chunk holds elements 4s .. 4s + 3 of all 16 blocks, one block a 32-bit lane (the order of
+ * chunk_block), so 8 u8 x s8 dot instructions leave each block's whole integer sum in its
+ * own lane, and a token pays one conversion and one multiply-add per chunk for the scales.
+ * The activations come laid out to match (interleave_act); the transposition of the weights
+ * is done once per row and shared by the step's tokens. A last partial chunk (k % 512) is
+ * read as pairs of blocks, one 256-bit half each. */
+
+/* u8 x s8 products, 4 to a 32-bit lane, added to acc */
+static inline __m512i dot_acc_512(__m512i acc, __m512i u, __m512i s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                    _mm512_set1_epi16(1)));
+#endif
+}
+
+/* 16 int32 partial sums of u8 x s8 over 64 bytes */
+static inline __m512i dot_u8s8_512(__m512i u, __m512i s) {
+    return dot_acc_512(_mm512_setzero_si512(), u, s);
+}
+
+/* Blocks b, b + 1 of a row as 64 unsigned bytes (Q4: the nibbles; Q8: |w|, with *neg the
+ * mask of its negative weights). */
+static inline __m512i pair_u8(const QMat *w, const uint8_t *wq, int b, __mmask64 *neg) {
+    if (w->fmt == FMT_Q4) { /* [q_b, q_b, q_b+1, q_b+1], odd 128-bit lanes shifted by 4 */
+        __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wq + b * 16)));
+        v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+        v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+        return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    }
+    const __m512i v = _mm512_loadu_si512((const void *)(wq + b * 32));
+    *neg = _mm512_movepi8_mask(v);
+    return _mm512_abs_epi8(v);
+}
+
+/* Four 4 x 4 transposes of 32-bit elements, one per 128-bit lane, across r[0..3]. */
+static inline void transpose4(const __m512i r[4], __m512i *out) {
+    const __m512i a0 = _mm512_unpacklo_epi32(r[0], r[1]), a1 = _mm512_unpackhi_epi32(r[0], r[1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(r[2], r[3]), a3 = _mm512_unpackhi_epi32(r[2], r[3]);
+    out[0] = _mm512_unpacklo_epi64(a0, a2);
+    out[1] = _mm512_unpackhi_epi64(a0, a2);
+    out[2] = _mm512_unpacklo_epi64(a1, a3);
+    out[3] = _mm512_unpackhi_epi64(a1, a3);
+}
+
+/* The 8 steps of the full chunk at block c of a row: st[s] lane l = elements 4s .. 4s + 3
+ * of block c + chunk_block(l) (Q4: the nibbles as bytes; Q8: the signed weights). lo/hi[q]
+ * hold blocks 4q .. 4q + 3 a 128-bit lane each, elements 0-15 / 16-31. */
+static inline void chunk_steps(const QMat *w, const uint8_t *wq, int c, __m512i st[8]) {
+    __m512i lo[4], hi[4];
+    for (int q = 0; q < 4; q++) {
+        if (w->fmt == FMT_Q4) {
+            const __m512i v = _mm512_loadu_si512((const void *)(wq + c * 16 + q * 64));
+            lo[q] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+            hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
+        } else { /* two blocks a vector, each 128-bit half of a block in its own lane */
+            const __m512i a = _mm512_loadu_si512((const void *)(wq + c * 32 + q * 128));
+            const __m512i b = _mm512_loadu_si512((const void *)(wq + c * 32 + q * 128 + 64));
+            lo[q] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+            hi[q] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        }
+    }
+    transpose4(lo, st);
+    transpose4(hi, st + 4);
+}
+
+#ifdef __AVX512VNNI__
+/* Q8 on VNNI: the activations + 128 as unsigned bytes (xu, made once per matmul) against
+ * the signed weights, the products starting from -128 sum_j w_j (dpbusd does not saturate
+ * as maddubs would): the same integers as the sign trick, one instruction less a token. */
+#define RLM_Q8_BIAS 1
+#define RLM_XU_BYTES 32768
+static inline __m512i q8_pair_dot(const uint8_t *wq, int b, const uint8_t *xu, int64_t k,
+                                  int G, __m512i *out) {
+    const __m512i v = _mm512_loadu_si512((const void *)(wq + b * 32));
+    const __m512i base = _mm512_sub_epi32(
+        _mm512_setzero_si512(),
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), v));
+    for (int i = 0; i < G; i++)
+        out[i] = _mm512_dpbusd_epi32(
+            base, _mm512_loadu_si512((const void *)(xu + i * k + b * 32)), v);
+    return v;
+}
+#endif
+
+/* Up to 4 tokens' integer sums of a full chunk from its steps st: d[i] lane l = block
+ * chunk_block(l)'s sum_j w_j a_j for token i (rows xa + i k at the chunk, or xu + i k for
+ * Q8 on VNNI, with bias = -128 sum_j w_j). */
+static inline __attribute__((always_inline)) void chunk_dots4(
+    const QMat *w, const __m512i st[8], __m512i bias, const int8_t *xa, const uint8_t *xu,
+    int k, int g, __m512i d[4]) {
+#ifdef RLM_Q8_BIAS
+    if (xu) {
+        for (int i = 0; i < g; i++) d[i] = bias;
+        for (int s = 0; s < 8; s++)
+            for (int i = 0; i < g; i++)
+                d[i] = _mm512_dpbusd_epi32(
+                    d[i], _mm512_loadu_si512((const void *)(xu + i * k + s * 64)), st[s]);
+        return;
+    }
+#endif
+    (void)bias;
+    for (int i = 0; i < g; i++) d[i] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; s++) {
+        __mmask64 neg = 0;
+        __m512i u = st[s];
+        if (w->fmt == FMT_Q8) { /* |w| against sign(x, w) */
+            neg = _mm512_movepi8_mask(u);
+            u = _mm512_abs_epi8(u);
+        }
+        for (int i = 0; i < g; i++) {
+            __m512i x = _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + s * 64));
+            if (w->fmt == FMT_Q8) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+            d[i] = dot_acc_512(d[i], u, x);
+        }
+    }
+}
+
+/* G tokens' products with the full chunk at block c, scaled (wdl: H(d_b) in lane order;
+ * the tokens' dx in lane order, see interleave_act) into acc, 4 tokens at a time against
+ * the chunk's steps transposed once. */
+static inline __attribute__((always_inline)) void chunk_fma(
+    const QMat *w, const uint8_t *wq, const int8_t *xa, const uint8_t *xu, const float *xd,
+    int c, int nb, int k, int G, __m512 wdl, __m512 *acc) {
+    __m512i st[8], bias = _mm512_setzero_si512();
+    chunk_steps(w, wq, c, st);
+#ifdef RLM_Q8_BIAS
+    if (xu) {
+        for (int s = 0; s < 8; s++)
+            bias = _mm512_dpbusd_epi32(bias, _mm512_set1_epi8((char)0x80), st[s]);
+        bias = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
+    }
+#endif
+#pragma GCC unroll 2
+    for (int i0 = 0; i0 < G; i0 += 4) {
+        const int g = G - i0 < 4 ? G - i0 : 4;
+        __m512i d[4];
+        chunk_dots4(w, st, bias, xa + (int64_t)i0 * k + c * 32,
+                    xu ? xu + (int64_t)i0 * k + c * 32 : NULL, k, g, d);
+        for (int i = 0; i < g; i++)
+            acc[i0 + i] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(d[i]),
+                _mm512_mul_ps(wdl, _mm512_loadu_ps(xd + (int64_t)(i0 + i) * nb + c)),
+                acc[i0 + i]);
+    }
+}
+
+/* G tokens' products with the nc blocks at block c (a Q8 chunk, or a partial last one) into
+ * acc: pairs of blocks, b's 8 partial sums in the low half and b + 1's in the high half,
+ * scaled by H(d_b) dx_b; a lone last block into the low half. */
+static inline __attribute__((always_inline)) void pairs_fma(
+    const QMat *w, const uint8_t *wq, const int8_t *xa, const uint8_t *xu, const float *xd,
+    int c, int nc, int nb, int k, int g, __m512 wdv, __m512 *acc) {
+    const __mmask16 m = (__mmask16)((1u << nc) - 1);
+    __m512 sv[8];
+    for (int i = 0; i < g; i++)
+        sv[i] = _mm512_mul_ps(wdv, _mm512_maskz_loadu_ps(m, xd + (int64_t)i * nb + c));
+    __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    int p = 0;
+    for (; p + 2 <= nc; p += 2) {
+        const int b = c + p;
+        __m512i d[8];
+#ifdef RLM_Q8_BIAS
+        if (xu)
+            q8_pair_dot(wq, b, xu, k, g, d);
+        else
+#endif
+        {
+            __mmask64 neg = 0;
+            const __m512i u = pair_u8(w, wq, b, &neg);
+            for (int i = 0; i < g; i++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + b * 32));
+                if (w->fmt == FMT_Q8) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                d[i] = dot_u8s8_512(u, x);
+            }
+        }
+        for (int i = 0; i < g; i++) {
+            const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[i]), s, acc[i]);
+        }
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
+    }
+    if (p < nc)
+        for (int i = 0; i < g; i++) {
+            const __m256i d = blk_dot(w, wq, xa + (int64_t)i * k, c + p);
+            const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
+            acc[i] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(d)), s,
+                                           acc[i], 0x00ff);
+        }
+}
+
+/* G tokens (rows xa + i k of the step, G <= 8) against one weight row, each token's sums
+ * in one fixed order whatever G is: per chunk of 16 blocks Q4's m term m_b (dx_b sum_j a_j)
+ * a lane, then the blocks' products scaled by H(d_b) dx_b (a full Q4 chunk: one block a
+ * lane; Q8 and a partial last chunk: pairs of blocks, a lone last block into the low half)
+ * into one accumulator, out[4 i] for token i (its lanes summed by sum4_rows). */
+static inline __attribute__((always_inline)) void qdot_group(
+    const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm, const int8_t *xa,
+    const uint8_t *xu, const float *xd, const float *xs, int nb, int k, int G, __m512 *out) {
+    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 acc[8];
+    for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
+    for (int c = 0; c < nb; c += 16) {
+        const int nc = nb - c < 16 ? nb - c : 16;
+        const __mmask16 m = (__mmask16)((1u << nc) - 1);
+        if (wm) {
+            const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wm + c));
+            for (int i = 0; i < G; i++)
+                acc[i] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(m, xs + (int64_t)i * nb + c),
+                                         acc[i]);
+        }
+        const __m512 wdv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wd + c));
+        if (nc == 16 && w->fmt == FMT_Q4) { /* xd of the chunk in lane order (interleave_act) */
+            /* lane l of wdl: block chunk_block(l)'s scale */
+            chunk_fma(w, wq, xa, xu, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
+            continue;
+        }
+        pairs_fma(w, wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
+    }
+    for (int i = 0; i < G; i++) out[i * 4] = acc[i];
+}
+
+/* The lane sums of 4 rows' accumulators a[0..3] (one token), in one fixed tree whatever
+ * the other rows hold: pairs of rows folded to 8 lanes each, then all four to 4 per
+ * 128-bit lane, then the 128-bit lanes added. */
+static inline __m128 sum4_rows(const __m512 *a) {
+    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    const __m512 v = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u01), _mm512_castps_pd(u23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u01), _mm512_castps_pd(u23))));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* The int8 path of qgemv_rows on 512-bit vectors. */
+static void qgemv_rows_i8zmm(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
+                             int64_t ldy) {
+    const int k = w->k, nb = k / 32;
+    const int64_t row_bytes = row_bytes_of(w);
+    const uint8_t *xu = NULL;
+#ifdef RLM_Q8_BIAS
+    uint8_t xub[RLM_XU_BYTES] __attribute__((aligned(64)));
+    if (w->fmt == FMT_Q8 && (int64_t)T * k <= RLM_XU_BYTES) { /* else the sign trick */
+        for (int64_t j = 0; j < (int64_t)T * k; j += 32)
+            _mm256_store_si256((__m256i *)(xub + j),
+                               _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(act->xa + j)),
+                                                _mm256_set1_epi8((char)0x80)));
+        xu = xub;
+    }
+#endif
+    for (int n = n0; n < n1; n += 4) { /* 4 rows at a time, the tokens in groups of <= 8 */
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        prefetch_rows(w, n + 8, 4, n1);
+        for (int t = 0; t < T;) {
+            const int left = T - t, groups = (left + 7) / 8, g = (left + groups - 1) / groups;
+            const int8_t *xa = act->xa + (int64_t)t * k;
+            const float *xd = act->xd + (int64_t)t * nb, *xs = act->xs + (int64_t)t * nb;
+            const uint8_t *xt = xu ? xu + (int64_t)t * k : NULL;
+            __m512 part[8 * 4];
+            for (int r = 0; r < 4; r++) {
+                if (r >= nr) {
+                    for (int i = 0; i < g; i++) part[i * 4 + r] = _mm512_setzero_ps();
+                    continue;
+                }
+                const uint8_t *wq = w->qs + (int64_t)(n + r) * row_bytes;
+                const f16 *wd = w->d + (int64_t)(n + r) * nb, *wm = wm_of(w, n + r, nb);
+                switch (g) { /* one specialized body per group size */
+#define RLM_G(G) \
+                case G: qdot_group(w, wq, wd, wm, xa, xt, xd, xs, nb, k, G, part + r); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+                }
+            }
+            for (int i = 0; i < g; i++)
+                _mm_mask_storeu_ps(y + (int64_t)(t + i) * ldy + n, (__mmask8)((1u << nr) - 1),
+                                   sum4_rows(part + i * 4));
+            t += g;
+        }
+    }
+}
+#endif
