@@ -28,8 +28,9 @@ static inline __m256 blk_fma(__m256i p, float scale, __m256 acc) {
  * chunk_block), so 8 u8 x s8 dot instructions leave each block's whole integer sum in its
  * own lane, and a token pays one conversion and one multiply-add per chunk for the scales.
  * The activations come laid out to match (interleave_act); the transposition of the weights
- * is done once per row and shared by the step's tokens. A last partial chunk (k % 512) is
- * read as pairs of blocks, one 256-bit half each. */
+ * is done once per row and shared by the step's tokens. Q4 rows only: a Q8 chunk's 16 x 8
+ * transpose is 24 shuffles, more than it saves at one token, so Q8 rows, and a last
+ * partial chunk (k % 512), are read as pairs of blocks, one 256-bit half each. */
 
 /* u8 x s8 products, 4 to a 32-bit lane, added to acc */
 static inline __m512i dot_acc_512(__m512i acc, __m512i u, __m512i s) {
@@ -70,22 +71,15 @@ static inline void transpose4(const __m512i r[4], __m512i *out) {
     out[3] = _mm512_unpackhi_epi64(a1, a3);
 }
 
-/* The 8 steps of the full chunk at block c of a row: st[s] lane l = elements 4s .. 4s + 3
- * of block c + chunk_block(l) (Q4: the nibbles as bytes; Q8: the signed weights). lo/hi[q]
- * hold blocks 4q .. 4q + 3 a 128-bit lane each, elements 0-15 / 16-31. */
-static inline void chunk_steps(const QMat *w, const uint8_t *wq, int c, __m512i st[8]) {
+/* The 8 steps of the full chunk at block c of a Q4 row: st[s] lane l = the nibbles of
+ * elements 4s .. 4s + 3 of block c + chunk_block(l) as bytes. lo/hi[q] hold blocks 4q ..
+ * 4q + 3 a 128-bit lane each, elements 0-15 / 16-31. */
+static inline void chunk_steps(const uint8_t *wq, int c, __m512i st[8]) {
     __m512i lo[4], hi[4];
     for (int q = 0; q < 4; q++) {
-        if (w->fmt == FMT_Q4) {
-            const __m512i v = _mm512_loadu_si512((const void *)(wq + c * 16 + q * 64));
-            lo[q] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
-            hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
-        } else { /* two blocks a vector, each 128-bit half of a block in its own lane */
-            const __m512i a = _mm512_loadu_si512((const void *)(wq + c * 32 + q * 128));
-            const __m512i b = _mm512_loadu_si512((const void *)(wq + c * 32 + q * 128 + 64));
-            lo[q] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-            hi[q] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-        }
+        const __m512i v = _mm512_loadu_si512((const void *)(wq + c * 16 + q * 64));
+        lo[q] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+        hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
     }
     transpose4(lo, st);
     transpose4(hi, st + 4);
@@ -110,60 +104,25 @@ static inline __m512i q8_pair_dot(const uint8_t *wq, int b, const uint8_t *xu, i
 }
 #endif
 
-/* Up to 4 tokens' integer sums of a full chunk from its steps st: d[i] lane l = block
- * chunk_block(l)'s sum_j w_j a_j for token i (rows xa + i k at the chunk, or xu + i k for
- * Q8 on VNNI, with bias = -128 sum_j w_j). */
-static inline __attribute__((always_inline)) void chunk_dots4(
-    const QMat *w, const __m512i st[8], __m512i bias, const int8_t *xa, const uint8_t *xu,
-    int k, int g, __m512i d[4]) {
-#ifdef RLM_Q8_BIAS
-    if (xu) {
-        for (int i = 0; i < g; i++) d[i] = bias;
-        for (int s = 0; s < 8; s++)
-            for (int i = 0; i < g; i++)
-                d[i] = _mm512_dpbusd_epi32(
-                    d[i], _mm512_loadu_si512((const void *)(xu + i * k + s * 64)), st[s]);
-        return;
-    }
-#endif
-    (void)bias;
-    for (int i = 0; i < g; i++) d[i] = _mm512_setzero_si512();
-    for (int s = 0; s < 8; s++) {
-        __mmask64 neg = 0;
-        __m512i u = st[s];
-        if (w->fmt == FMT_Q8) { /* |w| against sign(x, w) */
-            neg = _mm512_movepi8_mask(u);
-            u = _mm512_abs_epi8(u);
-        }
-        for (int i = 0; i < g; i++) {
-            __m512i x = _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + s * 64));
-            if (w->fmt == FMT_Q8) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-            d[i] = dot_acc_512(d[i], u, x);
-        }
-    }
-}
-
-/* G tokens' products with the full chunk at block c, scaled (wdl: H(d_b) in lane order;
- * the tokens' dx in lane order, see interleave_act) into acc, 4 tokens at a time against
- * the chunk's steps transposed once. */
+/* G tokens' products with the full Q4 chunk at block c, scaled (wdl: H(d_b) in lane
+ * order; the tokens' dx in lane order, see interleave_act) into acc: 4 tokens at a time
+ * against the chunk's steps transposed once, d[i] lane l = block chunk_block(l)'s
+ * sum_j q_j a_j for token i. */
 static inline __attribute__((always_inline)) void chunk_fma(
-    const QMat *w, const uint8_t *wq, const int8_t *xa, const uint8_t *xu, const float *xd,
-    int c, int nb, int k, int G, __m512 wdl, __m512 *acc) {
-    __m512i st[8], bias = _mm512_setzero_si512();
-    chunk_steps(w, wq, c, st);
-#ifdef RLM_Q8_BIAS
-    if (xu) {
-        for (int s = 0; s < 8; s++)
-            bias = _mm512_dpbusd_epi32(bias, _mm512_set1_epi8((char)0x80), st[s]);
-        bias = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
-    }
-#endif
+    const uint8_t *wq, const int8_t *xa, const float *xd, int c, int nb, int k, int G,
+    __m512 wdl, __m512 *acc) {
+    __m512i st[8];
+    chunk_steps(wq, c, st);
 #pragma GCC unroll 2
     for (int i0 = 0; i0 < G; i0 += 4) {
         const int g = G - i0 < 4 ? G - i0 : 4;
+        const int8_t *x = xa + (int64_t)i0 * k + c * 32;
         __m512i d[4];
-        chunk_dots4(w, st, bias, xa + (int64_t)i0 * k + c * 32,
-                    xu ? xu + (int64_t)i0 * k + c * 32 : NULL, k, g, d);
+        for (int i = 0; i < g; i++) d[i] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++)
+            for (int i = 0; i < g; i++)
+                d[i] = dot_acc_512(d[i], st[s],
+                                   _mm512_loadu_si512((const void *)(x + (int64_t)i * k + s * 64)));
         for (int i = 0; i < g; i++)
             acc[i0 + i] = _mm512_fmadd_ps(
                 _mm512_cvtepi32_ps(d[i]),
@@ -239,7 +198,7 @@ static inline __attribute__((always_inline)) void qdot_group(
         const __m512 wdv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wd + c));
         if (nc == 16 && w->fmt == FMT_Q4) { /* xd of the chunk in lane order (interleave_act) */
             /* lane l of wdl: block chunk_block(l)'s scale */
-            chunk_fma(w, wq, xa, xu, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
+            chunk_fma(wq, xa, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
             continue;
         }
         pairs_fma(w, wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
