@@ -399,11 +399,11 @@ int32_t rlm_amx(void) {
 /* Kernel-test entry: out[i] = silu(g[i]) * u[i], the layer's MLP activation. */
 void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }
 
-/* Steps of at least this many tokens are the ones the engine's default runs bf16 (smaller
- * ones fp32 or int8): RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx() says so; else, on an
- * AVX512-BF16 build, RLM_BF16_MIN_ROWS (a 2-token step 6.8 ms bf16 vs 10.7 fp32, 4 tokens
- * 8.6 vs 13.5, 16 tokens 22.4 vs 41.2 on a 2-core Zen 4); 0 on a build without bf16 dot
- * products (none runs bf16). */
+/* The smallest steps bf16 beats fp32 at: RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx()
+ * says so; else, on an AVX512-BF16 build, RLM_BF16_MIN_ROWS (a 2-token step 6.8 ms bf16 vs
+ * 10.7 fp32, 4 tokens 8.6 vs 13.5, 16 tokens 22.4 vs 41.2 on a 2-core Zen 4); 0 on a build
+ * without bf16 dot products (none runs bf16). The engine's default runs bf16 from here, or
+ * from 8 tokens where int8 blocks run the small steps (native/decoder.py). */
 int32_t rlm_bf16_min_rows(void) {
 #ifdef RLM_AMX
     if (amx_ok()) return RLM_AMX_MIN_ROWS;

@@ -76,8 +76,8 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #endif
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
- * qgemm_amx_large). Without AMX, the default runs bf16 dot products from RLM_BF16_MIN_ROWS
- * tokens (see rlm_bf16_min_rows). */
+ * qgemm_amx_large). Without AMX, bf16 dot products beat fp32 from RLM_BF16_MIN_ROWS tokens
+ * (see rlm_bf16_min_rows). */
 #define RLM_AMX_MIN_ROWS 8
 #define RLM_BF16_MIN_ROWS 2
 #define RLM_AMX_LARGE_T 256
