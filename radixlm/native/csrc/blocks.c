@@ -57,24 +57,24 @@ static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx)
 }
 #endif
 
-#ifdef RLM_I8_ZMM
-/* The block a lane of the int8 kernel's chunk holds: lane l (0..15) of a chunk of 16 blocks
- * is block 4 (l % 4) + l / 4, the order four in-lane 4 x 4 transposes of the weights give
- * (see chunk_steps in matmul.c). */
-static inline int chunk_block(int l) { return 4 * (l % 4) + l / 4; }
+#ifdef RLM_CHUNK
+/* The block a lane of the int8 kernel's chunk holds: lane l of a chunk of RLM_CHUNK blocks
+ * is block (RLM_CHUNK / 4) (l % 4) + l / 4, the order in-lane 4 x 4 transposes of the
+ * weights give (see chunk_steps in matmul_i8.c). */
+static inline int chunk_block(int l) { return RLM_CHUNK / 4 * (l % 4) + l / 4; }
 
-/* One token's int8 blocks a [nb * 32] and scales dx [nb] rearranged in place for the
- * 512-bit kernel: each full chunk of 16 blocks as 8 steps of 64 bytes, step s holding
- * elements 4s .. 4s + 3 of the chunk's blocks in lane order, and the chunk's scales in
- * lane order; a last partial chunk (and the block sums) as quantize_row wrote them. */
+/* One token's int8 blocks a [nb * 32] and scales dx [nb] rearranged in place for the Q4
+ * kernels: each full chunk of RLM_CHUNK blocks as 8 steps of RLM_CHUNK x 4 bytes, step s
+ * holding elements 4s .. 4s + 3 of the chunk's blocks in lane order, and the chunk's scales
+ * in lane order; a last partial chunk (and the block sums) as quantize_row wrote them. */
 static void interleave_act(int8_t *a, float *dx, int nb) {
     for (int c = 0; c + RLM_CHUNK <= nb; c += RLM_CHUNK) {
-        int32_t src[128], dst[128];
-        float d[16];
+        int32_t src[8 * RLM_CHUNK], dst[8 * RLM_CHUNK];
+        float d[RLM_CHUNK];
         memcpy(src, a + c * 32, sizeof src);
         memcpy(d, dx + c, sizeof d);
-        for (int l = 0; l < 16; l++) {
-            for (int s = 0; s < 8; s++) dst[s * 16 + l] = src[chunk_block(l) * 8 + s];
+        for (int l = 0; l < RLM_CHUNK; l++) {
+            for (int s = 0; s < 8; s++) dst[s * RLM_CHUNK + l] = src[chunk_block(l) * 8 + s];
             dx[c + l] = d[chunk_block(l)];
         }
         memcpy(a + c * 32, dst, sizeof dst);

@@ -73,7 +73,7 @@ static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
 }
 
 /* Prepare rows [lo, hi) of x [T, k] for a matmul of weights in format fmt: int8 blocks
- * (for Q4 weights on a 512-bit build laid out as interleave_act), bf16 rows (ACT_BF16 on a
+ * (for Q4 weights on SIMD builds laid out as interleave_act), bf16 rows (ACT_BF16 on a
  * bf16 build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the
  * tiles are granted), or fp32 block sums. */
 static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int fmt, int tid,
@@ -125,7 +125,7 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         } else {
             quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                          w->xs + (int64_t)t * nb);
-#ifdef RLM_I8_ZMM
+#ifdef RLM_CHUNK
             if (fmt == FMT_Q4) interleave_act(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, nb);
 #else
             (void)fmt;

@@ -70,6 +70,11 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
 #ifdef RLM_I8_ZMM
     qgemv_rows_i8zmm(w, n0, n1, T, act, y, ldy);
     return;
+#elif defined(RLM_AVX2)
+    if (w->fmt == FMT_Q4) {
+        qgemv_rows_q4_avx2(w, n0, n1, T, act, y, ldy);
+        return;
+    }
 #endif
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = row_bytes_of(w);
@@ -90,30 +95,23 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
                                                     nb);
             continue;
         }
-        /* unpack the row once (Q4: nibbles -> bytes; Q8: |w|), reuse for every token */
-        if (w->fmt == FMT_Q4) {
-            for (int b = 0; b < nb; b++)
-                _mm256_store_si256((__m256i *)(ubuf + b * 32), unpack_q4(wq + b * 16));
-        } else {
-            for (int b = 0; b < nb; b++)
-                _mm256_store_si256((__m256i *)(ubuf + b * 32),
-                                   _mm256_abs_epi8(_mm256_loadu_si256(
-                                       (const __m256i *)(wq + b * 32))));
-        }
+        /* Q8 (Q4 rows run qgemv_rows_q4_avx2): |w| once, reused for every token */
+        for (int b = 0; b < nb; b++)
+            _mm256_store_si256((__m256i *)(ubuf + b * 32),
+                               _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(wq + b * 32))));
         int t = 0;
         for (; t + 4 <= T; t += 4) { /* 4 tokens against the unpacked row, as qdot_row1 */
             __m256 ae[4], ao[4];
             for (int i = 0; i < 4; i++) ae[i] = ao[i] = _mm256_setzero_ps();
             const int8_t *a0 = xa + (int64_t)t * k;
-            const float *d0 = xd + (int64_t)t * nb, *s0 = xs + (int64_t)t * nb;
+            const float *d0 = xd + (int64_t)t * nb;
 #define RLM_BLOCK(b, acc)                                                                    \
     {                                                                                       \
         const __m256i u = _mm256_load_si256((const __m256i *)(ubuf + (b) * 32));            \
-        const __m256i sg = w->fmt == FMT_Q8                                                 \
-            ? _mm256_loadu_si256((const __m256i *)(wq + (b) * 32)) : u;                     \
+        const __m256i sg = _mm256_loadu_si256((const __m256i *)(wq + (b) * 32));            \
         for (int i = 0; i < 4; i++) {                                                       \
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)i * k + (b) * 32)); \
-            if (w->fmt == FMT_Q8) x = _mm256_sign_epi8(x, sg);                              \
+            const __m256i x = _mm256_sign_epi8(                                             \
+                _mm256_loadu_si256((const __m256i *)(a0 + (int64_t)i * k + (b) * 32)), sg); \
             acc[i] = blk_fma(dot_u8s8(u, x), H(wd[b]) * d0[i * nb + (b)], acc[i]);          \
         }                                                                                   \
     }
@@ -124,10 +122,8 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
             }
             if (b < nb) RLM_BLOCK(b, ae)
 #undef RLM_BLOCK
-            for (int i = 0; i < 4; i++) {
-                const float msum = wm ? q4_msum(wm, s0 + i * nb, nb) : 0.f;
-                y[(int64_t)(t + i) * ldy + n] = hsum256(_mm256_add_ps(ae[i], ao[i])) + msum;
-            }
+            for (int i = 0; i < 4; i++)
+                y[(int64_t)(t + i) * ldy + n] = hsum256(_mm256_add_ps(ae[i], ao[i]));
         }
         for (; t < T; t++)
             y[(int64_t)t * ldy + n] = qdot_row1(w, wq, wd, wm, xa + (int64_t)t * k,

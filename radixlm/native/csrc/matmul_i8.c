@@ -120,9 +120,17 @@ static inline __attribute__((always_inline)) void chunk_fma(
         __m512i d[4];
         for (int i = 0; i < g; i++) d[i] = _mm512_setzero_si512();
         for (int s = 0; s < 8; s++)
-            for (int i = 0; i < g; i++)
-                d[i] = dot_acc_512(d[i], st[s],
-                                   _mm512_loadu_si512((const void *)(x + (int64_t)i * k + s * 64)));
+            for (int i = 0; i < g; i++) {
+                const __m512i xs = _mm512_loadu_si512((const void *)(x + (int64_t)i * k + s * 64));
+#ifdef __AVX512VNNI__
+                d[i] = _mm512_dpbusd_epi32(d[i], st[s], xs);
+#else /* int16 sums over the 8 steps, as the AVX2 path (no saturation: see there) */
+                d[i] = _mm512_add_epi16(d[i], _mm512_maddubs_epi16(st[s], xs));
+#endif
+            }
+#ifndef __AVX512VNNI__
+        for (int i = 0; i < g; i++) d[i] = _mm512_madd_epi16(d[i], _mm512_set1_epi16(1));
+#endif
         for (int i = 0; i < g; i++)
             acc[i0 + i] = _mm512_fmadd_ps(
                 _mm512_cvtepi32_ps(d[i]),
@@ -262,6 +270,110 @@ static void qgemv_rows_i8zmm(const QMat *w, int n0, int n1, int T, const Act *ac
                 _mm_mask_storeu_ps(y + (int64_t)(t + i) * ldy + n, (__mmask8)((1u << nr) - 1),
                                    sum4_rows(part + i * 4));
             t += g;
+        }
+    }
+}
+#endif
+
+#if defined(RLM_AVX2) && !defined(RLM_I8_ZMM)
+/* AVX2 int8 blocks against Q4 rows: the 512-bit path's transposed chunks at 8 blocks, one a
+ * 32-bit lane of a 256-bit vector, the row's chunks transposed once into a buffer the step's
+ * tokens share. Without VNNI maddubs' u8 x s8 pairs are summed in int16 over a chunk's 8
+ * steps (nibbles 0..15 times |a| <= 127: at most 8 x 2 x 15 x 127 = 30480, no saturation)
+ * and widened once. Per token and row: per full chunk the m term's 8 lanes, then the
+ * blocks' sums scaled by H(d_b) dx_b, into one accumulator; then the last partial chunk's
+ * blocks one by one (and their m terms in a scalar); the accumulator's lanes summed, then
+ * that scalar added: the same order at every step size. */
+
+/* 8 fp16 values as floats */
+static inline __m256 load8_f16(const f16 *p) {
+#ifdef __F16C__
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = H(p[i]);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+/* Row wq's full chunks of 8 blocks transposed into u: chunk c's step s (32 bytes) at
+ * u + c * 32 + s * 32, lane l = the nibbles of elements 4s .. 4s + 3 of block c +
+ * chunk_block(l) as bytes. lo/hi[q]: blocks 2q, 2q + 1 a 128-bit lane each, elements 0-15
+ * / 16-31; one 4 x 4 transpose of 32-bit elements per 128-bit lane. */
+static inline void q4_row_steps(const uint8_t *wq, int nb, uint8_t *u) {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c + 8 <= nb; c += 8) {
+        __m256i lo[4], hi[4];
+        for (int q = 0; q < 4; q++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wq + c * 16 + q * 32));
+            lo[q] = _mm256_and_si256(v, mask);
+            hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i *r = h ? hi : lo;
+            const __m256i a0 = _mm256_unpacklo_epi32(r[0], r[1]), a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+            const __m256i a2 = _mm256_unpacklo_epi32(r[2], r[3]), a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+            __m256i *out = (__m256i *)(u + c * 32 + h * 128);
+            _mm256_store_si256(out, _mm256_unpacklo_epi64(a0, a2));
+            _mm256_store_si256(out + 1, _mm256_unpackhi_epi64(a0, a2));
+            _mm256_store_si256(out + 2, _mm256_unpacklo_epi64(a1, a3));
+            _mm256_store_si256(out + 3, _mm256_unpackhi_epi64(a1, a3));
+        }
+    }
+}
+
+/* A chunk's 8 block sums sum_j q_j a_j, one a lane, from its steps u and the token's x. */
+static inline __m256i q4_chunk_dot(const uint8_t *u, const int8_t *x) {
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+    __m256i d = _mm256_setzero_si256();
+    for (int s = 0; s < 8; s++) {
+        const __m256i us = _mm256_load_si256((const __m256i *)(u + s * 32));
+        const __m256i xs = _mm256_loadu_si256((const __m256i *)(x + s * 32));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        d = _mm256_dpbusd_epi32(d, us, xs);
+#else
+        d = _mm256_dpbusd_avx_epi32(d, us, xs);
+#endif
+    }
+    return d;
+#else
+    __m256i h = _mm256_setzero_si256();
+    for (int s = 0; s < 8; s++)
+        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(
+                                    _mm256_load_si256((const __m256i *)(u + s * 32)),
+                                    _mm256_loadu_si256((const __m256i *)(x + s * 32))));
+    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+#endif
+}
+
+/* y[t, n] for Q4 rows n in [n0, n1), all T tokens (activations as interleave_act). */
+static void qgemv_rows_q4_avx2(const QMat *w, int n0, int n1, int T, const Act *act,
+                               float *y, int64_t ldy) {
+    const int k = w->k, nb = k / 32, full = nb / 8 * 8;
+    const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7); /* chunk_block */
+    uint8_t u[full * 32 + 32] __attribute__((aligned(32)));
+    for (int n = n0; n < n1; n++) {
+        if (((n - n0) & 3) == 0) prefetch_rows(w, n + 8, 4, n1);
+        const uint8_t *wq = w->qs + (int64_t)n * (k / 2);
+        const f16 *wd = w->d + (int64_t)n * nb, *wm = w->m + (int64_t)n * nb;
+        q4_row_steps(wq, nb, u);
+        for (int t = 0; t < T; t++) {
+            const int8_t *x = act->xa + (int64_t)t * k;
+            const float *xd = act->xd + (int64_t)t * nb, *xs = act->xs + (int64_t)t * nb;
+            __m256 acc = _mm256_setzero_ps();
+            for (int c = 0; c < full; c += 8) {
+                acc = _mm256_fmadd_ps(load8_f16(wm + c), _mm256_loadu_ps(xs + c), acc);
+                const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(load8_f16(wd + c), lanes),
+                                               _mm256_loadu_ps(xd + c));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_chunk_dot(u + c * 32, x + c * 32)),
+                                      s, acc);
+            }
+            float msum = 0.f;
+            for (int b = full; b < nb; b++) {
+                acc = blk_fma(blk_dot(w, wq, x, b), H(wd[b]) * xd[b], acc);
+                msum += H(wm[b]) * xs[b];
+            }
+            y[(int64_t)t * ldy + n] = hsum256(acc) + msum;
         }
     }
 }

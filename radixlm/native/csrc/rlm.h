@@ -68,11 +68,14 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-/* 512-bit int8 blocks (matmul.c): a row's full chunks of 16 blocks are read transposed,
- * with the activations laid out to match (interleave_act). */
+/* int8 blocks against Q4 rows (matmul_i8.c): a row's full chunks of RLM_CHUNK blocks (a
+ * vector's 32-bit lanes: 16 on 512-bit builds, 8 on AVX2) are read transposed, with the
+ * activations laid out to match (interleave_act). */
 #if defined(RLM_AVX2) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define RLM_I8_ZMM 1
 #define RLM_CHUNK 16
+#elif defined(RLM_AVX2)
+#define RLM_CHUNK 8
 #endif
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
@@ -282,7 +285,7 @@ static void dense_row_f32(const QMat *w, const uint8_t *row, int k, float *out);
 
 /* blocks.c */
 static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx);
-#ifdef RLM_I8_ZMM
+#ifdef RLM_CHUNK
 static inline int chunk_block(int l);
 static void interleave_act(int8_t *a, float *dx, int nb);
 #endif
