@@ -157,6 +157,15 @@ def test_without_an_inner_grammar_nothing_is_forbidden_and_eos_ends_it():
     assert g.is_terminated()
 
 
+def test_with_ignore_eos_eos_is_one_more_token_without_an_inner_grammar():
+    """A budget alone for a request with ignore_eos: EOS, inside the block or in the answer,
+    ends nothing (the request runs to max_new_tokens)."""
+    g = AfterReasoningGrammar(SHARED, None, start=REASONING, budget=5, eos_ends=False)
+    feed(g, "a", EOS, "</think>", EOS, "b", EOS)
+    assert g.in_answer and not g.is_terminated()
+    assert allowed(g.copy()) == set(range(VOCAB_SIZE))
+
+
 def test_eos_inside_the_block_when_the_answer_may_be_empty():
     g = AfterReasoningGrammar(SHARED, Literal(""), start=REASONING)
     assert EOS in allowed(g)

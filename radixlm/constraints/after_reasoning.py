@@ -199,13 +199,17 @@ class AfterReasoningGrammar(Grammar):
     """A request's grammar that starts at the end of the thinking block (module docstring).
     ``inner``: the answer's grammar, or None (only the budget / strict thinking); ``start``:
     where the output starts (``reasoning.REASONING``, ``OPENING`` or ``ANSWER``);
-    ``budget``: the most tokens the block may hold before its end tag (None: no limit)."""
+    ``budget``: the most tokens the block may hold before its end tag (None: no limit);
+    ``eos_ends``: whether EOS ends the output when there is no inner grammar (False for a
+    request with ignore_eos: EOS is then one more token of the text)."""
 
     OPENING, REASONING, CLOSING, ANSWER = range(4)
 
     def __init__(self, shared: ThinkingVocab, inner: Grammar | None, start: str,
-                 budget: int | None = None, strict: bool = False) -> None:
+                 budget: int | None = None, strict: bool = False,
+                 eos_ends: bool = True) -> None:
         self.s = shared
+        self.eos_ends = eos_ends
         self.inner = inner
         self.budget = budget
         self.strict = strict
@@ -330,7 +334,8 @@ class AfterReasoningGrammar(Grammar):
     def _accept_reasoning(self, token_id: int) -> bool | None:
         if self.strict and token_id in self.s.excluded_ids:
             return None
-        if token_id in self.s.eos_ids:  # the output ends inside the block
+        if token_id in self.s.eos_ids and (self.inner is not None or self.eos_ends):
+            # the output ends inside the block
             if not self._eos_ok():
                 return None
             self.phase = self.ANSWER
@@ -359,7 +364,7 @@ class AfterReasoningGrammar(Grammar):
             if self.eos_done or (is_eos and self.strict and self.had_block
                                  and not self.answer_len):
                 return None
-            self.eos_done = is_eos
+            self.eos_done = is_eos and self.eos_ends
             self.answer_len += 1
             return False
         if not self.inner.accept_token(token_id):
@@ -425,7 +430,7 @@ class AfterReasoningGrammar(Grammar):
 
     def copy(self) -> AfterReasoningGrammar:
         g = AfterReasoningGrammar(self.s, self.inner.copy() if self.inner is not None else None,
-                                  rs.OPENING, self.budget, self.strict)
+                                  rs.OPENING, self.budget, self.strict, self.eos_ends)
         g._restore(self._state())
         g._empty_ok = self._empty_ok
         g._history = list(self._history)
@@ -435,11 +440,13 @@ class AfterReasoningGrammar(Grammar):
 @dataclass(frozen=True)
 class ReasoningSpec:
     """What a request's wrapper is built from: its constraint (None: none), where its output
-    starts (``reasoning.output_start``), its budget (None: no limit)."""
+    starts (``reasoning.output_start``), its budget (None: no limit), whether EOS ends it
+    (not with ignore_eos)."""
 
     inner: ConstraintSpec | None
     start: str
     budget: int | None = None
+    eos_ends: bool = True
 
 
 class ReasoningGrammars:
@@ -459,11 +466,11 @@ class ReasoningGrammars:
         return has_constraint or budget is not None or self.strict
 
     def plan(self, inner: ConstraintSpec | None, tokenizer, prompt_ids: list[int],
-             budget: int | None) -> ReasoningSpec:
+             budget: int | None, eos_ends: bool = True) -> ReasoningSpec:
         """The spec of a request whose prompt is ``prompt_ids`` (where its output starts:
         ``reasoning.output_start`` of the prompt's tail)."""
         return ReasoningSpec(inner, output_start(self.fmt, prompt_tail(tokenizer, prompt_ids)),
-                             budget)
+                             budget, eos_ends)
 
     def compile_async(self, spec: ReasoningSpec) -> Future[Grammar]:
         """A future of the request's wrapper: around the inner grammar once the backend has
@@ -472,7 +479,7 @@ class ReasoningGrammars:
 
         def make(grammar: Grammar | None) -> None:
             wrapper = AfterReasoningGrammar(self.shared, grammar, spec.start, spec.budget,
-                                            self.strict)
+                                            self.strict, spec.eos_ends)
             try:
                 out.set_result(wrapper)
             except Exception:  # noqa: BLE001 - cancelled meanwhile (the request ended)

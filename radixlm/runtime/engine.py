@@ -262,7 +262,8 @@ class Engine:
             self.grammar_backend.validate(spec)
         if self.reasoning is None or not self.reasoning.needed(spec is not None, budget):
             return spec, None
-        return spec, self.reasoning.plan(spec, self.tokenizer, ids, budget)
+        return spec, self.reasoning.plan(spec, self.tokenizer, ids, budget,
+                                         eos_ends=not params.ignore_eos)
 
     def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
         params = p.params
