@@ -55,15 +55,18 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "reply", "sche
 WORDS = "add the numbers then think about units and say if you are sure of it".split()
 
 
-def _build(out, tokenizer):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+def _build(out, tokenizer, family: str = "qwen3"):
+    """The tiny reasoning model: Qwen3 (the torch reference path runs it), or the same
+    shapes as Llama (the native library's family) with the same tokenizer and template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
     tokenizer.save_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     tok.add_tokens(["<think>", "</think>"])  # single, non-special tokens, as in Qwen3
     tok.chat_template = QWEN3_TEMPLATE
     tok.save_pretrained(out)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+    config_cls = {"qwen3": Qwen3Config, "llama": LlamaConfig}[family]
+    cfg = config_cls(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                       head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True,
                       eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
