@@ -6,12 +6,11 @@ cache dir, newest first). Each with its size on disk and its quantization."""
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from radixlm import envs
+from radixlm.native.gguf_file import read_gguf
 
 HISTORY_FILE = "run_history.json"
 HISTORY_LEN = 20
@@ -34,49 +33,18 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-# GGUF metadata value types (gguf.GGUFValueType) -> struct format; 8 string, 9 array
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-def _skip_value(f: BinaryIO, vtype: int) -> None:
-    """Move past one GGUF metadata value of type `vtype`."""
-    if vtype == _STRING:
-        f.seek(struct.unpack("<Q", f.read(8))[0], 1)
-    elif vtype == _ARRAY:
-        elem, count = struct.unpack("<IQ", f.read(12))
-        if elem in (_STRING, _ARRAY):
-            for _ in range(count):
-                _skip_value(f, elem)
-        else:
-            f.seek(count * struct.calcsize(_SCALARS[elem]), 1)
-    else:
-        f.seek(struct.calcsize(_SCALARS[vtype]), 1)
-
-
 def gguf_quantization(path: Path) -> str:
     """The GGUF file's `general.file_type` (e.g. "Q4_1"), read from its header alone.
 
     gguf's own GGUFReader parses every field up front (seconds of Python for a 49k-token
-    vocabulary); this walks the key/value header only up to the one key it needs."""
+    vocabulary); this walks the header alone and decodes only that key."""
     import gguf
 
     try:
-        with open(path, "rb") as f:
-            magic, version = struct.unpack("<II", f.read(8))
-            if magic != gguf.GGUF_MAGIC or version < 2:
-                return "unknown"
-            _, n_kv = struct.unpack("<QQ", f.read(16))
-            for _ in range(n_kv):
-                key = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
-                vtype = struct.unpack("<I", f.read(4))[0]
-                if key == "general.file_type":
-                    fmt = _SCALARS[vtype]
-                    value = struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-                    return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
-                _skip_value(f, vtype)
-    except (OSError, struct.error, ValueError, KeyError):
+        value = read_gguf(path, ("general.file_type",))[0].get("general.file_type")
+        if value is not None:
+            return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
+    except (OSError, ValueError, KeyError):
         pass
     return "unknown"
 

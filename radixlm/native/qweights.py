@@ -175,8 +175,10 @@ def gguf_blocks(path: Path) -> dict[str, QWeight]:
     are left out: they run as dense rows."""
     import gguf
 
+    from radixlm.native.gguf_file import read_gguf
+
     out = {}
-    for t in gguf.GGUFReader(str(path)).tensors:
+    for t in read_gguf(path)[1]:
         raw = np.asarray(t.data)
         name = t.tensor_type.name
         if raw.dtype != np.uint8 or raw.ndim != 2 or name in DENSE_GGUF_TYPES:

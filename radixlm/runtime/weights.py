@@ -396,17 +396,18 @@ def gguf_file_types(model_dir: Path) -> tuple[str, list[str]] | None:
         return None
     import gguf
 
+    from radixlm.native.gguf_file import read_gguf
     from radixlm.native.qweights import DENSE_GGUF_TYPES
 
-    reader = gguf.GGUFReader(str(source))
-    field = reader.fields.get("general.file_type")
+    meta, tensors = read_gguf(source, ("general.file_type",))
+    value = meta.get("general.file_type")
     file_type = "?"
-    if field is not None:
+    if value is not None:
         try:
-            file_type = gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+            file_type = gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
         except ValueError:
-            file_type = str(field.contents())
-    types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+            file_type = str(value)
+    types = sorted({t.tensor_type.name for t in tensors if t.data.ndim == 2}
                    - set(DENSE_GGUF_TYPES))
     return file_type, types
 

@@ -70,9 +70,10 @@ def q4_1_from_gguf(gguf_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray, n
     """Raw Q4_1 tensors of a GGUF file: name -> (q uint8 [N, K], d [N, K/32], m [N, K/32])."""
     import gguf
 
+    from radixlm.native.gguf_file import read_gguf
+
     out = {}
-    reader = gguf.GGUFReader(str(gguf_path))
-    for t in reader.tensors:
+    for t in read_gguf(gguf_path)[1]:
         if t.tensor_type != gguf.GGMLQuantizationType.Q4_1:
             continue
         raw = np.asarray(t.data, dtype=np.uint8)  # [N, blocks * 20]
