@@ -338,7 +338,10 @@ class ModelRunner:
         """How many draft tokens a step of ``base_tokens`` tokens may add and still run on
         the path it runs on without them, with the same weights and activation rounding
         (so verification agrees with decoding): the native library up to its step size
-        (``ForwardBatch.act_rows`` keeps the rounding); int4 linears up to theirs."""
+        (``ForwardBatch.act_rows`` keeps the rounding); int4 linears up to theirs. (The
+        torch path's GEMMs round a row by the call's row count, so there a verified token
+        can differ from the decoded one in the last bit: exact for greedy text with any
+        margin, not for a sample between near-tied probabilities.)"""
         if self.native is not None:
             return max(self.native.max_rows - base_tokens, 0)
         if self.int4 is not None:

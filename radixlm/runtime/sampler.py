@@ -4,7 +4,9 @@ Order of operations on the fp32 logits ``[B, V]``: penalties (repetition, freque
 presence) -> logit bias -> banned tokens (``min_new_tokens`` blocks EOS/stop ids) ->
 grammar bitmask -> logprobs (of this processed, masked distribution, before temperature)
 -> greedy argmax, or temperature, top-k, top-p, min-p and a draw from the request's own
-seeded generator (so a seed gives the same text whatever else is in the batch).
+seeded generator (so a seed gives the same draws whatever else is in the batch, and the
+same text while the logits are the same bits: the native path rounds a row by its step's
+size class alone, the torch path's BLAS by the row count of the GEMM it is in).
 """
 
 from __future__ import annotations
