@@ -118,7 +118,7 @@ def test_bad_settings_are_refused_by_name(args, message) -> None:
     assert "Unknown command '/nope'" in out
 
 
-def test_gguf_header_read_agrees_with_ggufs_reader(tmp_path: Path) -> None:
+def test_gguf_header_read_gives_the_file_type(tmp_path: Path) -> None:
     import gguf
 
     path = tmp_path / "tiny.gguf"
@@ -132,10 +132,8 @@ def test_gguf_header_read_agrees_with_ggufs_reader(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     assert models.gguf_quantization(path) == "Q8_0"
-    embedded = models.known_models()[0]
-    field = gguf.GGUFReader(str(embedded.path)).fields["general.file_type"]
-    expected = gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name
-    assert embedded.quantization == expected.removeprefix("MOSTLY_") == "Q4_1"
+    embedded = models.known_models()[0]  # (its header against GGUFReader: test_gguf_file)
+    assert embedded.quantization == "Q4_1"
     assert embedded.size_bytes == embedded.path.stat().st_size
     (tmp_path / "not.gguf").write_bytes(b"nope")
     assert models.gguf_quantization(tmp_path / "not.gguf") == "unknown"

@@ -16,8 +16,11 @@ from radixlm.native.gguf_file import read_gguf
 def _same_as_reader(path: Path) -> list:
     import gguf
 
-    _, tensors = read_gguf(path)
-    expected = gguf.GGUFReader(str(path)).tensors
+    meta, tensors = read_gguf(path, ("general.file_type", "general.architecture"))
+    reader = gguf.GGUFReader(str(path))
+    for key, value in meta.items():
+        assert value == reader.fields[key].contents(), key
+    expected = reader.tensors
     assert [t.name for t in tensors] == [t.name for t in expected]
     for ours, theirs in zip(tensors, expected):
         assert ours.tensor_type == theirs.tensor_type, ours.name

@@ -8,7 +8,7 @@ promotions, aborts and speculative drafts.
 Reference for "same as recompute": the first run of a prompt computes all of its K/V; a
 hit from any tier brings back those K/V bits exactly (checked), so its outputs equal the
 first run's up to the rounding of the last prompt token, which a hit recomputes in a step
-of another size (fp32 torch path: |delta logprob| <= 1e-4)."""
+of another size (fp32 steps, torch or native: |delta logprob| <= 1e-4)."""
 
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ def test_an_int8_pool_keeps_its_prefixes_quantized_in_the_host_and_disk_tiers(tm
 
 
 def storage_engine(directory: Path, **kwargs) -> Engine:
-    options = {"dtype": "float32", "weight_quant": "none", "max_total_tokens": POOL,
+    options = {"dtype": "float32", "native_activations": "fp32", "max_total_tokens": POOL,
                "enable_hierarchical_cache": True, "hicache_storage_backend": "file",
                "hicache_storage_dir": str(directory), "log_level": "warning", **kwargs}
     return Engine(**options)
