@@ -160,7 +160,11 @@
         if (!choice) return;
         const delta = choice.delta && choice.delta.content;
         if (delta) {
-          if (first === null) first = performance.now();
+          if (first === null) {  // running now: show it without waiting for the next poll
+            first = performance.now();
+            refreshMetrics().catch(() => {});
+            refreshTree().catch(() => {});
+          }
           answer.append(delta);  // a text node: never parsed as HTML
           content += delta;
           el.transcript.scrollTop = el.transcript.scrollHeight;
