@@ -6,10 +6,11 @@ those of decoding without drafts.
 Two paths. The tiny model as Llama runs on the native library, whose step rounding
 depends only on the step's token count class (``ForwardBatch.act_rows``), so seeded
 sampling with drafts gives the very tokens it gives without. As Qwen3 it runs on the torch
-reference path, whose BLAS and SDPA round a row by the shape of the call it is in (MKL's
-sgemm: by the GEMM's row count; so a verification row of 5 tokens may differ from the
+reference path, which rounds a row by the shape of the call it is in (MKL's sgemm by the
+GEMM's row count, measured; with the GEMMs padded to row-invariant shapes the sampled run
+still differed, so attention's kernels do too), so a verification row may differ from the
 decode step's in the last bit, and a sampled token between near-tied probabilities with
-it): there the drafts are verified greedily, where such a bit does not move the argmax."""
+it: there the drafts are verified greedily, where such a bit does not move the argmax."""
 
 from __future__ import annotations
 

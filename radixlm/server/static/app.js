@@ -162,8 +162,7 @@
         if (delta) {
           if (first === null) {  // running now: show it without waiting for the next poll
             first = performance.now();
-            refreshMetrics().catch(() => {});
-            refreshTree().catch(() => {});
+            refreshViews();
           }
           answer.append(delta);  // a text node: never parsed as HTML
           content += delta;
@@ -184,9 +183,14 @@
       }
     } finally {
       setBusy(false, null);
-      refreshTree();
-      refreshMetrics();
+      refreshViews();
     }
+  }
+
+  // The metrics and radix views at once, outside their polls (a failure waits for the poll).
+  function refreshViews() {
+    refreshTree().catch(() => {});
+    refreshMetrics().catch(() => {});
   }
 
   function prettyJson(turn, answer, content) {
