@@ -5,7 +5,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixlm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint bench bench-llamacpp bench-speculative bench-avx2 stress clean
+.PHONY: install serve test lint bench bench-llamacpp bench-speculative bench-sizes bench-avx2 \
+	stress clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +47,12 @@ bench-llamacpp: install .venv-llamacpp/bin/python
 
 bench-speculative: install .venv-llamacpp/bin/python
 	$(PY) benchmarks/bench_speculative.py --llama-python .venv-llamacpp/bin/python
+
+# radixlm vs llama.cpp on random-weight GGUFs at Llama / Qwen 1B-8B shapes, quantized by
+# llama.cpp (made once into ~/.cache/radixlm/bench-models); BENCH_SIZES_ARGS=--models ...
+BENCH_SIZES_ARGS ?=
+bench-sizes: install .venv-llamacpp/bin/python
+	$(PY) benchmarks/bench_sizes.py --llama-python .venv-llamacpp/bin/python $(BENCH_SIZES_ARGS)
 
 # An AVX2-only host's paths on any x86-64 host: radixlm, torch and HF capped at AVX2
 # (RADIXLM_CPU_ISA), llama.cpp built for AVX2 alone in a venv of its own.

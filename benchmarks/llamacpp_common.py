@@ -1,5 +1,5 @@
-"""What the benchmarks' llama.cpp workers share (they run in llama.cpp's own venv, so this
-imports nothing from radixlm)."""
+"""What the benchmarks' llama.cpp workers and their parents share (the workers run in
+llama.cpp's own venv, so this imports nothing from radixlm)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,31 @@ def use_plain_buffers(llama_cpp) -> None:
     high_level.llama_cpp.llama_model_default_params = params
 
 
-def announce_ready(llama_cpp) -> None:
-    """The worker's first line: llama-cpp-python's version and what llama.cpp was built for."""
+def announce_ready(llama_cpp, **extra) -> None:
+    """The worker's first line: llama-cpp-python's version, what llama.cpp was built for, and
+    ``extra`` (e.g. how long the model took to construct)."""
     features = llama_cpp.llama_print_system_info().decode().strip()
-    print(json.dumps({"ready": llama_cpp.__version__, "features": features}), flush=True)
+    print(json.dumps({"ready": llama_cpp.__version__, "features": features, **extra}),
+          flush=True)
+
+
+def status_kib(pid: int | str, key: str) -> int:
+    """A ``/proc/PID/status`` size in KiB (``VmRSS``, ``VmHWM``: the peak resident set);
+    0 where the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def mem_available() -> int:
+    """The kernel's MemAvailable in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/meminfo has no MemAvailable")

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.server import native, openai_api, playground
+from radixlm.server import native, openai_api, playground, responses_api
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import ClientDisconnected
 from radixlm.server.metrics import ServerMetrics
@@ -53,6 +53,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.state.server = state
     app.include_router(native.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(playground.router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(ApiError, _api_error)
@@ -60,7 +61,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnected, _disconnected)
     app.add_exception_handler(UnicodeError, _unicode_error)
-    routers = (native.router, openai_api.router, playground.router)
+    routers = (native.router, openai_api.router, responses_api.router, playground.router)
     known = {"/metrics", *OPEN_PATHS} | {r.path for router in routers
                                          for r in router.routes if hasattr(r, "path")}
     app.add_middleware(GuardMiddleware, state=state, known_paths=known)

@@ -1,4 +1,6 @@
-"""Server-sent events: `data: {json}\\n\\n` lines ending with `data: [DONE]\\n\\n`."""
+"""Server-sent events: `data: {json}\\n\\n` lines ending with `data: [DONE]\\n\\n`; or,
+for protocols that name their events (OpenAI Responses), `event: <type>` before each data
+line and no end marker."""
 
 from __future__ import annotations
 
@@ -36,17 +38,21 @@ def sse_event(line: str) -> dict[str, Any] | str | None:
     return event
 
 
-def sse(payload: dict[str, Any] | str) -> bytes:
-    """One SSE event."""
+def sse(payload: dict[str, Any] | str, named: bool = False) -> bytes:
+    """One SSE event; ``named``: with an `event:` line holding the payload's "type"."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
+    name = payload.get("type") if named and isinstance(payload, dict) else None
+    return (f"event: {name}\n" if isinstance(name, str) else "").encode() \
+        + f"data: {data}\n\n".encode()
 
 
-async def sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Encode `events`; an ApiError mid-stream becomes an error event; always ends in [DONE]."""
+async def sse_events(events: AsyncIterator[dict[str, Any]],
+                     named: bool = False) -> AsyncIterator[bytes]:
+    """Encode `events`; an ApiError mid-stream becomes an error event; ends in [DONE]
+    unless ``named`` (each event then also named by its "type", as `sse` writes it)."""
     try:
         async for event in events:
-            yield sse(event)
+            yield sse(event, named)
     except ApiError as exc:
         yield sse(exc.body())
     except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
@@ -54,7 +60,8 @@ async def sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[byt
         yield sse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body())
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-    yield sse("[DONE]")
+    if not named:
+        yield sse("[DONE]")
 
 
 class ClientStalled(Exception):
@@ -66,18 +73,19 @@ class SSEResponse(StreamingResponse):
     disconnects has its requests aborted at once rather than when the generator is
     garbage-collected. `on_close` runs last (it aborts what the events never reached);
     a send that waits more than `stall_timeout` seconds on a client that does not read
-    ends the response (the engine buffers only the latest cumulative chunk meanwhile)."""
+    ends the response (the engine buffers only the latest cumulative chunk meanwhile).
+    ``named``: events named by their "type", no [DONE] (`sse_events`)."""
 
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[dict[str, Any]],
                  headers: dict[str, str] | None = None,
                  on_close: Callable[[], None] | None = None,
-                 stall_timeout: float | None = None) -> None:
+                 stall_timeout: float | None = None, named: bool = False) -> None:
         self._events = events
         self._on_close = on_close
         self._stall_timeout = stall_timeout
-        super().__init__(sse_events(events), headers={"Cache-Control": "no-cache",
+        super().__init__(sse_events(events, named), headers={"Cache-Control": "no-cache",
                                                       "X-Accel-Buffering": "no",
                                                       **(headers or {})})
 
