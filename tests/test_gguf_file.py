@@ -1,7 +1,8 @@
-"""The GGUF header walk (``read_gguf``) against gguf's own ``GGUFReader``: the same tensors
-with the same names, types, dtypes, shapes and bytes, on the embedded model and on a file
-written here with dense and block tensors, string arrays and a custom alignment; damaged
-files are ValueErrors that name the problem."""
+"""The GGUF header walk (``read_gguf``) against gguf's own ``GGUFReader``: every metadata
+value (arrays of strings, ints, floats and bools, nested arrays) equal to ``contents()``, and
+the same tensors with the same names, types, dtypes, shapes and bytes, on the embedded model
+and on a file written here with dense and block tensors and a custom alignment; damaged
+files are ValueErrors that name the problem (each hostile header: tests/test_gguf_model.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ from radixlm.native.gguf_file import read_gguf
 def _same_as_reader(path: Path) -> list:
     import gguf
 
-    meta, tensors = read_gguf(path, ("general.file_type", "general.architecture"))
     reader = gguf.GGUFReader(str(path))
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    meta, tensors = read_gguf(path, keys + ["absent"])
+    assert list(meta) == [k for k in keys if k != "general.alignment"]
     for key, value in meta.items():
-        assert value == reader.fields[key].contents(), key
+        expected = reader.fields[key].contents()
+        if isinstance(value, list) and value and isinstance(value[0], list):
+            value = [x for part in value for x in part]  # GGUFReader flattens nested arrays
+        assert value == expected and type(value) is type(expected), key
+        if isinstance(value, list) and value:
+            assert type(value[0]) is type(expected[0]), key
     expected = reader.tensors
     assert [t.name for t in tensors] == [t.name for t in expected]
     for ours, theirs in zip(tensors, expected):
@@ -45,6 +53,10 @@ def _write(path: Path, alignment: int = 64) -> None:
     w.add_custom_alignment(alignment)
     w.add_token_list([f"tok{i}" for i in range(300)])
     w.add_array("test.ints", [1, 2, 3])
+    w.add_array("test.floats", [0.5, -1.25])
+    w.add_array("test.bools", [True, False, True])
+    w.add_array("test.nested", [[1, 2], [3]])
+    w.add_array("test.empty", [])
     w.add_string("test.name", "tiny")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_tensor("dense.f32", rng.standard_normal((3, 5)).astype(np.float32))
@@ -64,8 +76,13 @@ def test_dense_and_block_tensors_after_string_arrays_and_an_alignment(tmp_path):
     _write(path)
     tensors = _same_as_reader(path)
     assert [t.data.shape for t in tensors] == [(3, 5), (7,), (4, 68), (4, 36)]
-    meta, _ = read_gguf(path, ("test.name", "general.file_type", "test.ints", "absent"))
-    assert meta == {"test.name": "tiny", "general.file_type": 7, "test.ints": None}
+    meta, _ = read_gguf(path, ("test.name", "general.file_type", "test.ints", "test.floats",
+                               "test.bools", "test.nested", "absent"))
+    assert meta == {"test.name": "tiny", "general.file_type": 7, "test.ints": [1, 2, 3],
+                    "test.floats": [0.5, -1.25], "test.bools": [True, False, True],
+                    "test.nested": [[1, 2], [3]]}
+    tokens = read_gguf(path, ("tokenizer.ggml.tokens",))[0]["tokenizer.ggml.tokens"]
+    assert tokens == [f"tok{i}" for i in range(300)]
 
 
 def test_damaged_files_are_named(tmp_path):
@@ -76,7 +93,7 @@ def test_damaged_files_are_named(tmp_path):
     with pytest.raises(ValueError, match="blocks.Q4_0 runs past the end"):
         read_gguf(tmp_path / "cut.gguf")
     (tmp_path / "head.gguf").write_bytes(data[:200])
-    with pytest.raises(ValueError, match="damaged GGUF header"):
+    with pytest.raises(ValueError, match="'tokenizer.ggml.tokens' claims 300 values"):
         read_gguf(tmp_path / "head.gguf")
     (tmp_path / "not.gguf").write_bytes(b"GGML" + data[4:])
     with pytest.raises(ValueError, match="not a GGUF file"):
