@@ -21,7 +21,7 @@ import pytest
 import torch
 from server_fakes import free_port, wait_until
 
-from radixlm.runtime.weights import load_tokenizer, resolve_model
+from radixlm.runtime.weights import hf_dir_from_gguf, load_tokenizer, resolve_model
 
 # The grammar walks and schema conformance checks live beside the benchmark that reports them
 # (benchmarks/bench_schema_coverage.py); the tests import them from there.
@@ -58,8 +58,17 @@ def _parse_each_gguf_once():
 
 
 @pytest.fixture(scope="session")
-def model_dir():
+def model_gguf() -> Path:
+    """The embedded model's GGUF, as the engine reads it."""
     return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def model_dir(model_gguf):
+    """The same model as a Hugging Face directory (dequantized fp32; made once under the
+    cache dir by the test reference converter): transformers' reference and the engine's
+    dense path."""
+    return hf_dir_from_gguf(model_gguf)
 
 
 @pytest.fixture(scope="session")

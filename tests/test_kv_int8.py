@@ -108,18 +108,16 @@ def test_the_same_memory_holds_about_twice_the_tokens(monkeypatch) -> None:
     (30 layers, 3 KV heads, head dim 64): int8 holds >= 1.9x the tokens of bf16 (1.94x:
     66 bytes a row instead of 128) and 3.9x those of fp32; the buffers allocated for those
     tokens fit the same bytes."""
-    import os
-
+    from radixlm.runtime import model_runner
     from radixlm.runtime.model_runner import ModelRunner
 
-    pages = (1 << 30) // os.sysconf("SC_PAGE_SIZE")
-    real = os.sysconf
-    monkeypatch.setattr(os, "sysconf", lambda n: pages if n == "SC_AVPHYS_PAGES" else real(n))
+    monkeypatch.setattr(model_runner, "available_memory", lambda: 1 << 30)
     cfg = types.SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
 
     def capacity(dtype, kv):
         runner = types.SimpleNamespace(dtype=dtype, device=CPU)
-        return ModelRunner._pool_capacity(runner, EngineConfig(kv_cache_dtype=kv), cfg)
+        return ModelRunner._pool_capacity(runner, EngineConfig(kv_cache_dtype=kv), cfg,
+                                          2048, 0)
 
     bf16, int8 = capacity(torch.bfloat16, "auto"), capacity(torch.bfloat16, "int8")
     fp32 = capacity(torch.float32, "auto")

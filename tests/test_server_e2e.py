@@ -36,9 +36,11 @@ def url(server: tuple[subprocess.Popen, str]) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer(url: str):
-    from transformers import AutoTokenizer
+    from pathlib import Path
 
-    return AutoTokenizer.from_pretrained(httpx.get(url + "/get_model_info").json()["model_path"])
+    from radixlm.runtime.weights import load_tokenizer
+
+    return load_tokenizer(Path(httpx.get(url + "/get_model_info").json()["model_path"]))
 
 
 def sse_chunks(lines: Iterator[str]) -> Iterator[dict | str]:

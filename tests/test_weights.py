@@ -15,8 +15,10 @@ from radixlm.runtime.weights import (
 )
 
 
-def test_alias_and_errors(model_dir):
-    assert resolve_model("smollm2-135m-instruct") == model_dir  # cached conversion reused
+def test_alias_and_errors(model_gguf, model_dir):
+    path = resolve_model("smollm2-135m-instruct")
+    assert path == model_gguf and path.suffix == ".gguf"  # the file itself, nothing converted
+    assert resolve_model(str(model_dir)) == model_dir  # an HF directory as it is
     assert (model_dir / "model.safetensors").exists()
     with pytest.raises(ValueError, match="neither"):
         resolve_model("no/such/model")

@@ -150,13 +150,26 @@ class QMat(ctypes.Structure):
                 ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p)]
 
 
+class QCat(ctypes.Structure):
+    """The row-concatenation of up to 3 matrices, each in its own format (csrc/rlm.h)."""
+
+    _fields_ = [("count", ctypes.c_int32), ("part", QMat * 3)]
+
+
+def qcat(mats: list[QMat]) -> QCat:
+    if not 1 <= len(mats) <= 3:
+        raise ValueError(f"a concatenation has 1 to 3 parts, not {len(mats)}")
+    return QCat(len(mats), (QMat * 3)(*mats))
+
+
 class Layer(ctypes.Structure):
     _fields_ = [("hidden", ctypes.c_int32), ("n_heads", ctypes.c_int32),
                 ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
                 ("inter", ctypes.c_int32), ("eps", ctypes.c_float),
                 ("attn_scale", ctypes.c_float), ("in_norm", ctypes.c_void_p),
                 ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
-                ("qkv", QMat), ("o", QMat), ("gate_up", QMat), ("down", QMat)]
+                ("rope_pairs", ctypes.c_int32), ("qkv", QCat), ("o", QMat),
+                ("gate_up", QCat), ("down", QMat)]
 
 
 ACT_INT8, ACT_F32, ACT_BF16 = 0, 1, 2  # Step.act_mode (see csrc/rlm.h)
@@ -190,6 +203,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_norm_head.restype = None
     lib.rlm_silu_mul.argtypes = [p, p, i32, p]
     lib.rlm_silu_mul.restype = None
+    lib.rlm_dequant_rows.argtypes = [ctypes.POINTER(QMat), p, i32, p]
+    lib.rlm_dequant_rows.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]
     lib.rlm_quantize_rows.restype = None
     lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p,

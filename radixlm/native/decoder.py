@@ -15,9 +15,25 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, int8_decode_preferred
+from radixlm.native.build import (
+    ACT_BF16,
+    ACT_F32,
+    ACT_INT8,
+    Layer,
+    Step,
+    int8_decode_preferred,
+    qcat,
+)
 from radixlm.native.ops import KV_DTYPES, Arena
-from radixlm.native.qweights import FMT_BF16, QWeight, concat, dense_rows, quantize_q4
+from radixlm.native.qweights import (
+    FMT_BF16,
+    FMT_Q4,
+    QWeight,
+    concat,
+    dense_rows,
+    is_kquant,
+    quantize_q4,
+)
 
 
 class StepBatch(Protocol):
@@ -97,7 +113,7 @@ INT8_MAX_ROWS = 8
 
 
 def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8: bool = False) -> tuple[tuple[int, int], ...]:
+                     int8: bool = False, every_step: bool = False) -> tuple[tuple[int, int], ...]:
     """The C activation mode by step size: ``((from_tokens, mode), ...)``, ascending, the
     first from 1; a step of T tokens runs the last entry whose ``from_tokens <= T``.
     ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
@@ -108,9 +124,13 @@ def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
     library has bf16 (the compute-bound steps); below that int8 blocks where ``int8`` (a
     block-quantized model on a CPU with u8 x s8 SIMD: ``build.int8_decode_preferred``) for
     steps under INT8_MAX_ROWS tokens (bf16 then from INT8_MAX_ROWS at the soonest); fp32
-    otherwise. An explicit mode runs every step."""
+    otherwise. With ``every_step`` (a model with K-quant blocks, on an ``int8`` host) int8
+    blocks run steps of every size: prefill is an int8 GEMM over the file's own blocks, and a
+    token rounds alike in any step. An explicit mode runs every step."""
     if act != "auto":
         return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
+    if int8 and every_step:
+        return ((1, ACT_INT8),)
     bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
     if int8 and bf16:
         bf16 = max(bf16, INT8_MAX_ROWS)
@@ -140,16 +160,21 @@ def describe_weights(layer_weights: list[QWeight], head: QWeight) -> str:
 
 
 class NativeDecoder:
-    """Runs steps of at most ``max_rows`` tokens. ``blocks``: HF weight name -> QWeight
-    (a GGUF's own blocks, or blocks made at load on request); weights missing there run as
-    dense rows at the model's precision (bf16 rows for a bf16 model, fp32 otherwise), or
-    as Q4 blocks with ``quant="int4"``. Dense rows are moved into the decoder's arena and
-    the model's tensors become views of them (one copy in memory, read by both paths).
+    """Runs steps of at most ``max_rows`` tokens (None: every step, for a model whose
+    weights exist only as blocks: a GGUF loaded as a GGUF). ``blocks``: HF weight name ->
+    QWeight (a GGUF's own blocks, or blocks made at load on request); weights missing there
+    run as dense rows at the model's precision (bf16 rows for a bf16 model, fp32 otherwise),
+    or as Q4 blocks with ``quant="int4"``. Dense rows are moved into the decoder's arena and
+    the model's tensors become views of them (one copy in memory, read by both paths). A
+    model without an ``embed`` tensor looks token rows up in the embedding's blocks.
     ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
-    ``activation_modes``); int8 needs block weights (a ValueError on a dense model)."""
+    ``activation_modes``); int8 needs block weights (a ValueError on a dense model).
+    ``release``: called with each QWeight once the arena holds its copy (a file mapping
+    gives its pages back)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
-                 max_rows: int, quant: str = "auto", act: str = "auto") -> None:
+                 max_rows: int | None, quant: str = "auto", act: str = "auto",
+                 release=None) -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
         self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
@@ -159,21 +184,32 @@ class NativeDecoder:
         n = cfg.num_layers
         mats = [self._layer_weights(i, blocks) for i in range(n)]
         head = self._head_weights(blocks)
-        flat = [w for m in mats for w in m.values()]
+        embed = None
+        if model.embed is None:  # token rows from the embedding's blocks
+            embed = blocks.get("model.embed_tokens.weight")
+            if embed is None:
+                raise ValueError("the model has no embedding tensor (token_embd)")
+        flat = [w for m in mats for parts in m.values() for w in parts]
         self.weights = describe_weights(flat, head)
         quantized = any(not w.dense for w in [*flat, head])
         if act == "int8" and not quantized:
             raise ValueError(f"native_activations='int8' rounds activations for block "
                              f"weights; this model runs dense {self.weights} rows (use "
                              "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
-        self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()),
-                                          model.embed.dtype,
-                                          quantized and int8_decode_preferred())
-        self.arena = Arena([*flat, head])  # in step order
+        int8 = quantized and int8_decode_preferred()
+        self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()), model.dtype,
+                                          int8, every_step=int8 and any(
+                                              is_kquant(w) for w in [*flat, head]))
+        order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
+        self.arena = Arena(order)  # in step order
+        self._release = release or (lambda w: None)
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
         self.head, head_rows = self._place(head)
         if head_rows is not None:
             self._adopt_head(head_rows)
+        self.embed_mat = None
+        if embed is not None:
+            self.embed_mat = self.head if embed is head else self._place(embed)[0]
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         # an int8 pool's per-layer row scales (Step.k_scales / v_scales; None otherwise)
@@ -193,9 +229,12 @@ class NativeDecoder:
         self._keep.append(a)
         return a.ctypes.data
 
-    def _missing(self, weight: torch.Tensor) -> QWeight:
+    def _missing(self, dense, name: str) -> QWeight:
         """A weight the source has no blocks for: dense rows (bf16 bits or fp32), or the
         ``quant`` fill's blocks."""
+        if dense is None:
+            raise ValueError(f"weight {name} is missing from the model file")
+        weight = dense.weight if hasattr(dense, "weight") else dense
         if self._fill is not None:
             return self._fill(weight.float().numpy())
         if weight.dtype == torch.bfloat16:
@@ -203,13 +242,19 @@ class NativeDecoder:
         return dense_rows(weight.float().contiguous().numpy())
 
     def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
-               dense) -> QWeight:
+               dense) -> list[QWeight]:
+        """The parts of one concatenation (csrc QCat) as the source has them; parts that
+        would read different activation layouts (Q4 rows beside others) become one Q8
+        matrix (``concat``)."""
         full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
         if all(n in blocks for n in full):
-            return concat([blocks[n] for n in full])
-        return self._missing(dense.weight)
+            parts = [blocks[n] for n in full]
+            if len({p.fmt == FMT_Q4 for p in parts}) > 1:
+                return [concat(parts)]
+            return parts
+        return [self._missing(dense, full[0])]
 
-    def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, QWeight]:
+    def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, list[QWeight]]:
         layer = self.model.layers[i]
         return {key: self._fused(blocks, i, names, getattr(layer, attr))
                 for (key, names), attr in zip(_FUSED.items(), _ATTRS)}
@@ -217,14 +262,15 @@ class NativeDecoder:
     def _head_weights(self, blocks: dict[str, QWeight]) -> QWeight:
         model = self.model
         head = blocks.get("lm_head.weight")
-        if head is None and model.lm_head is model.embed:
+        if head is None and (model.lm_head is model.embed or model.cfg.tie_word_embeddings):
             head = blocks.get("model.embed_tokens.weight")
-        return head if head is not None else self._missing(model.lm_head)
+        return head if head is not None else self._missing(model.lm_head, "lm_head.weight")
 
     def _place(self, w: QWeight) -> tuple[ctypes.Structure, torch.Tensor | None]:
         """``w`` into the arena: its C view, and for dense rows a torch tensor over the
         arena's copy (bf16 or fp32), for the model to read instead of its own."""
         mat, arrays = self.arena.place(w)
+        self._release(w)
         if not w.dense:
             return mat, None
         rows = arrays[0]
@@ -241,19 +287,22 @@ class NativeDecoder:
             model.head.weight = t
         model.lm_head = t
 
-    def _layer(self, i: int, weights: dict[str, QWeight]) -> Layer:
+    def _layer(self, i: int, weights: dict[str, list[QWeight]]) -> Layer:
         cfg, layer = self.model.cfg, self.model.layers[i]
         mats = {}
-        for (key, w), attr in zip(weights.items(), _ATTRS):
-            mats[key], t = self._place(w)
-            linear = getattr(layer, attr)
-            if t is not None and t.dtype == linear.weight.dtype:
+        for (key, parts), attr in zip(weights.items(), _ATTRS):
+            placed = [self._place(w) for w in parts]
+            mats[key] = [m for m, _ in placed]
+            linear = getattr(layer, attr, None)
+            t = placed[0][1]
+            if linear is not None and t is not None and t.dtype == linear.weight.dtype:
                 linear.weight = t  # the model's linear reads the arena's copy
+        bias = layer.qkv.bias if getattr(layer, "qkv", None) is not None else layer.qkv_bias
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),
-                     self._f32(layer.qkv.bias), mats["qkv"], mats["o"], mats["gate_up"],
-                     mats["down"])
+                     self._f32(bias), int(getattr(layer, "rope_pairs", False)),
+                     qcat(mats["qkv"]), mats["o"][0], qcat(mats["gate_up"]), mats["down"][0])
 
     # ------------------------------------------------------------------ the step
     def accepts(self, batch: StepBatch) -> bool:
@@ -262,7 +311,7 @@ class NativeDecoder:
         BF16_LARGE_MAX_ROWS with bf16 dot products) and attend to short contexts (see
         LARGE_MAX_CTX_PER_TOKEN)."""
         t = batch.num_tokens
-        if 0 < t <= self.max_rows:
+        if self.max_rows is None or 0 < t <= self.max_rows:
             return True
         if self._mode(t) != ACT_BF16 or t > (LARGE_MAX_ROWS if self.amx
                                              else BF16_LARGE_MAX_ROWS):
@@ -301,6 +350,17 @@ class NativeDecoder:
             setattr(self, attr, ws)
         return ws
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``ids`` in fp32: from the model's tensor, or dequantized
+        from the embedding's blocks."""
+        if self.embed_mat is None:
+            return self.model.embed[ids].float()
+        ids = ids.contiguous()
+        out = torch.empty(ids.numel(), self.model.cfg.hidden_size, dtype=torch.float32)
+        self.lib.rlm_dequant_rows(ctypes.byref(self.embed_mat), ids.data_ptr(), ids.numel(),
+                                  out.data_ptr())
+        return out
+
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), V]`` in fp32 (the K/V of every token of
@@ -308,7 +368,7 @@ class NativeDecoder:
         model, lib, pool = self.model, self.lib, self.pool
         nthreads = torch.get_num_threads()
         T = batch.num_tokens
-        res = model.embed[batch.input_ids].float()  # (T, hidden), the residual stream
+        res = self._embed(batch.input_ids)  # (T, hidden), the residual stream
         freqs = batch.positions.float()[:, None] * model.inv_freq[None, :]
         cos, sin = freqs.cos(), freqs.sin()
         if model.rope_scaling != 1.0:

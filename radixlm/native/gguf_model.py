@@ -84,8 +84,9 @@ class GGUFModelInfo:
             raise ValueError(f"{path}: {exc}") from exc
         _check_tensors(path, config, arch, by_name)
         tokenizer = _tokenizer(meta, arch, config, path)
-        if len(tokenizer) != config.vocab_size:
-            raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but "
+        n_tokens = len(meta.get("tokenizer.ggml.tokens") or ()) or len(tokenizer)
+        if n_tokens != config.vocab_size:  # (added tokens beyond the list may be more)
+            raise ValueError(f"{path}: the tokenizer has {n_tokens} tokens but "
                              f"token_embd.weight has {config.vocab_size} rows")
         return cls(path, arch, config, tokenizer, _eos_ids(meta), tuple(tensors),
                    sum(t.data.nbytes for t in tensors), meta)

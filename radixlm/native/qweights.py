@@ -27,6 +27,8 @@ import numpy as np
 
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
+FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as the file has them
+KQUANT_FMTS = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)
 
 
 @dataclass
@@ -69,6 +71,11 @@ class QWeight:
         """The same weights with output rows reordered."""
         return QWeight(self.fmt, self.qs[perm], None if self.d is None else self.d[perm],
                        None if self.m is None else self.m[perm], self.kind, self.origin)
+
+
+def is_kquant(w: QWeight) -> bool:
+    """Whether ``w`` holds GGUF K-quant super-blocks (Q4_K / Q5_K / Q6_K)."""
+    return w.fmt in KQUANT_FMTS
 
 
 def dense_rows(w: np.ndarray) -> QWeight:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -13,8 +14,10 @@ from radixlm.runtime.attention.base import create_attention_backend, resolve_bac
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.gguf_load import is_gguf, native_blocks
 from radixlm.runtime.kv_pool import KVPool, check_kv_cache_dtype
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
+from radixlm.runtime.models.native_gguf import NativeGGUFModel, native_unsupported
 from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
 from radixlm.runtime.parallel import (
     TPGroup,
@@ -127,18 +130,30 @@ def native_library(config: EngineConfig, device: torch.device):
     return load()
 
 
-def create_native_decoder(lib, config: EngineConfig, model: LlamaModel, pool: KVPool,
-                          blocks: dict):
-    """The native small-step decoder for ``model`` on ``blocks`` (HF name -> QWeight;
-    the rest dense), or None (logged) if it cannot run it."""
+def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks: dict,
+                          every_step: bool = False):
+    """The native decoder for ``model`` on ``blocks`` (HF name -> QWeight; the rest dense):
+    small steps, or with ``every_step`` all of them (a GGUF read as a GGUF, whose blocks
+    are its only weights: the file map's pages are given back as the arena copies them).
+    None (logged) if it cannot run the model; with ``every_step`` that is a ValueError."""
     from radixlm.native.decoder import NativeDecoder, supported
+    from radixlm.native.pages import release
 
     reason = supported(model, pool)
     if reason is not None:
+        if every_step:
+            raise ValueError(f"the native library cannot run this model: {reason}")
         logger.warning("native CPU ops cannot run this model (%s): reference path", reason)
         return None
-    return NativeDecoder(lib, model, blocks, pool, max_rows=NATIVE_MAX_ROWS,
-                         quant=config.weight_quant, act=config.native_activations)
+
+    def give_back(w) -> None:
+        for a in (w.qs, w.d, w.m):
+            release(a)
+
+    return NativeDecoder(lib, model, blocks, pool,
+                         max_rows=None if every_step else NATIVE_MAX_ROWS,
+                         quant=config.weight_quant, act=config.native_activations,
+                         release=give_back if every_step else None)
 
 
 def block_quantization(config: EngineConfig, model_dir) -> str | None:
@@ -158,7 +173,54 @@ def block_quantization(config: EngineConfig, model_dir) -> str | None:
     return None
 
 
+def _reads_gguf_natively(config: EngineConfig, model_dir, hf_config, lib) -> bool:
+    """Whether the model is a GGUF whose blocks are its only weights, every step native:
+    with the native library, one rank, no re-quantization, a family the native layer runs
+    (else the file is dequantized in memory for the torch path, logged)."""
+    if lib is None or not is_gguf(model_dir) or config.tp_size != 1 or config.quantization:
+        return False
+    reason = native_unsupported(hf_config)
+    if reason is not None:
+        logger.info("%s runs on the torch path (dequantized in memory): %s",
+                    Path(model_dir).name, reason)
+    return reason is None
+
+
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process: ``MemAvailable`` (free + reclaimable
+    page cache), bounded by a cgroup limit where one is set."""
+    import os
+
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    for path, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
+        try:
+            limit = open(path).read().strip()
+            if limit != "max":
+                avail = min(avail, int(limit) - int(open(used).read()))
+        except (OSError, ValueError):
+            pass
+    return avail
+
+
+def weights_bytes(model_dir) -> int:
+    """Bytes the model's weights take in memory once loaded: a GGUF's size (its blocks
+    are used as the file has them), else 0 (a checkpoint's precision at load varies; its
+    pool is sized from what is free before loading, as before)."""
+    return Path(model_dir).stat().st_size if is_gguf(model_dir) else 0
 
 
 class ModelRunner:
@@ -177,12 +239,13 @@ class ModelRunner:
             check_tp_size(hf_config, config.tp_size, self.device.type, nnodes=config.nnodes)
             model_hf = local_hf_config(hf_config, rank, config.tp_size)
         local = ModelConfig.from_hf(model_hf)
-        capacity = self._pool_capacity(config, local)
+        lib = native_library(config, self.device)  # None under TP
+        self.gguf_native = _reads_gguf_natively(config, model_dir, hf_config, lib)
+        capacity = self._pool_capacity(config, local, context_len, weights_bytes(model_dir))
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
             self.tp = start_group(worker_config, self.device, model_dir, context_len, ModelRunner)
-        lib = native_library(config, self.device)  # None under TP
         try:
             blocks = self._load(config, model_dir, hf_config, model_hf, lib)
         except BaseException:
@@ -191,8 +254,10 @@ class ModelRunner:
         cfg = self.model.cfg
         self.vocab_size = self.model.vocab_size
         self.pool = self._create_pool(config, cfg, capacity, context_len)
-        self.native = (create_native_decoder(lib, config, self.model, self.pool, blocks)
+        self.native = (create_native_decoder(lib, config, self.model, self.pool, blocks,
+                                             every_step=self.gguf_native)
                        if lib is not None else None)
+        del blocks  # (a GGUF's: views of the file map, whose pages the arena replaced)
         self.precision = self._precision(model_dir)
         # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
         layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
@@ -215,18 +280,27 @@ class ModelRunner:
             except BaseException:
                 self.shutdown()
                 raise
-        extra = (f" (+native steps up to {self.native.max_rows} tokens)"
-                 if self.native is not None else "")
+        self._log_start(capacity, name)
+
+    def _log_start(self, capacity: int, attention: str) -> None:
+        extra = ("" if self.native is None else " (native: every step)" if self.gguf_native
+                 else f" (+native steps up to {self.native.max_rows} tokens)")
         logger.info("model on %s/%s%s: weights %s, activations %s; KV pool %d tokens (%s), "
                     "attention %s%s", self.device, self.dtype, extra,
                     self.precision["weights"], self.precision["activations"], capacity,
-                    self.pool.layout, name,
+                    self.pool.layout, attention,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
     def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> dict:
         """Build the model; returns the native path's blocks (HF name -> QWeight: the
         GGUF's own, or those made for ``quantization``)."""
         self.quantization = block_quantization(config, model_dir)
+        if self.gguf_native:  # the file's blocks are the only weights
+            self.int4 = None
+            gguf = native_blocks(model_dir, hf_config)
+            self.model = NativeGGUFModel(hf_config, gguf.vectors, self.dtype, self.device,
+                                         gguf.rope_pairs)
+            return gguf.blocks
         state = load_state_dict(model_dir)
         blocks = {}
         if self.quantization is not None:  # every path runs the blocks' values
@@ -252,6 +326,8 @@ class ModelRunner:
         dtype = _SHORT.get(self.dtype, str(self.dtype))
         if self.native is not None:
             weights = self.native.weights
+            if self.gguf_native:
+                weights += " (from the file, no dense copy)"
             if self.quantization is not None:
                 weights += " (quantized at load)"
             return {"weights": weights, "activations": self.native.describe_modes()}
@@ -290,23 +366,37 @@ class ModelRunner:
                       self.device, config.max_running_requests + 1, context_len,
                       kv_cache_dtype=config.kv_cache_dtype)
 
-    def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig) -> int:
+    def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig, context_len: int,
+                       weights: int) -> int:
         """Slots of the pool: ``max_total_tokens`` + 1, else as many tokens as
-        ``mem_fraction`` of the free memory holds in the K/V format (an int8 pool about
-        twice a bf16 one's). A format this device cannot store is refused here, before
-        anything is loaded."""
+        ``mem_fraction`` of the memory left after the weights (``weights`` bytes) holds in
+        the K/V format (an int8 pool about twice a bf16 one's). Refused here, before
+        anything is loaded, with the numbers: a format this device cannot store, and on a
+        CPU a model whose weights and one context (or the asked pool) do not fit in the
+        memory available."""
         check_kv_cache_dtype(config.kv_cache_dtype, self.device)
-        if config.max_total_tokens is not None:
-            return config.max_total_tokens + 1
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                            self.dtype, config.kv_cache_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
+            left = free
         else:
-            import os
-
-            free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        return int(max(free * config.mem_fraction // per_token, 1024)) + 1
+            free = available_memory()
+            left = free - weights
+            tokens = (config.max_total_tokens if config.max_total_tokens is not None
+                      else context_len)
+            need = weights + tokens * per_token
+            if need > free:
+                what = (f"a pool of {tokens} tokens" if config.max_total_tokens is not None
+                        else f"one {tokens}-token context")
+                raise ValueError(
+                    f"the model does not fit in memory: {_gib(weights)} of weights + "
+                    f"{_gib(tokens * per_token)} of K/V for {what} = {_gib(need)} needed, "
+                    f"{_gib(free)} available (a smaller --context-length, "
+                    "--max-total-tokens or --kv-cache-dtype int8 needs less)")
+        if config.max_total_tokens is not None:
+            return config.max_total_tokens + 1
+        return int(max(left * config.mem_fraction // per_token, 1024)) + 1
 
     # ------------------------------------------------------------------ seeds
     def generator(self, req: Req) -> torch.Generator | None:
@@ -343,6 +433,8 @@ class ModelRunner:
         can differ from the decoded one in the last bit: exact for greedy text with any
         margin, not for a sample between near-tied probabilities.)"""
         if self.native is not None:
+            if self.native.max_rows is None:  # every step runs natively
+                return 64
             return max(self.native.max_rows - base_tokens, 0)
         if self.int4 is not None:
             return max(INT4_MAX_ROWS - base_tokens, 0) if base_tokens <= INT4_MAX_ROWS else 64

@@ -1,10 +1,11 @@
 """Model resolution and weight loading.
 
 ``--model`` is the embedded default's alias, a local Hugging Face directory, or a ``.gguf``
-file. A GGUF file is converted once (dequantized with the ``gguf`` package) into a Hugging
-Face-format directory under the user cache dir, keyed by the file's hash: config, tokenizer
-(with its chat template) and ``model.safetensors`` in fp32. Later loads read that
-directory in about a second. Nothing here downloads anything.
+file. A GGUF is read as a GGUF (``gguf_load``): config, tokenizer and end-of-turn ids from
+its metadata, tensors from a map of the file; on the native path its blocks are the only
+weights, on the torch path it is dequantized in memory. Nothing is converted to disk or
+downloaded. ``hf_dir_from_gguf`` writes an HF directory of a GGUF's dequantized weights for
+tests and tools that want one (the engine never calls it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ import numpy as np
 import torch
 
 from radixlm import envs
-from radixlm.runtime.gguf_config import config_fixups
+from radixlm.runtime.gguf_load import (
+    GGUF_TO_HF,
+    dequantized_state,
+    gguf_eos_ids,
+    gguf_hf_config,
+    gguf_tokenizer,
+    hf_tensor_name,
+    is_gguf,
+    permuted,
+    reverse_permute,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +65,15 @@ def alias_paths() -> dict[str, Path | None]:
 
 
 def resolve_model(model: str = DEFAULT_MODEL) -> Path:
-    """Return a local HF-format directory for ``model`` (converting a GGUF on first use)."""
+    """The local model ``model`` names: a Hugging Face directory, or a ``.gguf`` file (read
+    as it is: nothing is converted or written)."""
     path = _alias_path(model.lower()) if model.lower() in _ALIASES else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"model directory {str(path)!r} has no config.json")
         return path
     if path.is_file() and path.suffix == ".gguf":
-        return _converted_gguf_dir(path)
+        return path
     raise ValueError(
         f"model {model!r} is neither a known alias ({', '.join(_ALIASES)}), "
         "a local Hugging Face directory, nor a .gguf file"
@@ -76,7 +88,9 @@ def _file_hash(path: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-def _converted_gguf_dir(gguf_path: Path) -> Path:
+def hf_dir_from_gguf(gguf_path: Path) -> Path:
+    """A Hugging Face directory of the GGUF's dequantized weights under the cache dir, made
+    once per file (see ``_convert_gguf``: a test reference and a tool; not the engine's)."""
     key = f"{gguf_path.stem}-{_file_hash(gguf_path)}-v{_CONVERSION_VERSION}"
     target = envs.cache_dir() / "models" / key
     if (target / "model.safetensors").exists():
@@ -95,86 +109,19 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
     return target
 
 
-def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's rotary permutation of q/k rows (interleaved -> rotate-half)."""
-    half = w.shape[0] // n_head // 2
-    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-_GGUF_TO_HF = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_qkv": "self_attn.qkv_proj",  # Phi-3
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
-    "attn_k_norm": "self_attn.k_norm",
-    "post_attention_norm": "post_attention_layernorm",  # Gemma: norm of the attention output
-    "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GGUF_TOP = {"token_embd": "model.embed_tokens.weight", "output_norm": "model.norm.weight",
-             "output": "lm_head.weight"}
-FULL, SLIDING = "full_attention", "sliding_attention"
-GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
-
-
-def _hf_tensor_name(kind: str, model_type: str) -> str:
-    """HF name (without ``model.layers.N.`` and ``.weight``) of GGUF block tensor ``kind``."""
-    if kind == "ffn_norm" and model_type.startswith("gemma"):
-        return "pre_feedforward_layernorm"
-    if kind == "ffn_up" and model_type == "phi3":
-        return "mlp.gate_up_proj"  # llama.cpp keeps Phi-3's fused gate ‖ up
-    return _GGUF_TO_HF[kind]
-
-
-def _permuted(model_type: str) -> bool:
-    """llama.cpp permutes q/k rows for its "llama" architecture only."""
-    return model_type in ("llama", "mistral")
-
-
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    import gguf
+    """The GGUF as a Hugging Face directory (fp32 safetensors, config, tokenizer): the
+    reference that tests compare the native path with, and what tools that want an HF
+    directory can make. The engine never calls it."""
     from safetensors.torch import save_file
-    from tqdm import tqdm
-    from transformers import AutoConfig, AutoTokenizer
 
-    logger.info("converting %s (first use; cached afterwards)", gguf_path.name)
-    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    mt = config.model_type
-    if mt not in GGUF_MODEL_TYPES:
-        raise ValueError(f"GGUF architecture {mt!r} is not supported "
-                         f"(supported: {', '.join(GGUF_MODEL_TYPES)})")
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    reader = gguf.GGUFReader(str(gguf_path))
-    config_fixups(config, gguf_path)
-    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
-    tensors: dict[str, torch.Tensor] = {}
-    for t in tqdm(reader.tensors, desc=f"dequantizing {gguf_path.name}", unit="tensor"):
-        if t.name.startswith("rope_factors_"):
-            continue  # read into the config
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w = w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim != len(t.shape) else w
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            kind = parts[2]
-            if kind in ("attn_q", "attn_k") and _permuted(mt):
-                w = _reverse_permute(w, n_head if kind == "attn_q" else n_kv)
-            name = f"model.layers.{parts[1]}.{_hf_tensor_name(kind, mt)}.{parts[3]}"
-        else:
-            name = _GGUF_TOP[parts[0]]
-        if mt.startswith("gemma") and name.endswith("norm.weight"):
-            w = w - 1.0  # llama.cpp stores Gemma's RMSNorm scales as 1 + w
-        tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+    config = gguf_hf_config(gguf_path)
+    tensors = dequantized_state(gguf_path, config)
     if "lm_head.weight" in tensors:
         config.tie_word_embeddings = False
     config.dtype = "float32"
     config.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    gguf_tokenizer(gguf_path).save_pretrained(out_dir)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "radixlm_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
 
@@ -191,6 +138,8 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     checkpoint's text-model tensors only, renamed as the text model's)."""
     from safetensors.torch import load_file
 
+    if is_gguf(model_dir):
+        return dequantized_state(model_dir, load_hf_config(model_dir))
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no .safetensors files in {str(model_dir)!r}")
@@ -208,7 +157,10 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def gguf_source(model_dir: Path) -> Path | None:
-    """The GGUF file a converted directory came from, if it is still there."""
+    """The GGUF file behind ``model_dir``: the file itself, or the one a converted
+    directory came from if it is still there."""
+    if is_gguf(model_dir):
+        return Path(model_dir)
     marker = Path(model_dir) / "radixlm_source.json"
     if not marker.exists():
         return None
@@ -228,14 +180,14 @@ def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
     out = {}
     for name, (q, d, m) in q4_1_from_gguf(source).items():
         parts = name.split(".")
-        if parts[0] != "blk" or parts[2] not in _GGUF_TO_HF:
+        if parts[0] != "blk" or parts[2] not in GGUF_TO_HF:
             continue
         kind = parts[2]
-        if _permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
+        if permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
             heads = (hf_config.num_attention_heads if kind == "attn_q"
                      else hf_config.num_key_value_heads)
-            q, d, m = (_reverse_permute(a, heads) for a in (q, d, m))
-        hf = f"model.layers.{parts[1]}.{_hf_tensor_name(kind, hf_config.model_type)}.{parts[3]}"
+            q, d, m = (reverse_permute(a, heads) for a in (q, d, m))
+        hf = f"model.layers.{parts[1]}.{hf_tensor_name(kind, hf_config.model_type)}.{parts[3]}"
         out[hf] = (torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(d),
                    torch.from_numpy(m + 8 * d))
     return out
@@ -246,6 +198,8 @@ def load_tokenizer(model: str | Path = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 
     path = model if isinstance(model, Path) else resolve_model(model)
+    if is_gguf(path):
+        return gguf_tokenizer(path)
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -254,6 +208,8 @@ def load_hf_config(model_dir: Path, text_only: bool = True):
     (keeping the outer config's EOS ids, where its instruct models list end-of-turn)."""
     from transformers import AutoConfig
 
+    if is_gguf(model_dir):
+        return gguf_hf_config(model_dir)
     cfg = AutoConfig.from_pretrained(str(model_dir))
     if text_only and cfg.model_type in TEXT_ONLY_MULTIMODAL:
         text = cfg.text_config
@@ -267,6 +223,8 @@ def generation_eos_ids(model_dir: Path):
     """``eos_token_id`` of the directory's ``generation_config.json`` (an int, a list, or
     None): where instruct models list their end-of-turn tokens (Llama 3's ``<|eot_id|>``,
     Phi-3's ``<|end|>``, Gemma's ``<end_of_turn>``) beside the tokenizer's EOS."""
+    if is_gguf(model_dir):
+        return gguf_eos_ids(model_dir)
     path = Path(model_dir) / "generation_config.json"
     if not path.exists():
         return None
@@ -280,18 +238,18 @@ def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
     from radixlm.native.qweights import gguf_blocks
 
     source = gguf_source(model_dir)
-    if source is None:
+    if source is None or is_gguf(model_dir):  # (a GGUF itself: gguf_load.native_blocks)
         return {}
     out = {}
     for name, w in gguf_blocks(source).items():
         parts = name.split(".")
-        if parts[0] == "blk" and parts[2] in _GGUF_TO_HF:
+        if parts[0] == "blk" and parts[2] in GGUF_TO_HF:
             kind = parts[2]
-            if _permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
+            if permuted(hf_config.model_type) and kind in ("attn_q", "attn_k"):
                 heads = (hf_config.num_attention_heads if kind == "attn_q"
                          else hf_config.num_key_value_heads)
-                w = w.rows(_reverse_permute(np.arange(w.n), heads))
-            out[f"model.layers.{parts[1]}.{_hf_tensor_name(kind, hf_config.model_type)}"
+                w = w.rows(reverse_permute(np.arange(w.n), heads))
+            out[f"model.layers.{parts[1]}.{hf_tensor_name(kind, hf_config.model_type)}"
                 f".{parts[3]}"] = w
         elif name in ("token_embd.weight", "output.weight"):
             out["model.embed_tokens.weight" if name.startswith("token_embd")

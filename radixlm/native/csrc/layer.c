@@ -11,11 +11,14 @@ static void rmsnorm_row(const float *x, const float *w, float eps, int n, float 
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
-static void rope_head(float *x, const float *c, const float *s, int half) {
+/* Rotary on one head: pair i is (i, i + half), or (2i, 2i + 1) with `pairs`. */
+static void rope_head(float *x, const float *c, const float *s, int half, int pairs) {
+    const int step = pairs ? 2 : 1, other = pairs ? 1 : half;
     for (int i = 0; i < half; i++) {
-        float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * c[i] - x2 * s[i];
-        x[i + half] = x2 * c[i] + x1 * s[i];
+        float *a = x + i * step, *b = a + other;
+        float x1 = *a, x2 = *b;
+        *a = x1 * c[i] - x2 * s[i];
+        *b = x2 * c[i] + x1 * s[i];
     }
 }
 
@@ -192,6 +195,18 @@ static inline __attribute__((always_inline)) void matmul_stage(
     (void)stage;
 }
 
+/* matmul_stage for a concatenation of matrices (their parts read one activation layout). */
+static inline __attribute__((always_inline)) void matmul_cat_stage(
+    const QCat *c, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
+    int tid, int nth) {
+    Act a = prep_rows(x, T, k, w, mode, c->part[0].fmt, tid, nth);
+    barrier(nth);
+    PROF(stage)
+    gemv_cat(c, T, &a, y, tid, nth);
+    barrier(nth);
+    (void)stage;
+}
+
 /* One layer, run by every thread of the team (tid of nth). res [T, hidden] is the
  * residual stream: res += attn(norm(res)); res += mlp(norm(res)). kvl: this layer's
  * [capacity, n_kv_heads, head_dim] pool buffers (and int8 row scales); the step's K/V are
@@ -206,14 +221,14 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
     PROF_START()
     for (int t = lo; t < hi; t++) rmsnorm_row(res + (int64_t)t * H, L->in_norm, L->eps, H,
                                               w.x + (int64_t)t * H);
-    matmul_stage(&L->qkv, w.x, T, H, w.qkv, S->act_mode, &w, 0, tid, nth);
+    matmul_cat_stage(&L->qkv, w.x, T, H, w.qkv, S->act_mode, &w, 0, tid, nth);
     PROF(1)
     for (int t = lo; t < hi; t++) {
         float *r = w.qkv + (int64_t)t * qkvn;
         if (L->qkv_bias)
             for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
         const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
-        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half);
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half, L->rope_pairs);
         store_kv_token(kvl->k, kvl->ks, kvl->dtype, S->out_loc[t], r + q, Hkv, D);
         store_kv_token(kvl->v, kvl->vs, kvl->dtype, S->out_loc[t], r + q + kv, Hkv, D);
     }
@@ -239,7 +254,7 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
         for (int i = 0; i < H; i++) r[i] += o[i];
         rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
     }
-    matmul_stage(&L->gate_up, w.x, T, H, w.gu, S->act_mode, &w, 5, tid, nth);
+    matmul_cat_stage(&L->gate_up, w.x, T, H, w.gu, S->act_mode, &w, 5, tid, nth);
     PROF(6)
     for (int t = lo; t < hi; t++) {
         const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
@@ -330,6 +345,18 @@ int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
     (void)nthreads;
     return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + 64) / 4
            + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 32 + (int64_t)(T + 31) / 32 * 32 * k + 64;
+}
+
+/* out[i * k] = row rows[i] of w in fp32, any format (dequant_row): the embedding lookup of
+ * a model whose token embedding is a block matrix, and the kernel tests' dequantization. */
+void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *out) {
+    const int nb = w->k / 32;
+    const int64_t row_bytes = row_bytes_of(w);
+    for (int i = 0; i < count; i++) {
+        const int64_t n = rows[i];
+        dequant_row(w, w->qs + n * row_bytes, wd_of(w, n, nb), wm_of(w, (int)n, nb), nb,
+                    out + (int64_t)i * w->k);
+    }
 }
 
 /* Kernel-test entry points: one op each, the same code the layer runs. */

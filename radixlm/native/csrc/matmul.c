@@ -149,3 +149,17 @@ static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth)
     chunk(m->n, tid, nth, &lo, &hi);
     qgemv_rows(m, lo, hi, T, a, y, m->n);
 }
+
+/* Rows of the concatenation c for thread tid of nth: y [T, cat_rows(c)], part i's rows
+ * after those of the parts before it. */
+static void gemv_cat(const QCat *c, int T, const Act *a, float *y, int tid, int nth) {
+    const int n = (int)cat_rows(c);
+    int lo, hi, off = 0;
+    chunk(n, tid, nth, &lo, &hi);
+    for (int i = 0; i < c->count; i++) {
+        const QMat *m = &c->part[i];
+        const int a0 = lo > off ? lo - off : 0, a1 = hi - off < m->n ? hi - off : m->n;
+        if (a0 < a1) qgemv_rows(m, a0, a1, T, a, y + off, n);
+        off += m->n;
+    }
+}

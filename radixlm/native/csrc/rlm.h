@@ -111,13 +111,34 @@ static inline const uint16_t *wd_of(const QMat *w, int64_t n, int nb) {
     return is_dense(w) ? NULL : w->d + n * nb;
 }
 
+/* The row-concatenation of up to 3 matrices of the same k (q | k | v, gate | up), each in
+ * its own format: a GGUF's tensors as the file has them (a Q4_K_M file mixes Q4_K and Q6_K
+ * within a layer). Its parts must read the same activation layout: FMT_Q4 rows (interleaved
+ * int8 blocks, see interleave_act) are not mixed with others. */
+typedef struct {
+    int32_t count;
+    QMat part[3];
+} QCat;
+
 typedef struct {
     int32_t hidden, n_heads, n_kv_heads, head_dim, inter;
     float eps, attn_scale;
     const float *in_norm, *post_norm; /* [hidden] */
     const float *qkv_bias;            /* [q + 2 kv] or NULL */
-    QMat qkv, o, gate_up, down;
+    int32_t rope_pairs;               /* 1: rotary on adjacent pairs (2i, 2i + 1), llama.cpp's
+                                         q/k row order for its "llama" architecture; 0: on
+                                         halves (i, i + D/2), Hugging Face's */
+    QCat qkv;
+    QMat o;
+    QCat gate_up;
+    QMat down;
 } Layer;
+
+static inline int64_t cat_rows(const QCat *c) {
+    int64_t n = 0;
+    for (int i = 0; i < c->count; i++) n += c->part[i].n;
+    return n;
+}
 
 /* One layer's K/V pool as attention reads and the layer writes it. */
 typedef struct {
@@ -328,6 +349,7 @@ static void dense_rows_f32(const QMat *w, int n0, int n1, int T, const float *x,
 static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, float *y,
                        int64_t ldy);                                 /* matmul.c */
 static void gemv(const QMat *m, int T, const Act *a, float *y, int tid, int nth);
+static void gemv_cat(const QCat *c, int T, const Act *a, float *y, int tid, int nth);
 
 /* vmath.c */
 static inline float exp_sum(float *sc, int64_t count, float mx);
@@ -349,6 +371,7 @@ void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
 void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, const float *x,
                    float *logits, float *ws, int32_t act_mode, int32_t nthreads);
 int32_t rlm_profile(double *out, int32_t reset);
+void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *out);
 void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *dx, float *sx);
 void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,

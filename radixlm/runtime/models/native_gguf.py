@@ -1,0 +1,91 @@
+"""A GGUF whose matrices stay blocks in the native library: the model object of the native
+path when the file is read as a GGUF.
+
+It holds what is not a matrix (config, norms, biases, the rotary table) and no dense weight:
+every step runs natively (``NativeDecoder(max_rows=None)``), the embedding is looked up in
+its blocks, and the LM head is a block matrix too. ``forward`` is never called: the torch
+path has no weights to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixlm.kernels.dispatch import get_ops
+from radixlm.runtime.models.llama import ModelConfig
+from radixlm.runtime.models.rope import Rope, per_layer_type
+
+
+def native_unsupported(hf_config) -> str | None:
+    """Why a GGUF of this config cannot run on the native path alone (None: it can): the
+    native layer is the plain Llama layer with one rotary table."""
+    cfg = ModelConfig.from_hf(hf_config)
+    if not cfg.is_plain_llama:
+        return f"{cfg.model_type} uses family switches beyond the Llama layer"
+    if per_layer_type(hf_config):
+        return "per-layer rotary tables"
+    if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
+        return "dimensions not multiples of 32"
+    return None
+
+
+@dataclass
+class NativeLayer:
+    """One layer's vectors; ``qkv`` .. ``down`` are None (their blocks are the decoder's)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    rope_pairs: bool
+    qkv: None = None
+    o_proj: None = None
+    gate_up: None = None
+    down: None = None
+
+
+class NativeGGUFModel:
+    """``vectors``: HF name -> fp32 vector (norms, biases) of the file; ``rope_pairs``: q/k
+    rows in llama.cpp's order (rotary on adjacent pairs). ``dtype``: the precision the K/V
+    pool and the activation rule go by (the weights are the file's blocks)."""
+
+    def __init__(self, hf_config, vectors: dict[str, np.ndarray], dtype: torch.dtype,
+                 device: torch.device, rope_pairs: bool) -> None:
+        self.hf_config = hf_config
+        self.cfg = cfg = ModelConfig.from_hf(hf_config)
+        self.dtype, self.device = dtype, device
+        self.ops = get_ops(device)
+        self.tp = None
+
+        def vec(name: str) -> torch.Tensor:
+            if name not in vectors:
+                raise ValueError(f"tensor {name!r} missing from the model file")
+            return torch.from_numpy(np.array(vectors[name], dtype=np.float32))
+
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            bias = None
+            if f"{p}self_attn.q_proj.bias" in vectors:
+                bias = torch.cat([vec(f"{p}self_attn.{x}_proj.bias") for x in "qkv"])
+            self.layers.append(NativeLayer(vec(p + "input_layernorm.weight"),
+                                           vec(p + "post_attention_layernorm.weight"), bias,
+                                           rope_pairs))
+        self.norm = vec("model.norm.weight")
+        self.embed = self.lm_head = self.head = None
+        rope = Rope.from_hf(hf_config, device, None)
+        if rope.long_inv_freq is not None:
+            raise ValueError("longrope rotary tables do not run natively")
+        self.inv_freq, self.rope_scaling = rope.inv_freq, rope.scaling
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.cfg.vocab_size)
+
+    def native_unsupported(self) -> str | None:
+        return None
+
+    def forward(self, batch, attn) -> torch.Tensor:
+        raise RuntimeError("a GGUF read as a GGUF runs every step natively")
