@@ -158,6 +158,7 @@ def test_server_info_says_which_weights_and_activations_run(llama_dir):
         info = TestClient(create_app(engine)).get("/get_server_info").json()
     assert (info["weights"], info["activations"]) == ("fp32", "fp32")
     assert info["quantization"] is None and info["dtype"] == "auto"
+    assert info["max_total_num_tokens"] == 1024  # SGLang's name for the pool's tokens
 
 
 @pytest.mark.parametrize("checkpoint,native_bf16,expected", [

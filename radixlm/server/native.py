@@ -250,7 +250,11 @@ async def get_server_info(request: Request) -> dict[str, Any]:
                 context_length=state.context_len, model_path=str(state.engine.model_path),
                 version=_version())
     # which weights and activations run (e.g. "gguf q4_1, head q8_0"; "bf16")
-    info.update(getattr(getattr(state.engine, "runner", None), "precision", None) or {})
+    runner = getattr(state.engine, "runner", None)
+    info.update(getattr(runner, "precision", None) or {})
+    pool = getattr(runner, "pool", None)
+    if pool is not None:  # SGLang's name for the tokens the KV pool holds
+        info["max_total_num_tokens"] = int(pool.capacity) - 1
     return info
 
 
