@@ -38,8 +38,8 @@ class Arena:
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:
         """``w``'s arrays as the C side reads them: qs, fp16 d (and fp16 m for Q4); dense
-        rows alone."""
-        if w.dense:
+        rows and K-quant rows alone."""
+        if w.dense or w.d is None:  # dense rows, K-quant super-blocks: the rows alone
             return [np.ascontiguousarray(w.qs)]
         arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
         if w.fmt == FMT_Q4:

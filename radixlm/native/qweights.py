@@ -7,15 +7,18 @@ A ``QWeight`` is a matrix ``[n, k]``, stored in blocks of 32 along ``k``:
   high nibble = element j + 16 (GGUF's own order);
 - ``Q8``: ``q`` int8, ``W = d * q`` (GGUF Q8_0);
 
-or as dense rows at the checkpoint's own precision (``BF16``: the bf16 bits as uint16,
-``F32``), which the kernels read as they are.
+or as GGUF K-quant super-blocks of 256 as the file has them (``Q4_K``, ``Q5_K``,
+``Q6_K``: ``qs`` the raw rows ``[n, k/256 * bytes]``, their scales inside, ``d = m =
+None``; the layouts are in csrc/kquants.c), or as dense rows at the checkpoint's own
+precision (``BF16``: the bf16 bits as uint16, ``F32``), which the kernels read as they are.
 
 ``d`` and ``m`` are fp16 arrays ``[n, k/32]``, as GGUF stores them (the kernels read 2
 bytes per scale: at one token per step the weights stream from DRAM, and fp32 scales
 were 24 bytes per Q4 block instead of 20).
-Weights from GGUF Q4_0 / Q4_1 / Q8_0 tensors are the file's own numbers; other quantized
-GGUF types (K-quants, ...) become Q8_0 blocks of their dequantized values; checkpoints are
-quantized here only on request (``quantize``).
+Weights from GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors are the file's own
+numbers; other quantized GGUF types become Q8_0 blocks of their dequantized values where a
+caller asks (``gguf_blocks``); checkpoints are quantized here only on request
+(``quantize``).
 """
 
 from __future__ import annotations
@@ -27,15 +30,18 @@ import numpy as np
 
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
-FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as the file has them
+FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as in the file
 KQUANT_FMTS = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)
+SUPER = 256  # weights per K-quant super-block
+# K-quant format -> (GGUF type name, bytes per super-block)
+KQUANTS = {FMT_Q4_K: ("Q4_K", 144), FMT_Q5_K: ("Q5_K", 176), FMT_Q6_K: ("Q6_K", 210)}
 
 
 @dataclass
 class QWeight:
-    fmt: int  # FMT_Q4 | FMT_Q8 | FMT_BF16 | FMT_F32
-    qs: np.ndarray  # uint8 [n, k/32, 16] (Q4), int8 [n, k/32, 32] (Q8); dense: the rows
-    # [n, k], uint16 (bf16 bits) or float32
+    fmt: int  # FMT_Q4 | FMT_Q8 | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16 | FMT_F32
+    qs: np.ndarray  # uint8 [n, k/32, 16] (Q4), int8 [n, k/32, 32] (Q8), uint8 [n, k/256 *
+    # bytes] (K-quants: the raw rows); dense: the rows [n, k], uint16 (bf16 bits) or float32
     d: np.ndarray | None  # float16 [n, k/32] (blocks)
     m: np.ndarray | None  # float16 [n, k/32] (Q4 only)
     kind: str = ""  # q4_0 | q4_1 | q8_0 | bf16 | fp32: what the numbers are
@@ -51,6 +57,8 @@ class QWeight:
 
     @property
     def k(self) -> int:
+        if self.fmt in KQUANTS:
+            return int(self.qs.shape[1]) // KQUANTS[self.fmt][1] * SUPER
         return int(self.qs.shape[1]) * (1 if self.dense else BLOCK)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
@@ -60,6 +68,11 @@ class QWeight:
             return self.qs.astype(dtype)
         if self.fmt == FMT_BF16:
             return (self.qs.astype(np.uint32) << 16).view(np.float32).astype(dtype)
+        if self.fmt in KQUANTS:  # gguf-py's float32 numbers (the format's own rule)
+            import gguf
+
+            kind = gguf.GGMLQuantizationType[KQUANTS[self.fmt][0]]
+            return gguf.quants.dequantize(self.qs, kind).reshape(self.n, self.k).astype(dtype)
         if self.fmt == FMT_Q4:
             q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=-1).astype(dtype)
             w = q * self.d[..., None].astype(dtype) + self.m[..., None].astype(dtype)
@@ -169,6 +182,12 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
         b = raw.reshape(n, -1, 34)
         return QWeight(FMT_Q8, np.ascontiguousarray(b[..., 2:]).view(np.int8),
                        _fp16(b[..., 0:2]), None, "q8_0", type_name)
+    for fmt, (name, size) in KQUANTS.items():
+        if type_name == name:
+            if raw.shape[1] % size:
+                raise ValueError(f"{name} rows of {raw.shape[1]} bytes are not whole "
+                                 f"super-blocks of {size}")
+            return QWeight(fmt, raw, None, None, name.lower(), type_name)
     return None
 
 
@@ -176,8 +195,8 @@ DENSE_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 def gguf_blocks(path: Path) -> dict[str, QWeight]:
-    """GGUF tensor name -> blocks, for every quantized 2-D tensor: Q4_0 / Q4_1 / Q8_0 as
-    the file has them, other quantized types (K-quants, ...) as Q8_0 blocks of their
+    """GGUF tensor name -> blocks, for every quantized 2-D tensor: Q4_0 / Q4_1 / Q8_0 /
+    Q4_K / Q5_K / Q6_K as the file has them, other quantized types as Q8_0 blocks of their
     dequantized values (``origin`` names the file's type). Dense tensors (F32, F16, BF16)
     are left out: they run as dense rows."""
     import gguf

@@ -175,14 +175,15 @@ def native_blocks(path, hf_config) -> NativeGGUF:
     if reencoded := sorted({w.origin for w in blocks.values() if w.kind == "q8_0"
                             and w.origin and w.origin != "Q8_0"}):
         logger.warning("%s: %s tensors run as Q8_0 blocks of their values (no native "
-                       "kernel for the type yet: about 2x the bytes a step reads)",
+                       "kernel for the type: more bytes a step reads)",
                        Path(path).name, ", ".join(reencoded))
     return NativeGGUF(blocks, vectors, permuted(mt), total)
 
 
-# Quantized types the native library has no kernel for yet, run as Q8_0 blocks of their
-# values (named in the start log and the weights label, e.g. "q8_0 (from Q4_K)").
-REENCODED_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "Q5_0", "Q5_1")
+# Quantized types the native library has no kernel for, run as Q8_0 blocks of their
+# values (named in the start log and the weights label, e.g. "q8_0 (from Q3_K)"). Q4_K,
+# Q5_K and Q6_K run in their own super-blocks (csrc/kquants.c).
+REENCODED_TYPES = ("Q2_K", "Q3_K", "Q5_0", "Q5_1")
 
 
 def _reencoded(t, kind: str, path):
@@ -192,7 +193,7 @@ def _reencoded(t, kind: str, path):
 
     if kind not in REENCODED_TYPES:
         raise ValueError(f"{path}: tensor {t.name} has type {kind}, which the native library "
-                         "does not run (Q4_0, Q4_1, Q8_0, F32, F16, BF16; "
+                         "does not run (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16; "
                          f"{', '.join(REENCODED_TYPES)} as Q8_0 blocks)")
     raw = np.asarray(t.data)
     dense = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)

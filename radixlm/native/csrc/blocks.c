@@ -1,4 +1,4 @@
-/* Q4/Q8 block formats: activations to int8 blocks, weight rows dequantized to fp32 or bf16,
+/* Q4/Q8 block formats (K-quants: kquants.c): activations to int8 blocks, weight rows dequantized to fp32 or bf16,
  * weight rows prefetched ahead of use. */
 #include "rlm.h"
 
@@ -118,6 +118,10 @@ static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f
         dense_row_f32(w, wq, nb * 32, out);
         return;
     }
+    if (is_kquant(w)) {
+        kq_dequant_row(w, wq, out);
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         float d = H(wd[b]), m = wm ? H(wm[b]) : 0.f;
 #if defined(RLM_AVX2) && defined(__AVX512F__)
@@ -169,6 +173,12 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
         to_bf16((const float *)wq, nb * 32, out);
         return;
     }
+    if (is_kquant(w)) { /* the fp32 values (as gguf-py's), rounded to bf16 */
+        float f[nb * 32] __attribute__((aligned(64)));
+        kq_dequant_row(w, wq, f);
+        to_bf16(f, nb * 32, out);
+        return;
+    }
 #ifdef __AVX512BW__
     if (w->fmt == FMT_Q4) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -204,7 +214,7 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
     const int64_t row_bytes = row_bytes_of(w);
     const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
     for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
-    if (is_dense(w)) return;
+    if (is_dense(w) || is_kquant(w)) return; /* (K-quant scales are in the rows) */
     const char *d = (const char *)(w->d + (int64_t)n * nb);
     for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
     if (w->fmt == FMT_Q4) {

@@ -67,6 +67,10 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
     }
+    if (is_kquant(w)) {
+        kq_rows_i8(w, n0, n1, T, act, y, ldy);
+        return;
+    }
 #ifdef RLM_I8_ZMM
     qgemv_rows_i8zmm(w, n0, n1, T, act, y, ldy);
     return;

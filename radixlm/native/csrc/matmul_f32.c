@@ -364,15 +364,17 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
         }
     }
 #endif
-    if (T >= 4) { /* RT rows dequantized at once, then 4 tokens at a time */
-        /* the last T % 4 tokens as one more (zero-padded) group of 4: re-reading the
-         * dequantized rows beats unpacking each row's blocks again per token */
-        const int full = T / 4 * 4, rest = T - full;
-        float xpad[rest ? 4 * k : 1] __attribute__((aligned(64)));
-        if (rest) {
-            memcpy(xpad, a->xf + (int64_t)full * k, sizeof(float) * (size_t)rest * k);
-            memset(xpad + (int64_t)rest * k, 0, sizeof(float) * (size_t)(4 - rest) * k);
-        }
+    /* K-quant rows: every step this way (one order per token whatever T is) */
+    const int kq = is_kquant(w);
+    /* the last T % 4 tokens as one more (zero-padded) group of 4: re-reading the
+     * dequantized rows beats unpacking each row's blocks again per token */
+    const int full = T / 4 * 4, rest = T - full;
+    float xpad[rest && (T >= 4 || kq) ? 4 * k : 1] __attribute__((aligned(64)));
+    if (rest && (T >= 4 || kq)) {
+        memcpy(xpad, a->xf + (int64_t)full * k, sizeof(float) * (size_t)rest * k);
+        memset(xpad + (int64_t)rest * k, 0, sizeof(float) * (size_t)(4 - rest) * k);
+    }
+    if (T >= 4 || kq) { /* RT rows dequantized at once, then 4 tokens at a time */
         for (; n + RT <= n1; n += RT) {
             for (int r = 0; r < RT; r++)
                 dequant_row(w, w->qs + (int64_t)(n + r) * row_bytes, wd_of(w, n + r, nb),
@@ -389,6 +391,15 @@ static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, f
     if (is_dense(w)) { /* leftover rows */
         dense_rows_f32(w, n, n1, T, a->xf, y, ldy);
         return;
+    }
+    for (; kq && n < n1; n++) { /* leftover K-quant rows: one dequantized row, 4 tokens */
+        dequant_row(w, w->qs + (int64_t)n * row_bytes, NULL, NULL, nb, wf);
+        for (int t = 0; t < T; t += 4) {
+            float out[4];
+            const int nt = T - t < 4 ? T - t : 4;
+            dot4_f32(wf, nt == 4 ? a->xf + (int64_t)t * k : xpad, k, k, out);
+            for (int i = 0; i < nt; i++) y[(int64_t)(t + i) * ldy + n] = out[i];
+        }
     }
     for (; n < n1; n++) { /* leftover rows (and every row of a step under 4 tokens) */
         prefetch_rows(w, n + 2, 1, n1);

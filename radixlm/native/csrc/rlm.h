@@ -26,6 +26,7 @@
  *   matmul_bf16.c  bf16 activations x blocks on AVX512-BF16 dot products
  *   amx.c          bf16 activations x blocks on AMX tiles
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
+ *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
  *   attention.c    attention through req_to_token
@@ -52,9 +53,11 @@
 #define RLM_AVX2 1
 #endif
 
-/* Weight formats: GGUF-style blocks (Q4, Q8), or dense rows as the checkpoint has them
- * (bf16, fp32; see dense.c). */
-enum { FMT_Q4 = 4, FMT_Q8 = 8, FMT_BF16 = 16, FMT_F32 = 32 };
+/* Weight formats: GGUF-style blocks (Q4, Q8), GGUF K-quant super-blocks as the file has
+ * them (Q4_K, Q5_K, Q6_K; see kquants.c), or dense rows as the checkpoint has them (bf16,
+ * fp32; see dense.c). */
+enum { FMT_Q4 = 4, FMT_Q8 = 8, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14, FMT_BF16 = 16,
+       FMT_F32 = 32 };
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
 /* How a matmul reads its activations. ACT_BF16 (batch steps on a CPU with native bf16 dot
  * products) rounds activations and dequantized weights to bf16 and accumulates in fp32, as
@@ -86,29 +89,37 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {
-    int32_t fmt;          /* FMT_Q4 | FMT_Q8 | FMT_BF16 | FMT_F32 */
-    int32_t n, k;         /* output rows, input columns (k % 32 == 0) */
+    int32_t fmt;          /* FMT_Q4 | FMT_Q8 | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16 | FMT_F32 */
+    int32_t n, k;         /* output rows, input columns (k % 32 == 0; K-quants: k % 256 == 0) */
     const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32];
-                             BF16 / F32: the dense rows [n, k] */
-    const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own); NULL for dense rows */
+                             K-quants: the file's rows of super-blocks [n, k/256, 144 | 176 |
+                             210]; BF16 / F32: the dense rows [n, k] */
+    const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own); NULL for dense rows and
+                             K-quants (their scales are in their super-blocks) */
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
 } QMat;
 
 static inline int is_dense(const QMat *w) { return w->fmt == FMT_BF16 || w->fmt == FMT_F32; }
+static inline int is_kquant(const QMat *w) {
+    return w->fmt == FMT_Q4_K || w->fmt == FMT_Q5_K || w->fmt == FMT_Q6_K;
+}
 
 /* Bytes of one row of w in memory. */
 static inline int64_t row_bytes_of(const QMat *w) {
     switch (w->fmt) {
     case FMT_Q4: return (int64_t)w->k / 2;
     case FMT_Q8: return w->k;
+    case FMT_Q4_K: return (int64_t)w->k / 256 * 144;
+    case FMT_Q5_K: return (int64_t)w->k / 256 * 176;
+    case FMT_Q6_K: return (int64_t)w->k / 256 * 210;
     case FMT_BF16: return (int64_t)w->k * 2;
     default: return (int64_t)w->k * 4;
     }
 }
 
-/* Row n's block scales (NULL for dense rows). */
+/* Row n's block scales (NULL for dense rows and K-quants). */
 static inline const uint16_t *wd_of(const QMat *w, int64_t n, int nb) {
-    return is_dense(w) ? NULL : w->d + n * nb;
+    return is_dense(w) || is_kquant(w) ? NULL : w->d + n * nb;
 }
 
 /* The row-concatenation of up to 3 matrices of the same k (q | k | v, gate | up), each in
@@ -325,6 +336,11 @@ static inline void to_bf16(const float *x, int k, uint16_t *out);
 static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
                              const f16 *wm, int nb, uint16_t *out);
 #endif
+
+/* kquants.c */
+static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out);
+static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                       int64_t ldy);
 
 /* The matmuls: y[t, n] (row stride ldy) for rows n in [n0, n1) of w, all T tokens of a. */
 static void qgemv_rows_f32(const QMat *w, int n0, int n1, int T, const Act *a, float *y,

@@ -1,0 +1,208 @@
+"""GGUF K-quants (Q4_K, Q5_K, Q6_K) in the native library, read in their own super-blocks:
+dequantization bit-equal to gguf-py's, the matmul against its twin in every activation
+mode and on every SIMD path, int8 rows the same bits at every step size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import native_ref as ref
+import numpy as np
+import pytest
+import torch
+from test_native import lib, needs_compiler  # noqa: F401  (the fixture over the variants)
+
+from radixlm.native import build, ops
+from radixlm.native.qweights import (
+    FMT_Q4_K,
+    FMT_Q5_K,
+    FMT_Q6_K,
+    KQUANTS,
+    from_gguf_raw,
+)
+
+pytestmark = needs_compiler
+TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+
+
+def kquant_rows(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Raw rows ``[n, k/256 * bytes]`` of random super-blocks: every bit pattern of the
+    quants and scales, with finite fp16 super-scales of a real model's size."""
+    rng = np.random.default_rng(seed)
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
+    raw = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
+    scale = lambda: (rng.uniform(1e-4, 2e-3, (n, k // 256)) *  # noqa: E731
+                     rng.choice([1, -1], (n, k // 256))).astype(np.float16).view(np.uint8)
+    scale2 = lambda: scale().reshape(n, k // 256, 2)  # noqa: E731
+    if type_name == "Q6_K":
+        raw[..., 208:210] = scale2()
+    else:
+        raw[..., 0:2], raw[..., 2:4] = scale2(), scale2()
+    return raw.reshape(n, -1)
+
+
+def kquant_weight(type_name: str, n: int, k: int, seed: int):
+    return from_gguf_raw(type_name, kquant_rows(type_name, n, k, seed))
+
+
+def _dequant(lib, w, rows: np.ndarray) -> np.ndarray:  # noqa: F811
+    keep: list = []
+    mat = ops.qmat(w, keep)
+    out = np.empty((len(rows), w.k), dtype=np.float32)
+    idx = np.ascontiguousarray(rows, dtype=np.int64)
+    lib.rlm_dequant_rows(ops.ctypes.byref(mat), idx.ctypes.data, len(rows), out.ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_qweight_reads_the_files_super_blocks(type_name):
+    raw = kquant_rows(type_name, 3, 512, seed=1)
+    w = from_gguf_raw(type_name, raw)
+    fmt = {"Q4_K": FMT_Q4_K, "Q5_K": FMT_Q5_K, "Q6_K": FMT_Q6_K}[type_name]
+    assert (w.fmt, w.n, w.k, w.kind, w.origin) == (fmt, 3, 512, type_name.lower(), type_name)
+    assert w.qs is raw and w.d is None and KQUANTS[fmt][0] == type_name
+    assert np.array_equal(w.dequantize(), gguf.quants.dequantize(
+        raw, gguf.GGMLQuantizationType[type_name]).reshape(3, 512))
+    with pytest.raises(ValueError, match="not whole super-blocks"):
+        from_gguf_raw(type_name, raw[:, :-1])
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantization_is_bit_equal_to_gguf_py(lib, type_name):  # noqa: F811
+    """Every path's dequantization (the fp32 / bf16 matmuls, the embedding lookup) rounds as
+    gguf-py's: one product, then one difference (never fused), bit for bit."""
+    raw = kquant_rows(type_name, 7, 1024, seed=2)
+    w = from_gguf_raw(type_name, raw)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(7, -1)
+    got = _dequant(lib, w, np.array([6, 0, 3, 3]))
+    assert np.array_equal(got.view(np.uint32), expected[[6, 0, 3, 3]].view(np.uint32))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("act", ["int8", "fp32", "bf16"])
+@pytest.mark.parametrize("n,k,t", [(1, 256, 1), (37, 512, 3), (130, 1024, 9), (6, 2048, 40)])
+def test_kquant_matmul_matches_twin(lib, type_name, act, n, k, t):  # noqa: F811
+    """The matmul against the dequantized super-blocks (int8: the activations rounded as
+    the kernel rounds them). 40 tokens cross the int8 path's tile of 32 tokens."""
+    w = kquant_weight(type_name, n, k, seed=n + k + t)
+    x = torch.randn(t, k)
+    out = ops.norm_matmul(lib, x, w, act=act)
+    expected = ref.qmatmul(x, w, act="fp32" if act == "bf16" and not lib.rlm_bf16() else act)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_int8_rows_are_the_same_bits_at_every_step_size(lib, type_name):  # noqa: F811
+    """A token's sums run in one order whatever shares its step (alone, a few tokens, more
+    than a tile): the same bits, the base for batch-invariant outputs."""
+    w = kquant_weight(type_name, 21, 768, seed=5)
+    x = torch.randn(37, 768)
+    alone = torch.cat([ops.norm_matmul(lib, x[i:i + 1], w, act="int8") for i in range(37)])
+    for t in (2, 5, 8, 33, 37):
+        together = torch.cat([ops.norm_matmul(lib, x[i:i + t], w, act="int8")
+                              for i in range(0, 37, t)])
+        assert torch.equal(together, alone), t
+
+
+def test_avx512_without_vnni_gives_this_hosts_bits(tmp_path):
+    """An AVX-512 build without VNNI (maddubs pairs instead of dpbusd) sums the same
+    integers: the same bits as this host's own build."""
+    if not {"avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):
+        pytest.skip("needs an AVX-512 VNNI host to compare the two builds")
+    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"], tmp_path)
+    native = build.load()
+    x = torch.randn(5, 1024)
+    for type_name in TYPES:
+        w = kquant_weight(type_name, 19, 1024, seed=9)
+        assert torch.equal(ops.norm_matmul(plain, x, w, act="int8"),
+                           ops.norm_matmul(native, x, w, act="int8")), type_name
+
+
+# ------------------------------------------------------------------ a K-quant file served
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import make_gguf  # noqa: E402
+
+# A Q4_K_M-like mix over the tiny shape (2 layers, hidden 256, FFN 512, tied head): every
+# K-quant type in a layer, Q4_K beside Q6_K in one q | k | v concatenation.
+MIX = {"attn_v": "Q6_K", "ffn_down": ("Q5_K", "Q6_K")}
+
+
+def _type_of(tname: str) -> str:
+    parts = tname.split(".")
+    kind = MIX.get(parts[2], "Q4_K") if parts[0] == "blk" else "Q4_K"
+    return kind if isinstance(kind, str) else kind[int(parts[1]) % 2]
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory) -> Path:
+    """A random-weight GGUF of the tiny shape in K-quant super-blocks (random bytes: every
+    bit pattern of quants and scales), with the embedded tokenizer."""
+    shape = make_gguf.SHAPES["tiny"]
+    path = tmp_path_factory.mktemp("kq") / "tiny-kmix.gguf"
+    writer = gguf.GGUFWriter(str(path), shape.arch)
+    for key, value in (("block_count", shape.layers), ("context_length", shape.context),
+                       ("embedding_length", shape.hidden),
+                       ("feed_forward_length", shape.ffn), ("head_count", shape.heads),
+                       ("head_count_kv", shape.kv_heads),
+                       ("rope_dimension_count", shape.head_dim),
+                       ("rope_freq_base", shape.rope_theta),
+                       ("layer_norm_rms_epsilon", shape.norm_eps)):
+        getattr(writer, f"add_{key.replace('layer_norm_rms_epsilon', 'layer_norm_rms_eps')}")(
+            value)
+    vocab = make_gguf._copy_tokenizer(writer, make_gguf.embedded_gguf())
+    for i, (tname, dims) in enumerate(make_gguf.tensor_specs(shape, vocab)):
+        if len(dims) == 1:
+            writer.add_tensor(tname, np.ones(dims, dtype=np.float32))
+            continue
+        kind = _type_of(tname)
+        raw = kquant_rows(kind, dims[0], dims[1], seed=i)
+        writer.add_tensor(tname, raw, raw_shape=raw.shape,
+                          raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _chosen_are_argmax(path: Path, prompts: list[str], outs: list[dict], tol: float) -> None:
+    """transformers fp32 on the file's dequantized weights, teacher-forced on the engine's
+    tokens: each token the engine chose is the reference's argmax within ``tol``."""
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.runtime.weights import hf_dir_from_gguf, load_tokenizer
+
+    ref_dir = hf_dir_from_gguf(path)
+    model = AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32).eval()
+    tok = load_tokenizer(ref_dir)
+    for prompt, out in zip(prompts, outs):
+        ids = tok(prompt).input_ids
+        full = torch.tensor([ids + out["output_ids"]])
+        with torch.inference_mode():
+            logits = model(full).logits[0, len(ids) - 1:-1]
+        spread = logits.max(-1).values - logits.median(-1).values
+        assert float(spread.min()) > 20 * tol  # (a check that could tell a wrong token)
+        for step, token in enumerate(out["output_ids"]):
+            gap = float(logits[step].max() - logits[step, token])
+            assert gap <= tol, (prompt, step, gap)
+
+
+@pytest.mark.parametrize("act,tol", [("fp32", 1e-3), ("int8", 0.05)])
+def test_a_kquant_file_runs_in_its_own_super_blocks(kquant_gguf, act, tol):
+    """The file's Q4_K / Q5_K / Q6_K tensors are the weights the steps read (no Q8
+    re-encoding: the label names the file's types), prefill and decode; the tokens chosen
+    are transformers' argmax on the dequantized file (fp32 activations: up to summation
+    order; int8: within llama.cpp's activation rounding)."""
+    from radixlm.runtime.engine import Engine
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    with Engine(str(kquant_gguf), dtype="float32", native_activations=act,
+                max_total_tokens=2048, log_level="warning") as engine:
+        weights = engine.runner.precision["weights"]
+        assert {"q4_k", "q5_k", "q6_k"} <= set(weights.replace(",", " ").split()), weights
+        assert "q8_0" not in weights and engine.runner.native.max_rows is None
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 8,
+                                         "ignore_eos": True})
+    _chosen_are_argmax(kquant_gguf, prompts, outs, tol)
