@@ -327,10 +327,12 @@ static inline __attribute__((always_inline)) void ksb_load(const int fmt, const 
     }
 }
 
-/* One token's products with super-block s into acc (and its m term into accm), as kq_dot. */
+/* One token's products with super-block s into acc (and its m term into accm), as kq_dot.
+ * Q6_K: c32[p] = 32 sum a over each lane's 4 activations of vector p (the token's alone:
+ * made once for the rows that share it). */
 static inline __attribute__((always_inline)) void ksb_token(
     const int fmt, const KSB *s, const int8_t *x, const float *xd, const float *xs,
-    __m512 *acc, __m256 *accm) {
+    const __m512i *c32, __m512 *acc, __m256 *accm) {
     const int six = fmt == FMT_Q6_K;
     __m512 sv;
     if (six) {
@@ -347,7 +349,7 @@ static inline __attribute__((always_inline)) void ksb_token(
         __m512i d = dot_u8s8_512(s->u[p], xv);
         __m512i idx;
         if (six) {
-            d = _mm512_sub_epi32(d, dot_u8s8_512(_mm512_set1_epi8(32), xv));
+            d = _mm512_sub_epi32(d, c32[p]);
             idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p), _mm512_srli_epi32(_mm512_setr_epi32(
                 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
         } else {
@@ -371,16 +373,23 @@ static inline __attribute__((always_inline)) void kq_rows_group(
         acc[i] = _mm512_setzero_ps();
         accm[i] = _mm256_setzero_ps();
     }
-    for (int s = 0; s < nsb; s++)
+    for (int s = 0; s < nsb; s++) {
+        __m512i c32[fmt == FMT_Q6_K ? 4 * G : 1];
+        for (int i = 0; fmt == FMT_Q6_K && i < G; i++)
+            for (int p = 0; p < 4; p++)
+                c32[4 * i + p] = dot_u8s8_512(_mm512_set1_epi8(32), _mm512_loadu_si512(
+                    (const void *)(a->xa + (int64_t)(t + i) * k + 256 * s + 64 * p)));
         for (int r = 0; r < R; r++) {
             KSB b;
             ksb_load(fmt, row + r * rb + (int64_t)s * sb, &b);
             for (int i = 0; i < G; i++) {
                 const int64_t ti = t + i;
                 ksb_token(fmt, &b, a->xa + ti * k + 256 * s, a->xd + ti * nb + 8 * s,
-                          a->xs + ti * nb + 8 * s, &acc[r * G + i], &accm[r * G + i]);
+                          a->xs + ti * nb + 8 * s, c32 + 4 * i, &acc[r * G + i],
+                          &accm[r * G + i]);
             }
         }
+    }
     for (int r = 0; r < R; r++)
         for (int i = 0; i < G; i++)
             y[(int64_t)(t + i) * ldy + n + r] =
