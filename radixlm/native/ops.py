@@ -9,6 +9,7 @@ import mmap
 import numpy as np
 import torch
 
+from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import FMT_Q4, QWeight
 
@@ -34,6 +35,7 @@ class Arena:
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
+        pages.populate(self._buf.ctypes.data, size, write=True)  # all of it is written next
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:
@@ -57,6 +59,7 @@ class Arena:
         shapes as ``arrays(w)``)."""
         copies = []
         for a in self.arrays(w):
+            pages.populate_read(a)  # a file map's pages in one call, not a fault each
             dst = self._buf[self._used:self._used + a.nbytes]
             dst[:] = a.reshape(-1).view(np.uint8)
             copies.append(dst.view(a.dtype).reshape(a.shape))

@@ -1,11 +1,14 @@
-"""Giving a file mapping's pages back once their bytes were copied elsewhere.
+"""A file mapping's pages: faulted in at once before a copy, given back after it.
 
 A GGUF's tensors are read from a read-only map of the file and copied once into the native
 library's arena. Each page the copy touched stays in the process's resident set for as long
 as the map lives, so without this a model counted twice in memory while it loaded. ``release``
 drops the pages of an array that lies in a file map (``MADV_DONTNEED``: the data stays in the
 file and the page cache; touching the array again faults it back in); other arrays are left
-alone.
+alone. ``populate`` asks the kernel to map a range's pages in one call (``MADV_POPULATE_READ``
+for a file map about to be read, ``MADV_POPULATE_WRITE`` for fresh memory about to be
+written): on the 2-core VMs a page fault cost ~6 us, and faulting a 0.67 GB model in page by
+page (the file map read, the arena written) took 2.7 s of a 6 s load; populated, 0.4 s.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import mmap
 import numpy as np
 
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,3 +58,24 @@ def release(a: np.ndarray | None) -> int:
     if hi <= lo:
         return 0
     return hi - lo if libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0 else 0
+
+
+def populate(address: int, size: int, write: bool) -> bool:
+    """Map the pages of ``[address, address + size)`` now (``write``: for writing, e.g. fresh
+    anonymous memory; else for reading, e.g. a file map). False where the kernel or libc
+    cannot (the pages then fault in as they are touched: slower, the same result)."""
+    libc = _libc()
+    if libc is None or size <= 0:
+        return False
+    page = mmap.PAGESIZE
+    lo = address // page * page
+    hi = -(-(address + size) // page) * page
+    advice = MADV_POPULATE_WRITE if write else MADV_POPULATE_READ
+    return libc.madvise(lo, hi - lo, advice) == 0
+
+
+def populate_read(a: np.ndarray | None) -> bool:
+    """``populate`` for reading ``a`` where it lies in a file map (False for anything else)."""
+    if a is None or not a.flags.c_contiguous or not file_mapped(a):
+        return False
+    return populate(a.ctypes.data, a.nbytes, write=False)

@@ -1,0 +1,55 @@
+"""A file map's pages (radixlm/native/pages.py): populated in one call before the arena's
+copy reads them, given back after it; fresh memory populated before it is written."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+from radixlm.native import pages
+
+
+def _rss_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def _rss_file_kb() -> int:
+    return _rss_kb("RssFile")
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8))
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def test_populate_read_maps_a_file_maps_pages_and_release_gives_them_back(mapped):
+    before = _rss_file_kb()
+    assert pages.populate_read(mapped[4096:])  # (Linux 5.14+: the test hosts' kernels)
+    grown = _rss_file_kb() - before
+    assert grown >= 60 << 10  # ~64 MB resident without touching a byte
+    assert pages.release(mapped) >= (64 << 20) - 4096
+    assert _rss_file_kb() - before < 4 << 10
+    assert int(mapped[12345]) == int(np.fromfile(mapped.filename, np.uint8, 1, offset=12345)[0])
+
+
+def test_populate_read_leaves_memory_that_is_not_a_file_map_alone():
+    assert not pages.populate_read(np.zeros(1 << 20, dtype=np.uint8))
+    assert not pages.populate_read(None)
+
+
+def test_populate_write_maps_fresh_memory():
+    m = mmap.mmap(-1, 32 << 20)
+    buf = np.frombuffer(m, dtype=np.uint8)
+    before = _rss_kb("VmRSS")  # (an anonymous shared map, as the arena's: RssShmem)
+    assert pages.populate(buf.ctypes.data, buf.nbytes, write=True)
+    assert _rss_kb("VmRSS") - before >= 30 << 10
+    assert not buf.any()  # zero pages, as a fault would give
+    del buf
+    m.close()
