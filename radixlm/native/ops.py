@@ -39,13 +39,14 @@ class Arena:
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:
-        """``w``'s arrays as the C side reads them: qs, fp16 d (and fp16 m for Q4); dense
-        rows and K-quant rows alone."""
+        """``w``'s arrays as the C side reads them (each laid out contiguously where it is
+        copied; here they may be strided views, e.g. a GGUF block's quants between its
+        scales): qs, fp16 d (and fp16 m for Q4); dense rows and K-quant rows alone."""
         if w.dense or w.d is None:  # dense rows, K-quant super-blocks: the rows alone
-            return [np.ascontiguousarray(w.qs)]
-        arrays = [np.ascontiguousarray(w.qs), np.ascontiguousarray(w.d, dtype=np.float16)]
+            return [w.qs]
+        arrays = [w.qs, np.asarray(w.d, dtype=np.float16)]
         if w.fmt == FMT_Q4:
-            arrays.append(np.ascontiguousarray(w.m, dtype=np.float16))
+            arrays.append(np.asarray(w.m, dtype=np.float16))
         return arrays
 
     def _padded(self, n: int) -> int:
@@ -60,9 +61,9 @@ class Arena:
         copies = []
         for a in self.arrays(w):
             pages.populate_read(a)  # a file map's pages in one call, not a fault each
-            dst = self._buf[self._used:self._used + a.nbytes]
-            dst[:] = a.reshape(-1).view(np.uint8)
-            copies.append(dst.view(a.dtype).reshape(a.shape))
+            dst = self._buf[self._used:self._used + a.nbytes].view(a.dtype).reshape(a.shape)
+            dst[...] = a  # (a strided view is gathered here: no copy of it in between)
+            copies.append(dst)
             self._used += self._padded(a.nbytes)
         return _qmat(w, copies), copies
 
@@ -75,7 +76,7 @@ def _qmat(w: QWeight, arrays: list[np.ndarray]) -> QMat:
 def qmat(w: QWeight, keep: list) -> QMat:
     """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
     ``Arena``); ``keep`` holds the arrays it points into."""
-    arrays = Arena.arrays(w)
+    arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
     return _qmat(w, arrays)
 

@@ -45,15 +45,23 @@ def file_mapped(a: np.ndarray) -> bool:
     return False
 
 
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes ``[start, end)`` that ``a`` (contiguous or a strided view) lies in."""
+    from numpy.lib.array_utils import byte_bounds
+
+    return byte_bounds(a)
+
+
 def release(a: np.ndarray | None) -> int:
-    """Drop the whole pages inside ``a`` from this process's resident set if ``a`` lies in a
-    file map; returns the bytes released (0 for anything else, or where madvise is not to be
-    had). The array stays valid: its pages fault back in from the file if read."""
+    """Drop the whole pages inside ``a``'s span from this process's resident set if ``a``
+    lies in a file map (a strided view: the pages between its elements too); returns the
+    bytes released (0 for anything else, or where madvise is not to be had). The array stays
+    valid: its pages fault back in from the file if read."""
     libc = _libc()
-    if a is None or libc is None or not a.flags.c_contiguous or not file_mapped(a):
+    if a is None or libc is None or not file_mapped(a):
         return 0
     page = mmap.PAGESIZE
-    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
+    start, end = _span(a)
     lo, hi = -(-start // page) * page, end // page * page
     if hi <= lo:
         return 0
@@ -75,7 +83,9 @@ def populate(address: int, size: int, write: bool) -> bool:
 
 
 def populate_read(a: np.ndarray | None) -> bool:
-    """``populate`` for reading ``a`` where it lies in a file map (False for anything else)."""
-    if a is None or not a.flags.c_contiguous or not file_mapped(a):
+    """``populate`` for reading ``a``'s span where it lies in a file map (False for anything
+    else)."""
+    if a is None or not file_mapped(a):
         return False
-    return populate(a.ctypes.data, a.nbytes, write=False)
+    start, end = _span(a)
+    return populate(start, end - start, write=False)

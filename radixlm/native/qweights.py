@@ -163,25 +163,29 @@ def quantize(w: np.ndarray, kind: str) -> QWeight:
 
 
 def _fp16(raw: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(raw).view(np.float16)[..., 0]
+    """2 bytes per block ``[..., 2]`` (a strided view of the file's blocks) as fp16 ``[...]``,
+    still a view: reading a tensor's scales here would fault in every page of the file."""
+    return raw.view(np.float16)[..., 0]
 
 
 def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
-    """Blocks of a GGUF tensor's raw bytes ``[n, bytes per row]``; None for other types."""
+    """Blocks of a GGUF tensor's raw bytes ``[n, bytes per row]``; None for other types. The
+    quants and scales stay strided views of ``raw``, copied once where the native arena lays
+    them out (Q4_0's minimums ``-8 d`` are computed here)."""
     n = raw.shape[0]
     if type_name == "Q4_1":
         b = raw.reshape(n, -1, 20)
-        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 4:]), _fp16(b[..., 0:2]),
-                       _fp16(b[..., 2:4]), "q4_1", type_name)
+        return QWeight(FMT_Q4, b[..., 4:], _fp16(b[..., 0:2]), _fp16(b[..., 2:4]), "q4_1",
+                       type_name)
     if type_name == "Q4_0":
         b = raw.reshape(n, -1, 18)
         d = _fp16(b[..., 0:2])
-        return QWeight(FMT_Q4, np.ascontiguousarray(b[..., 2:]), d,
-                       (-8.0 * d).astype(np.float16), "q4_0", type_name)
+        return QWeight(FMT_Q4, b[..., 2:], d, (-8.0 * d).astype(np.float16), "q4_0",
+                       type_name)
     if type_name == "Q8_0":
         b = raw.reshape(n, -1, 34)
-        return QWeight(FMT_Q8, np.ascontiguousarray(b[..., 2:]).view(np.int8),
-                       _fp16(b[..., 0:2]), None, "q8_0", type_name)
+        return QWeight(FMT_Q8, b[..., 2:].view(np.int8), _fp16(b[..., 0:2]), None, "q8_0",
+                       type_name)
     for fmt, (name, size) in KQUANTS.items():
         if type_name == name:
             if raw.shape[1] % size:
