@@ -209,6 +209,8 @@ def test_a_kquant_file_runs_in_its_own_super_blocks(kquant_gguf, act, tol):
         weights = engine.runner.precision["weights"]
         assert {"q4_k", "q5_k", "q6_k", "q8_0"} <= set(weights.replace(",", " ").split())
         assert "(from Q" not in weights and engine.runner.native.max_rows is None  # as is
+        arena = engine.runner.native.arena  # K-quant rows read where the file map has them
+        assert arena.held_bytes > 4 * arena.copied_bytes > 0  # (the Q8_0 matrices: copied)
         outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                          "ignore_eos": True})
     _chosen_are_argmax(kquant_gguf, prompts, outs, tol)

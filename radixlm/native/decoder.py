@@ -172,7 +172,7 @@ class NativeDecoder:
     ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
     ``activation_modes``); int8 needs block weights (a ValueError on a dense model).
     ``release``: called with each QWeight once the arena holds its copy (a file mapping
-    gives its pages back)."""
+    gives its pages back; weights the arena reads in place are not copied or released)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int | None, quant: str = "auto", act: str = "auto",
@@ -272,7 +272,8 @@ class NativeDecoder:
         """``w`` into the arena: its C view, and for dense rows a torch tensor over the
         arena's copy (bf16 or fp32), for the model to read instead of its own."""
         mat, arrays = self.arena.place(w)
-        self._release(w)
+        if not self.arena.in_place(w):  # (a weight read where it lies keeps its pages)
+            self._release(w)
         if not w.dense:
             return mat, None
         rows = arrays[0]

@@ -11,7 +11,7 @@ import torch
 
 from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
-from radixlm.native.qweights import FMT_Q4, QWeight
+from radixlm.native.qweights import FMT_Q4, KQUANTS, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
 
@@ -20,12 +20,19 @@ class Arena:
     """All of a model's block weights in one anonymous mapping, in the order a step reads
     them, 2 MB aligned with transparent huge pages asked for (``MADV_HUGEPAGE``): a decode
     step streams every weight once, and with 4 KB pages scattered over the heap each of its
-    ~25k pages cost a TLB walk. ``qmat`` copies a QWeight in and returns its C view."""
+    ~25k pages cost a TLB walk. ``qmat`` copies a QWeight in and returns its C view.
+
+    K-quant rows that lie in a file map (a GGUF's own, contiguous) are used where they lie
+    (``in_place``): the map is held, its pages populated once, nothing copied. A 1B decode
+    step measured the same on the map's 4 KB pages as on the arena's (42.1-42.3 vs 42.6-45.5
+    ms, 2-core Xeon), and the copy was most of a load (0.4 s a GiB)."""
 
     ALIGN, HUGE = 64, 2 << 20
 
     def __init__(self, weights: list[QWeight]) -> None:
-        size = sum(self._padded(a.nbytes) for w in weights for a in self.arrays(w))
+        self._held: list[np.ndarray] = []  # file-map arrays the C views point into
+        size = sum(self._padded(a.nbytes) for w in weights if not self.in_place(w)
+                   for a in self.arrays(w))
         self._map = mmap.mmap(-1, size + self.HUGE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
@@ -49,6 +56,21 @@ class Arena:
             arrays.append(np.asarray(w.m, dtype=np.float16))
         return arrays
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of weights read in place (not copied into the arena)."""
+        return sum(a.nbytes for a in self._held)
+
+    @property
+    def copied_bytes(self) -> int:
+        return self._used
+
+    @staticmethod
+    def in_place(w: QWeight) -> bool:
+        """Whether ``w`` is read where it lies (K-quant rows in a file map) instead of copied:
+        the kernels read those rows with unaligned loads only."""
+        return w.fmt in KQUANTS and w.qs.flags.c_contiguous and pages.file_mapped(w.qs)
+
     def _padded(self, n: int) -> int:
         return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
 
@@ -57,7 +79,11 @@ class Arena:
 
     def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
-        shapes as ``arrays(w)``)."""
+        shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays)."""
+        if self.in_place(w):
+            pages.populate_read(w.qs)  # (the first step would fault each page in)
+            self._held.append(w.qs)
+            return _qmat(w, [w.qs]), [w.qs]
         copies = []
         for a in self.arrays(w):
             pages.populate_read(a)  # a file map's pages in one call, not a fault each
