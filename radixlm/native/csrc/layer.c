@@ -59,8 +59,12 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
     RLM_TAKE(xs, T * K / 32)
     RLM_TAKE(scores, (int64_t)nth * RLM_HEADS_PER_UNIT * (max_ctx + 16))
     RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
+#ifdef RLM_BF16
     RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
+#endif
+#ifdef RLM_PANEL
     RLM_TAKE(xt, (T + 31) / 32 * 32 * K)          /* fp32 transposed, padded tokens */
+#endif
 #undef RLM_TAKE
     return off;
 }
@@ -294,6 +298,7 @@ static void layers_job(void *ctx, int tid, int nth) {
 void rlm_layers(const Layer *layers, int32_t n_layers, void *const *k_caches,
                 void *const *v_caches, const Step *S, float *res) {
     Work w;
+    memset(&w, 0, sizeof w); /* (buffers a build does not use stay NULL) */
     work_layout(&layers[0], S->T, S->max_ctx, S->nthreads, S->ws, &w);
     LayersJob j = {layers, n_layers, k_caches, v_caches, S, res, &w};
     run_parallel(layers_job, &j, S->nthreads);
