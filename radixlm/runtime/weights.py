@@ -232,9 +232,10 @@ def generation_eos_ids(model_dir: Path):
 
 
 def load_gguf_blocks(model_dir: Path, hf_config) -> dict:
-    """The GGUF behind ``model_dir`` as native blocks under HF names (Q4_0 / Q4_1 / Q8_0
-    tensors only; q/k rows un-permuted like the dequantized weights). Empty if the
-    directory did not come from a GGUF or the file is gone."""
+    """The GGUF behind ``model_dir`` as native blocks under HF names (``gguf_blocks``: Q4_0 /
+    Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K as the file has them; q/k rows un-permuted like the
+    dequantized weights). Empty if the directory did not come from a GGUF or the file is
+    gone."""
     from radixlm.native.qweights import gguf_blocks
 
     source = gguf_source(model_dir)
