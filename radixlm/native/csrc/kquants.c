@@ -165,50 +165,13 @@ static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
 }
 
 /* ------------------------------------------------------------------ int8 activations */
-/* One token's sum over a row unpacked (q, ds, dm) against its int8 blocks (x, xd, xs). */
+/* One token's sum over a row unpacked (q, ds, dm) against its int8 blocks (x, xd, xs): the
+ * AVX2 and plain-C builds (512-bit builds run the super-blocks in registers, below). */
 static inline float kq_dot(int fmt, int nsb, const uint8_t *q, const float *ds,
                            const float *dm, const int8_t *x, const float *xd,
                            const float *xs) {
     const int six = fmt == FMT_Q6_K;
-#ifdef RLM_I8_ZMM
-    /* 64 weights a vector: lanes of 4 products; Q4_K / Q5_K: blocks 2p, 2p + 1 a half each;
-     * Q6_K: its 16-weight scales 4p .. 4p + 3 a quarter each */
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i c32 = _mm512_set1_epi8(32);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int s = 0; s < nsb; s++) {
-        __m512 sv;
-        if (six) {
-            sv = _mm512_mul_ps(_mm512_loadu_ps(ds + 16 * s), _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(_mm256_loadu_ps(xd + 8 * s))));
-        } else {
-            sv = _mm512_castps256_ps512(
-                _mm256_mul_ps(_mm256_loadu_ps(ds + 8 * s), _mm256_loadu_ps(xd + 8 * s)));
-            accm = _mm256_fmadd_ps(_mm256_loadu_ps(dm + 8 * s), _mm256_loadu_ps(xs + 8 * s), accm);
-        }
-        for (int p = 0; p < 4; p++) {
-            const __m512i u = _mm512_load_si512((const void *)(q + 256 * s + 64 * p));
-            const __m512i xv = _mm512_loadu_si512((const void *)(x + 256 * s + 64 * p));
-            __m512i d = dot_u8s8_512(u, xv);
-            __m512i idx;
-            if (six) {
-                d = _mm512_sub_epi32(d, dot_u8s8_512(c32, xv));
-                idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                                       _mm512_srli_epi32(_mm512_setr_epi32(
-                                           0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-            } else {
-                idx = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
-                                        2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
-                                        2 * p + 1, 2 * p + 1, 2 * p + 1);
-            }
-            const __m512 f = _mm512_cvtepi32_ps(d), sc = _mm512_permutexvar_ps(idx, sv);
-            if (p & 1) acc1 = _mm512_fmadd_ps(f, sc, acc1);
-            else acc0 = _mm512_fmadd_ps(f, sc, acc0);
-        }
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum256(accm);
-#elif defined(RLM_AVX2)
+#if defined(RLM_AVX2)
     /* 32 weights (one activation block) a vector; Q6_K's two scales a half each */
     const __m256i c32 = _mm256_set1_epi8(32);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
@@ -267,8 +230,8 @@ static inline float kq_dot(int fmt, int nsb, const uint8_t *q, const float *ds,
 /* ------------------------------------------------------------------ 512-bit, in registers
  * A super-block unpacked into registers and used by up to 8 tokens before the next: 4
  * vectors of 64 weights as bytes (in order), the scales d sc (8, or Q6_K's 16) and mins
- * dmin m. The values are those of kq_unpack_sb, and a token's products and sums are the
- * ones kq_dot runs, in the same order. */
+ * dmin m (the values kq_unpack_sb makes). A token's products and sums run in one order
+ * whatever the group and row counts. */
 typedef struct {
     __m512i u[4];
     __m512 ds;  /* Q4_K / Q5_K: 8 scales in the low half; Q6_K: 16 */
@@ -327,7 +290,7 @@ static inline __attribute__((always_inline)) void ksb_load(const int fmt, const 
     }
 }
 
-/* One token's products with super-block s into acc (and its m term into accm), as kq_dot.
+/* One token's products with super-block s into acc (and its m term into accm).
  * Q6_K: c32[p] = 32 sum a over each lane's 4 activations of vector p (the token's alone:
  * made once for the rows that share it). */
 static inline __attribute__((always_inline)) void ksb_token(
