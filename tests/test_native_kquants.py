@@ -138,12 +138,13 @@ def _type_of(tname: str) -> str:
     return kind if isinstance(kind, str) else kind[int(parts[1]) % 2]
 
 
-@pytest.fixture(scope="module")
-def kquant_gguf(tmp_path_factory) -> Path:
-    """A random-weight GGUF of the tiny shape in K-quant super-blocks (random bytes: every
-    bit pattern of quants and scales), with the embedded tokenizer."""
-    shape = make_gguf.SHAPES["tiny"]
-    path = tmp_path_factory.mktemp("kq") / "tiny-kmix.gguf"
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen"])
+def kquant_gguf(request, tmp_path_factory) -> Path:
+    """A random-weight GGUF of a tiny shape (Llama with a tied head; Qwen2 with q/k/v biases
+    and its own head) in K-quant super-blocks (random bytes: every bit pattern of quants and
+    scales), with the embedded tokenizer."""
+    shape = make_gguf.SHAPES[request.param]
+    path = tmp_path_factory.mktemp("kq") / f"{request.param}-kmix.gguf"
     writer = gguf.GGUFWriter(str(path), shape.arch)
     for key, value in (("block_count", shape.layers), ("context_length", shape.context),
                        ("embedding_length", shape.hidden),
