@@ -242,3 +242,21 @@ def test_dense_rows_on_an_int8_kv_pool(llama_dir, tokenizer):
     np.testing.assert_allclose(scores, ref_scores, atol=2e-3)
     with Engine(str(llama_dir), **kw) as fp32_kv:
         assert np.abs(scores - run(fp32_kv)[2]).max() > 1e-4
+
+
+@needs_native
+def test_float32_asked_runs_fp32_activations_on_every_step():
+    """dtype="float32" on a GGUF: every native step reads fp32 activations (the default
+    would run int8 small steps where the CPU has u8 x s8 SIMD); an explicit mode still
+    wins, and dtype auto keeps the host's rule."""
+    from radixlm.native.build import ACT_F32, ACT_INT8, int8_decode_preferred
+    from radixlm.runtime.engine import Engine
+
+    with Engine(dtype="float32", max_total_tokens=1024, log_level="warning") as engine:
+        assert engine.runner.native.act_modes == ((1, ACT_F32),)
+        assert engine.runner.precision["activations"] == "fp32"
+    assert EngineConfig(dtype="float32", native_activations="int8").activations == "int8"
+    assert EngineConfig(dtype="auto").activations == "auto"
+    if int8_decode_preferred():
+        with Engine(max_total_tokens=1024, log_level="warning") as engine:
+            assert engine.runner.native.act_modes[0] == (1, ACT_INT8)

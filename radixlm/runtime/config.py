@@ -72,7 +72,8 @@ class EngineConfig:
     # all) of a block-quantized model where the CPU has u8 x s8 SIMD (AVX2 maddubs or VNNI);
     # on a bf16 model bf16 for the larger steps (AMX tiles or AVX512-BF16 dot products: from
     # 8 tokens after int8, else from 2 with bf16 dot products); fp32 otherwise
-    # (native.decoder.activation_modes).
+    # (native.decoder.activation_modes). With dtype="float32" asked, auto means fp32 on
+    # every step: the precision asked for is the precision run (``activations``).
     native_activations: str = "auto"
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
@@ -167,6 +168,16 @@ class EngineConfig:
         if self.constrained_json_disable_any_whitespace:
             return ""
         return self.constrained_json_whitespace_pattern
+
+    @property
+    def activations(self) -> str:
+        """``native_activations`` as the native steps run it: ``auto`` is ``fp32`` where
+        ``dtype="float32"`` was asked (fp32 activations on every step, as the reference
+        path; a GGUF's default int8 small steps would not be the precision asked for), else
+        as given."""
+        if self.native_activations == "auto" and self.dtype == "float32":
+            return "fp32"
+        return self.native_activations
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):

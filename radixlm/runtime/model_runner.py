@@ -152,7 +152,7 @@ def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks
 
     return NativeDecoder(lib, model, blocks, pool,
                          max_rows=None if every_step else NATIVE_MAX_ROWS,
-                         quant=config.weight_quant, act=config.native_activations,
+                         quant=config.weight_quant, act=config.activations,
                          release=give_back if every_step else None)
 
 

@@ -170,7 +170,7 @@ def create_tiers(config: Any, pool: KVPool, model_dir: Any) -> CacheTiers | None
         # the compute dtype too: an int8 layout alone does not say what the rows were
         # computed in (a bf16 and an fp32 engine quantize slightly different K/V)
         settings = {"weight_quant": config.weight_quant,
-                    "native_activations": config.native_activations,
+                    "native_activations": config.activations,
                     "dtype": str(pool.dtype).removeprefix("torch.")}
         fingerprint = model_fingerprint(model_dir, pool.layout, settings)
         storage = FileStorage(config.hicache_storage_dir, fingerprint, pool,
