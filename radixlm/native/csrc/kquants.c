@@ -8,14 +8,15 @@
  *   Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one
  *        per 16 weights), fp16 d.  W = (d sc_i) (q - 32), q in 0..63.
  *
- * A row is unpacked once per step (per tile of tokens) into its weights as bytes q, in
- * order, and fp32 scales (d sc and dmin m: the products gguf-py's dequantize rounds), then
- * each token's int8 activation blocks (quantize_row's plain layout: dx, dx sum a per 32)
- * run against it: per 32-block j, (d sc_j dx_j) sum q a - (dmin m_j) (dx_j sum a); Q6_K's
- * (q - 32) in integers, its two scales of a block one per half of the lanes. A token's
- * sums run in one order whatever the step's size, so its bits do not depend on its
- * neighbours. Dequantization (the fp32 / bf16 paths, embeddings) rounds as gguf-py does,
- * bit for bit: one product, then one difference, never fused. */
+ * A super-block is unpacked into its weights as bytes q, in order, and fp32 scales (d sc
+ * and dmin m: the products gguf-py's dequantize rounds): in registers on 512-bit builds,
+ * shared by up to 8 tokens (4 rows side by side for 1-2 tokens); a row at a time into a
+ * buffer on AVX2 and plain C. Each token's int8 activation blocks (quantize_row's plain
+ * layout: dx, dx sum a per 32) run against it: per 32-block j, (d sc_j dx_j) sum q a -
+ * (dmin m_j) (dx_j sum a); Q6_K's (q - 32) in integers, its two scales of a block one per
+ * half of the lanes. A token's sums run in one order whatever the step's size, so its bits
+ * do not depend on its neighbours. Dequantization (the fp32 / bf16 paths, embeddings)
+ * rounds as gguf-py does, bit for bit: one product, then one difference, never fused. */
 #include "rlm.h"
 
 /* The 8 scales and 8 mins of a Q4_K / Q5_K super-block's 12 bytes, as bytes (llama.cpp's
