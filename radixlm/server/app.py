@@ -23,8 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.server import native, openai_api, playground, responses_api
-from radixlm.server.errors import ApiError
+from radixlm.server import messages_api, native, openai_api, playground, responses_api
+from radixlm.server.errors import AnthropicError, ApiError
 from radixlm.server.generation import ClientDisconnected
 from radixlm.server.metrics import ServerMetrics
 from radixlm.server.state import ServerSettings, ServerState, get_state, logger
@@ -54,6 +54,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(native.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)
+    app.include_router(messages_api.router)
     app.include_router(playground.router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(ApiError, _api_error)
@@ -61,7 +62,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnected, _disconnected)
     app.add_exception_handler(UnicodeError, _unicode_error)
-    routers = (native.router, openai_api.router, responses_api.router, playground.router)
+    routers = (native.router, openai_api.router, responses_api.router, messages_api.router,
+               playground.router)
     known = {"/metrics", *OPEN_PATHS} | {r.path for router in routers
                                          for r in router.routes if hasattr(r, "path")}
     app.add_middleware(GuardMiddleware, state=state, known_paths=known)
@@ -129,7 +131,8 @@ async def _disconnected(request: Request, exc: Exception) -> Response:
 
 class GuardMiddleware:
     """Pure ASGI middleware (streaming and disconnects pass through untouched):
-    request id (X-Request-Id), Bearer API key, body size cap (413), access log, metrics."""
+    request id (X-Request-Id), API key (Bearer or x-api-key), body size cap (413), access log,
+    metrics; errors under `/v1/messages` in Anthropic's shape."""
 
     def __init__(self, app: ASGIApp, state: ServerState, known_paths: set[str]) -> None:
         self.app = app
@@ -159,6 +162,8 @@ class GuardMiddleware:
             if error is None:
                 receive, error = await self._read_body(scope, receive, headers)
             if error is not None:
+                if scope["path"].startswith(messages_api.PATH):  # in Anthropic's shape
+                    error = AnthropicError.of(error)
                 self.state.metrics.count_error(error)
                 await _error_response(error)(scope, receive, send_with_id)
             else:
@@ -175,7 +180,10 @@ class GuardMiddleware:
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
                                                               key.encode()):
             return None
-        return ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+        if hmac.compare_digest(headers.get("x-api-key", "").strip().encode(), key.encode()):
+            return None  # the header Anthropic's clients send
+        return ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>' or "
+                             "'x-api-key: <key>')",
                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     async def _read_body(self, scope: Scope, receive: Receive,
