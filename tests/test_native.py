@@ -96,6 +96,10 @@ def test_library_reports_its_bf16_and_amx_paths(lib, request):
     assert lib.rlm_bf16() == int(native and "avx512_bf16" in flags)
     if not (native and "amx_bf16" in flags):
         assert lib.rlm_amx() == 0
+    if not (native and {"amx_int8", "amx_bf16"} <= flags):
+        assert lib.rlm_amx_i8() == 0
+    elif lib.rlm_amx():  # the tile state granted: the int8 tiles run too
+        assert lib.rlm_amx_i8() == 1
 
 
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])
@@ -113,14 +117,17 @@ def test_quantized_matmul_matches_twin(lib, fmt, act, n, k, t):
 @pytest.mark.parametrize("k", [96, 576, 1024])
 def test_int8_rows_are_the_same_bits_at_every_step_size(lib, fmt, k):
     """With int8 activation blocks a token's products are summed in the same order whatever
-    else shares the step (alone, 2-3 tokens, groups of 4 and the rest): the same bits, so a
-    step verifying drafts at one-token rounding reproduces decoding exactly."""
+    else shares the step (alone, 2-3 tokens, groups of 4 and the rest, and from 16 tokens
+    Q8 rows on AMX int8 tiles where the host has them: whole-block integer sums scaled as
+    the 512-bit path scales them, 45 rows = two 16-row tiles and a tail on that path): the
+    same bits, so a step verifying drafts at one-token rounding reproduces decoding exactly,
+    and a prompt's prefill rounds as its tokens would alone."""
     w = _rand_weight(fmt, 45, k, seed=k)
-    x = torch.randn(13, k)
-    alone = torch.cat([ops.norm_matmul(lib, x[i:i + 1], w, act="int8") for i in range(13)])
-    for t in (2, 3, 4, 5, 8, 13):
+    x = torch.randn(70, k)
+    alone = torch.cat([ops.norm_matmul(lib, x[i:i + 1], w, act="int8") for i in range(70)])
+    for t in (2, 3, 4, 5, 8, 13, 16, 17, 33, 70):
         together = torch.cat([ops.norm_matmul(lib, x[i:i + t], w, act="int8")
-                              for i in range(0, 13, t)])
+                              for i in range(0, 70, t)])
         assert torch.equal(together, alone), t
 
 

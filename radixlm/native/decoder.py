@@ -46,7 +46,9 @@ class StepBatch(Protocol):
     ``req_to_token``) and ``extend_lens`` (new tokens per request): [B], with
     ``extend_lens_cpu`` and ``seq_lens_cpu`` (tokens with K/V after the step) the same as
     lists; ``logits_indices``: the rows of T whose logits are returned. Optional
-    ``act_rows``: the step size whose activation rounding to use (default T)."""
+    ``act_rows``: the step size whose activation rounding to use (default T); optional
+    ``hidden_indices``: rows of T whose last hidden state ``forward`` leaves in
+    ``batch.hidden``."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -112,8 +114,24 @@ BF16_LARGE_MAX_ROWS = 256
 INT8_MAX_ROWS = 8
 
 
+# The activation modes whose kernels compute each token in one fixed order at any step size
+# (csrc/matmul_i8.c: a token's int8 products and sums do not depend on its neighbours). A
+# plan of one of them on every step, with every step native, makes a token's numbers the
+# same bits in any batch, chunk, cache state or verify step (attention, norms and rotary
+# already reduce per token in a fixed order). fp32 and bf16 pick kernels by step size
+# (rows x 1-3 tokens, tiles of 4, AMX tiles of 16), which sum in different orders.
+STEP_INVARIANT_MODES = frozenset({ACT_INT8})
+
+
+def invariant_plan(plan: tuple[tuple[int, int], ...]) -> bool:
+    """Whether an ``activation_modes`` plan rounds a token alike at every step size: one
+    mode for every step, and one of STEP_INVARIANT_MODES."""
+    return len(plan) == 1 and plan[0][1] in STEP_INVARIANT_MODES
+
+
 def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8: bool = False, every_step: bool = False) -> tuple[tuple[int, int], ...]:
+                     int8: bool = False, every_step: bool = False,
+                     deterministic: bool = False) -> tuple[tuple[int, int], ...]:
     """The C activation mode by step size: ``((from_tokens, mode), ...)``, ascending, the
     first from 1; a step of T tokens runs the last entry whose ``from_tokens <= T``.
     ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
@@ -128,11 +146,16 @@ def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
     AMX tiles) int8 blocks run steps of every size: prefill is an int8 GEMM over the file's
     own blocks, and a token rounds alike in any step. Where AMX tiles are granted a K-quant
     model's steps of 8+ tokens run them (bf16 tiles dequantized from the blocks: ~3.5x the
-    int8 GEMM's prefill on a 2-core Sapphire Rapids). An explicit mode runs every step."""
+    int8 GEMM's prefill on a 2-core Sapphire Rapids). An explicit mode runs every step.
+    ``deterministic`` (enable_deterministic_inference): one mode for every step, int8
+    blocks where ``int8``, else bf16 on a bf16 model where the library has bf16, else fp32
+    (``invariant_plan`` says whether that mode rounds alike at every step size)."""
     if act != "auto":
         return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
-    if int8 and every_step:
+    if int8 and (every_step or deterministic):
         return ((1, ACT_INT8),)
+    if deterministic:
+        return ((1, ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32),)
     bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
     if int8 and bf16:
         bf16 = max(bf16, INT8_MAX_ROWS)
@@ -172,11 +195,12 @@ class NativeDecoder:
     ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
     ``activation_modes``); int8 needs block weights (a ValueError on a dense model).
     ``release``: called with each QWeight once the arena holds its copy (a file mapping
-    gives its pages back; weights the arena reads in place are not copied or released)."""
+    gives its pages back; weights the arena reads in place are not copied or released).
+    ``deterministic``: one activation mode for every step (``activation_modes``)."""
 
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int | None, quant: str = "auto", act: str = "auto",
-                 release=None) -> None:
+                 release=None, deterministic: bool = False) -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
         self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
@@ -201,7 +225,8 @@ class NativeDecoder:
         int8 = quantized and int8_decode_preferred()
         self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()), model.dtype,
                                           int8, every_step=int8 and not self.amx and any(
-                                              is_kquant(w) for w in [*flat, head]))
+                                              is_kquant(w) for w in [*flat, head]),
+                                          deterministic=deterministic)
         order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
         self.arena = Arena(order)  # in step order
         self._release = release or (lambda w: None)
@@ -324,6 +349,12 @@ class NativeDecoder:
         return attended <= LARGE_MAX_CTX_PER_TOKEN * t
 
     @property
+    def batch_invariant(self) -> bool:
+        """Whether a token's logits are the same bits in any step: every step runs here
+        (``max_rows`` None) with a plan that rounds alike at every size."""
+        return self.max_rows is None and invariant_plan(self.act_modes)
+
+    @property
     def large_from(self) -> int:
         """Tokens from which steps run bf16 (1 << 30: none do)."""
         return next((n for n, m in self.act_modes if m == ACT_BF16), 1 << 30)
@@ -367,7 +398,9 @@ class NativeDecoder:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), V]`` in fp32 (the K/V of every token of
-        the step written to the pool)."""
+        the step written to the pool). With ``batch.hidden_indices`` (optional) it also
+        sets ``batch.hidden``: the residual stream after the last layer (before the final
+        norm) at those rows, fp32."""
         model, lib, pool = self.model, self.lib, self.pool
         nthreads = torch.get_num_threads()
         T = batch.num_tokens
@@ -392,6 +425,9 @@ class NativeDecoder:
                     ws.data_ptr(), *self._scale_ptrs)
         lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
                        ctypes.byref(step), res.data_ptr())
+        hidden_indices = getattr(batch, "hidden_indices", None)
+        if hidden_indices is not None:  # rows whose last hidden state is asked for
+            batch.hidden = res[hidden_indices]
         x = res[batch.logits_indices].contiguous()
         n = x.shape[0]
         logits = torch.empty(n, self.head.n, dtype=torch.float32)

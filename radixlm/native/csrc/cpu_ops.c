@@ -9,6 +9,7 @@
 #include "matmul_bf16.c"
 #include "amx.c"
 #include "matmul_i8.c"
+#include "amx_i8.c"
 #include "kquants.c"
 #include "matmul.c"
 #include "vmath.c"

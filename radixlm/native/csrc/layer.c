@@ -103,6 +103,14 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
 #else
     const int amx = 0;
 #endif
+#ifdef RLM_AMX_I8 /* B tiles in the bf16 rows' space (T k bytes + T nb scales fit) */
+    const int amx_i8 = mode == ACT_INT8 && fmt == FMT_Q8 && T >= RLM_AMX_I8_MIN_ROWS && amx_ok();
+    int8_t *xq = amx_i8 ? (int8_t *)w->xb : NULL;
+    float *xdt = amx_i8 ? (float *)(xq + (int64_t)(T + 15) / 16 * 16 * k) : NULL;
+#else
+    int8_t *xq = NULL;
+    float *xdt = NULL;
+#endif
     row_range(T, tid, nth, &lo, &hi);
     for (int t = lo; t < hi; t++) {
         const float *xr = x + (int64_t)t * k;
@@ -132,6 +140,9 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         } else {
             quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                          w->xs + (int64_t)t * nb);
+#ifdef RLM_AMX_I8
+            if (xq) pack_token_i8(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, t, nb, xq, xdt);
+#endif
 #ifdef RLM_CHUNK
             if (fmt == FMT_Q4) interleave_act(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, nb);
 #else
@@ -149,8 +160,12 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
         }
     }
 #endif
+#ifdef RLM_AMX_I8
+    if (xq && tid == nth - 1)
+        for (int t = T; t < (T + 15) / 16 * 16; t++) pack_token_i8(NULL, NULL, t, nb, xq, xdt);
+#endif
     Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
-             panel ? w->xt : NULL};
+             panel ? w->xt : NULL, xq, xdt};
     return a;
 }
 
@@ -422,6 +437,16 @@ int32_t rlm_bf16(void) {
  * on a kernel that grants the tile state), else 0. */
 int32_t rlm_amx(void) {
 #ifdef RLM_AMX
+    return amx_ok();
+#else
+    return 0;
+#endif
+}
+
+/* 1 when ACT_INT8 steps of RLM_AMX_I8_MIN_ROWS tokens or more run Q8 rows on AMX int8
+ * tiles (amx_i8.c: the 512-bit path's bits), else 0. */
+int32_t rlm_amx_i8(void) {
+#ifdef RLM_AMX_I8
     return amx_ok();
 #else
     return 0;

@@ -67,6 +67,12 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         qgemv_rows_f32(w, n0, n1, T, act, y, ldy);
         return;
     }
+#ifdef RLM_AMX_I8
+    if (act->xq && w->fmt == FMT_Q8) {
+        qgemm_amx_i8(w, n0, n1, T, act, y, ldy);
+        return;
+    }
+#endif
     if (is_kquant(w)) {
         kq_rows_i8(w, n0, n1, T, act, y, ldy);
         return;

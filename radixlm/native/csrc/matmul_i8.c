@@ -30,7 +30,9 @@ static inline __m256 blk_fma(__m256i p, float scale, __m256 acc) {
  * The activations come laid out to match (interleave_act); the transposition of the weights
  * is done once per row and shared by the step's tokens. Q4 rows only: a Q8 chunk's 16 x 8
  * transpose is 24 shuffles, more than it saves at one token, so Q8 rows, and a last
- * partial chunk (k % 512), are read as pairs of blocks, one 256-bit half each. */
+ * partial chunk (k % 512), are read as pairs of blocks, one 256-bit half each; a Q8 pair's
+ * 16 partial sums are then added up to whole blocks (pair_sums16), so each block is scaled
+ * once, as the AMX int8 tiles compute it (amx_i8.c). */
 
 /* u8 x s8 products, 4 to a 32-bit lane, added to acc */
 static inline __m512i dot_acc_512(__m512i acc, __m512i u, __m512i s) {
@@ -47,18 +49,13 @@ static inline __m512i dot_u8s8_512(__m512i u, __m512i s) {
     return dot_acc_512(_mm512_setzero_si512(), u, s);
 }
 
-/* Blocks b, b + 1 of a row as 64 unsigned bytes (Q4: the nibbles; Q8: |w|, with *neg the
- * mask of its negative weights). */
-static inline __m512i pair_u8(const QMat *w, const uint8_t *wq, int b, __mmask64 *neg) {
-    if (w->fmt == FMT_Q4) { /* [q_b, q_b, q_b+1, q_b+1], odd 128-bit lanes shifted by 4 */
-        __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wq + b * 16)));
-        v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
-        v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-        return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
-    }
-    const __m512i v = _mm512_loadu_si512((const void *)(wq + b * 32));
-    *neg = _mm512_movepi8_mask(v);
-    return _mm512_abs_epi8(v);
+/* Blocks b, b + 1 of a Q4 row as 64 unsigned bytes, the nibbles: [q_b, q_b, q_b+1,
+ * q_b+1], odd 128-bit lanes shifted by 4. */
+static inline __m512i pair_u8(const uint8_t *wq, int b) {
+    __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wq + b * 16)));
+    v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+    v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
 }
 
 /* Four 4 x 4 transposes of 32-bit elements, one per 128-bit lane, across r[0..3]. */
@@ -87,21 +84,10 @@ static inline void chunk_steps(const uint8_t *wq, int c, __m512i st[8]) {
 
 #ifdef __AVX512VNNI__
 /* Q8 on VNNI: the activations + 128 as unsigned bytes (xu, made once per matmul) against
- * the signed weights, the products starting from -128 sum_j w_j (dpbusd does not saturate
- * as maddubs would): the same integers as the sign trick, one instruction less a token. */
+ * the signed weights, 128 sum_j w_j taken off the sums (dpbusd does not saturate as
+ * maddubs would): the same integers as the sign trick, one instruction less a token. */
 #define RLM_Q8_BIAS 1
 #define RLM_XU_BYTES 32768
-static inline __m512i q8_pair_dot(const uint8_t *wq, int b, const uint8_t *xu, int64_t k,
-                                  int G, __m512i *out) {
-    const __m512i v = _mm512_loadu_si512((const void *)(wq + b * 32));
-    const __m512i base = _mm512_sub_epi32(
-        _mm512_setzero_si512(),
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), v));
-    for (int i = 0; i < G; i++)
-        out[i] = _mm512_dpbusd_epi32(
-            base, _mm512_loadu_si512((const void *)(xu + i * k + b * 32)), v);
-    return v;
-}
 #endif
 
 /* G tokens' products with the full Q4 chunk at block c, scaled (wdl: H(d_b) in lane
@@ -139,11 +125,11 @@ static inline __attribute__((always_inline)) void chunk_fma(
     }
 }
 
-/* G tokens' products with the nc blocks at block c (a Q8 chunk, or a partial last one) into
- * acc: pairs of blocks, b's 8 partial sums in the low half and b + 1's in the high half,
- * scaled by H(d_b) dx_b; a lone last block into the low half. */
+/* G tokens' products with the nc blocks at block c of a Q4 row (its partial last chunk)
+ * into acc: pairs of blocks, b's 8 partial sums in the low half and b + 1's in the high
+ * half, scaled by H(d_b) dx_b; a lone last block into the low half. */
 static inline __attribute__((always_inline)) void pairs_fma(
-    const QMat *w, const uint8_t *wq, const int8_t *xa, const uint8_t *xu, const float *xd,
+    const QMat *w, const uint8_t *wq, const int8_t *xa, const float *xd,
     int c, int nc, int nb, int k, int g, __m512 wdv, __m512 *acc) {
     const __mmask16 m = (__mmask16)((1u << nc) - 1);
     __m512 sv[8];
@@ -154,20 +140,9 @@ static inline __attribute__((always_inline)) void pairs_fma(
     for (; p + 2 <= nc; p += 2) {
         const int b = c + p;
         __m512i d[8];
-#ifdef RLM_Q8_BIAS
-        if (xu)
-            q8_pair_dot(wq, b, xu, k, g, d);
-        else
-#endif
-        {
-            __mmask64 neg = 0;
-            const __m512i u = pair_u8(w, wq, b, &neg);
-            for (int i = 0; i < g; i++) {
-                __m512i x = _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + b * 32));
-                if (w->fmt == FMT_Q8) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-                d[i] = dot_u8s8_512(u, x);
-            }
-        }
+        const __m512i u = pair_u8(wq, b);
+        for (int i = 0; i < g; i++)
+            d[i] = dot_u8s8_512(u, _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + b * 32)));
         for (int i = 0; i < g; i++) {
             const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[i]), s, acc[i]);
@@ -183,11 +158,86 @@ static inline __attribute__((always_inline)) void pairs_fma(
         }
 }
 
+/* The 16 blocks' integer sums from the 8 pair vectors of a chunk's dot instructions (d[p]
+ * lanes 0-7: block 2p's 8 partial sums, 8-15: block 2p + 1's), block l in lane l. Integer
+ * adds are exact, so the tree's shape does not matter: three rounds of pairing lanes. */
+static inline __m512i pair_sums16(const __m512i *d) {
+    static const int32_t ia[3][16] __attribute__((aligned(64))) = {
+        {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+        {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+        {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+    static const int32_t ib[3][16] __attribute__((aligned(64))) = {
+        {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+        {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+        {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
+    __m512i v[8];
+    for (int p = 0; p < 8; p++) v[p] = d[p];
+    for (int r = 0, n = 8; r < 3; r++, n /= 2) {
+        const __m512i a = _mm512_load_si512(ia[r]), b = _mm512_load_si512(ib[r]);
+        for (int q = 0; q < n / 2; q++)
+            v[q] = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * q], a, v[2 * q + 1]),
+                                    _mm512_permutex2var_epi32(v[2 * q], b, v[2 * q + 1]));
+    }
+    return v[0];
+}
+
+/* Q8: G tokens' products with the nc blocks at block c: per pair of blocks one dot
+ * instruction (Q8_BIAS: the activations + 128 against the signed weights, 128 sum_j w_j
+ * taken off after the tree; else |w| against sign(x, w)), then pair_sums16 to each block's
+ * exact integer sum in lane c + l - c, times H(d_b) dx_b, into acc: one rounding per block,
+ * the order AMX int8 tiles reproduce (amx_i8.c). Blocks past nb are zeros. */
+static inline __attribute__((always_inline)) void q8_chunk_fma(
+    const uint8_t *wq, const int8_t *xa, const uint8_t *xu, const float *xd, int c, int nc,
+    int nb, int k, int G, __m512 wdv, __m512 *acc) {
+    const __mmask16 m = (__mmask16)((1u << nc) - 1);
+    __m512i wv[8];
+    for (int p = 0; p < 8; p++) {
+        const int left = nc - 2 * p;
+        const __mmask16 pm = left >= 2 ? 0xffff : left == 1 ? 0x00ff : 0;
+        wv[p] = _mm512_maskz_loadu_epi32(pm, wq + (c + 2 * p) * 32);
+    }
+#ifdef RLM_Q8_BIAS
+    __m512i base = _mm512_setzero_si512();
+    if (xu) {
+        __m512i t[8];
+        for (int p = 0; p < 8; p++)
+            t[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv[p]);
+        base = pair_sums16(t);
+    }
+#endif
+    for (int i = 0; i < G; i++) {
+        __m512i t[8];
+        for (int p = 0; p < 8; p++) {
+            const int left = nc - 2 * p;
+            const __mmask64 xm = left >= 2 ? ~0ull : left == 1 ? 0xffffffffull : 0;
+            const int64_t at = i * (int64_t)k + (c + 2 * p) * 32;
+#ifdef RLM_Q8_BIAS
+            if (xu) {
+                t[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                           _mm512_maskz_loadu_epi8(xm, xu + at), wv[p]);
+                continue;
+            }
+#endif
+            __m512i x = _mm512_maskz_loadu_epi8(xm, xa + at);
+            x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv[p]), _mm512_setzero_si512(), x);
+            t[p] = dot_u8s8_512(_mm512_abs_epi8(wv[p]), x);
+        }
+        __m512i s = pair_sums16(t);
+#ifdef RLM_Q8_BIAS
+        s = _mm512_sub_epi32(s, base);
+#endif
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                 _mm512_mul_ps(wdv, _mm512_maskz_loadu_ps(m, xd + (int64_t)i * nb + c)),
+                                 acc[i]);
+    }
+}
+
 /* G tokens (rows xa + i k of the step, G <= 8) against one weight row, each token's sums
  * in one fixed order whatever G is: per chunk of 16 blocks Q4's m term m_b (dx_b sum_j a_j)
  * a lane, then the blocks' products scaled by H(d_b) dx_b (a full Q4 chunk: one block a
- * lane; Q8 and a partial last chunk: pairs of blocks, a lone last block into the low half)
- * into one accumulator, out[4 i] for token i (its lanes summed by sum4_rows). */
+ * lane; Q8: one block a lane, its exact integer sum (q8_chunk_fma); a Q4 row's partial last
+ * chunk: pairs of blocks, a lone last block into the low half) into one accumulator, out[4
+ * i] for token i (its lanes summed by sum4_rows). */
 static inline __attribute__((always_inline)) void qdot_group(
     const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm, const int8_t *xa,
     const uint8_t *xu, const float *xd, const float *xs, int nb, int k, int G, __m512 *out) {
@@ -209,7 +259,10 @@ static inline __attribute__((always_inline)) void qdot_group(
             chunk_fma(wq, xa, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
             continue;
         }
-        pairs_fma(w, wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
+        if (w->fmt == FMT_Q8)
+            q8_chunk_fma(wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
+        else
+            pairs_fma(w, wq, xa, xd, c, nc, nb, k, G, wdv, acc);
     }
     for (int i = 0; i < G; i++) out[i * 4] = acc[i];
 }

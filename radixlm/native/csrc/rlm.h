@@ -25,6 +25,7 @@
  *   matmul_f32.c   fp32 activations x blocks (AVX-512 row tiles, the AVX2 panel GEMM)
  *   matmul_bf16.c  bf16 activations x blocks on AVX512-BF16 dot products
  *   amx.c          bf16 activations x blocks on AMX tiles
+ *   amx_i8.c       int8 activation blocks x Q8 rows on AMX int8 tiles (the 512-bit path's bits)
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
  *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
@@ -85,6 +86,8 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
  * qgemm_amx_large). Without AMX, bf16 dot products beat fp32 from RLM_BF16_MIN_ROWS tokens
  * (see rlm_bf16_min_rows). */
 #define RLM_AMX_MIN_ROWS 8
+/* ACT_INT8 steps of at least this many tokens run Q8 rows on AMX int8 tiles (amx_i8.c). */
+#define RLM_AMX_I8_MIN_ROWS 16
 #define RLM_BF16_MIN_ROWS 2
 #define RLM_AMX_LARGE_T 256
 
@@ -298,6 +301,8 @@ typedef struct {
     const uint16_t *xb;        /* bf16 rows (ACT_BF16 on a bf16 build), else NULL */
     int amx;                   /* xb packed as AMX B tiles (see pack_tiles) */
     const float *xt;           /* fp32 rows transposed for the panel GEMM, else NULL */
+    const int8_t *xq;          /* int8 blocks packed as AMX B tiles (amx_i8.c), else NULL */
+    const float *xdt;          /* with xq: their scales by token (pack_token_i8) */
 } Act;
 
 /* ------------------------------------------------------------------ what the parts share
