@@ -291,37 +291,53 @@ static inline __attribute__((always_inline)) void ksb_load(const int fmt, const 
     }
 }
 
-/* One token's products with super-block s into acc (and its m term into accm).
+/* One token's products with super-block s into acc (and its m term into accm), each
+ * scale's integers summed whole first (sums_round: exact), then scaled once: Q4_K / Q5_K's
+ * 8 sub-blocks of 32 into lanes 8 (s % 2) .. + 7 (odd: the super-block's place in a pair),
+ * Q6_K's 16 groups of 16 into lanes 0-15, (d sc) dx a lane, so a lane holds the blocks b
+ * with b % 16 = lane in order: the order AMX int8 tiles reproduce (amx_i8.c).
  * Q6_K: c32[p] = 32 sum a over each lane's 4 activations of vector p (the token's alone:
  * made once for the rows that share it). */
 static inline __attribute__((always_inline)) void ksb_token(
-    const int fmt, const KSB *s, const int8_t *x, const float *xd, const float *xs,
-    const __m512i *c32, __m512 *acc, __m256 *accm) {
-    const int six = fmt == FMT_Q6_K;
-    __m512 sv;
-    if (six) {
-        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        sv = _mm512_mul_ps(s->ds, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(
-                                                                 _mm256_loadu_ps(xd))));
-    } else {
-        sv = _mm512_castps256_ps512(
-            _mm256_mul_ps(_mm512_castps512_ps256(s->ds), _mm256_loadu_ps(xd)));
-        *accm = _mm256_fmadd_ps(s->dm, _mm256_loadu_ps(xs), *accm);
-    }
+    const int fmt, const KSB *s, const int odd, const int8_t *x, const float *xd,
+    const float *xs, const __m512i *c32, __m512 *acc, __m256 *accm) {
+    __m512i d[4];
     for (int p = 0; p < 4; p++) {
-        const __m512i xv = _mm512_loadu_si512((const void *)(x + 64 * p));
-        __m512i d = dot_u8s8_512(s->u[p], xv);
-        __m512i idx;
-        if (six) {
-            d = _mm512_sub_epi32(d, c32[p]);
-            idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p), _mm512_srli_epi32(_mm512_setr_epi32(
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-        } else {
-            idx = _mm512_add_epi32(_mm512_set1_epi32(2 * p), _mm512_srli_epi32(_mm512_setr_epi32(
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 3));
-        }
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, sv), *acc);
+        d[p] = dot_u8s8_512(s->u[p], _mm512_loadu_si512((const void *)(x + 64 * p)));
+        if (fmt == FMT_Q6_K) d[p] = _mm512_sub_epi32(d[p], c32[p]);
     }
+    if (fmt == FMT_Q6_K) { /* 4 groups of 4 partials a vector -> 16 groups */
+        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m512 sv = _mm512_mul_ps(s->ds, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(
+                                                                          _mm256_loadu_ps(xd))));
+        sums_round(d, 4, 1);
+        sums_round(d, 2, 2);
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[0]), sv, *acc);
+        return;
+    }
+    /* 2 sub-blocks of 8 partials a vector -> 8 sums, in both halves (the last round pairs
+     * the vector with itself) */
+    const __m256 sv8 = _mm256_mul_ps(_mm512_castps512_ps256(s->ds), _mm256_loadu_ps(xd));
+    *accm = _mm256_fmadd_ps(s->dm, _mm256_loadu_ps(xs), *accm);
+    sums_round(d, 4, 0);
+    sums_round(d, 2, 1);
+    d[1] = d[0];
+    sums_round(d, 2, 2);
+    const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(sv8), sv8, 1);
+    *acc = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(d[0]), sv, *acc,
+                                 odd ? (__mmask16)0xff00 : (__mmask16)0x00ff);
+}
+
+/* A row's 16 lane sums and 8 m-term sums (acc lanes 16, accm lanes 8) in one fixed tree:
+ * S_j = (a_4j + a_4j+2) + (a_4j+1 + a_4j+3), (S_0 + S_2) + (S_1 + S_3); minus ((m_0 +
+ * m_2) + (m_1 + m_3)) + ((m_4 + m_6) + (m_5 + m_7)). amx_i8.c sums its lanes alike. */
+static inline float kq_lanes_sum(__m512 acc, __m256 accm) {
+    float a[16], m[8], s[4];
+    _mm512_storeu_ps(a, acc);
+    _mm256_storeu_ps(m, accm);
+    for (int j = 0; j < 4; j++) s[j] = (a[4 * j] + a[4 * j + 2]) + (a[4 * j + 1] + a[4 * j + 3]);
+    return ((s[0] + s[2]) + (s[1] + s[3])) - (((m[0] + m[2]) + (m[1] + m[3])) +
+                                              ((m[4] + m[6]) + (m[5] + m[7])));
 }
 
 /* G tokens (from token t) against R rows (from row n, raw bytes of row r at row + r rb):
@@ -348,7 +364,7 @@ static inline __attribute__((always_inline)) void kq_rows_group(
             ksb_load(fmt, row + r * rb + (int64_t)s * sb, &b);
             for (int i = 0; i < G; i++) {
                 const int64_t ti = t + i;
-                ksb_token(fmt, &b, a->xa + ti * k + 256 * s, a->xd + ti * nb + 8 * s,
+                ksb_token(fmt, &b, s & 1, a->xa + ti * k + 256 * s, a->xd + ti * nb + 8 * s,
                           a->xs + ti * nb + 8 * s, c32 + 4 * i, &acc[r * G + i],
                           &accm[r * G + i]);
             }
@@ -356,8 +372,7 @@ static inline __attribute__((always_inline)) void kq_rows_group(
     }
     for (int r = 0; r < R; r++)
         for (int i = 0; i < G; i++)
-            y[(int64_t)(t + i) * ldy + n + r] =
-                _mm512_reduce_add_ps(acc[r * G + i]) - hsum256(accm[r * G + i]);
+            y[(int64_t)(t + i) * ldy + n + r] = kq_lanes_sum(acc[r * G + i], accm[r * G + i]);
 }
 
 static void kq_rows_fmt(const int fmt, const QMat *w, int n0, int n1, int T, const Act *a,

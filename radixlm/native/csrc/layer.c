@@ -104,12 +104,14 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
     const int amx = 0;
 #endif
 #ifdef RLM_AMX_I8 /* B tiles in the bf16 rows' space (T k bytes + T nb scales fit) */
-    const int amx_i8 = mode == ACT_INT8 && fmt == FMT_Q8 && T >= RLM_AMX_I8_MIN_ROWS && amx_ok();
+    const int amx_i8 = mode == ACT_INT8 && fmt != FMT_BF16 && fmt != FMT_F32 &&
+                       T >= RLM_AMX_I8_MIN_ROWS && amx_ok();
     int8_t *xq = amx_i8 ? (int8_t *)w->xb : NULL;
     float *xdt = amx_i8 ? (float *)(xq + (int64_t)(T + 15) / 16 * 16 * k) : NULL;
+    float *xst = amx_i8 ? xdt + (int64_t)(T + 15) / 16 * 16 * nb : NULL;
 #else
     int8_t *xq = NULL;
-    float *xdt = NULL;
+    float *xdt = NULL, *xst = NULL;
 #endif
     row_range(T, tid, nth, &lo, &hi);
     for (int t = lo; t < hi; t++) {
@@ -141,7 +143,9 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
             quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                          w->xs + (int64_t)t * nb);
 #ifdef RLM_AMX_I8
-            if (xq) pack_token_i8(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, t, nb, xq, xdt);
+            if (xq)
+                pack_token_i8(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
+                              w->xs + (int64_t)t * nb, t, nb, xq, xdt, xst);
 #endif
 #ifdef RLM_CHUNK
             if (fmt == FMT_Q4) interleave_act(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb, nb);
@@ -162,10 +166,11 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
 #endif
 #ifdef RLM_AMX_I8
     if (xq && tid == nth - 1)
-        for (int t = T; t < (T + 15) / 16 * 16; t++) pack_token_i8(NULL, NULL, t, nb, xq, xdt);
+        for (int t = T; t < (T + 15) / 16 * 16; t++)
+            pack_token_i8(NULL, NULL, NULL, t, nb, xq, xdt, xst);
 #endif
     Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
-             panel ? w->xt : NULL, xq, xdt};
+             panel ? w->xt : NULL, xq, xdt, xst};
     return a;
 }
 

@@ -50,9 +50,10 @@ static inline __m512i dot_u8s8_512(__m512i u, __m512i s) {
 }
 
 /* Blocks b, b + 1 of a Q4 row as 64 unsigned bytes, the nibbles: [q_b, q_b, q_b+1,
- * q_b+1], odd 128-bit lanes shifted by 4. */
-static inline __m512i pair_u8(const uint8_t *wq, int b) {
-    __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wq + b * 16)));
+ * q_b+1], odd 128-bit lanes shifted by 4 (lone: block b alone, b + 1's half zeros). */
+static inline __m512i pair_u8(const uint8_t *wq, int b, int lone) {
+    __m512i v = _mm512_castsi256_si512(
+        _mm256_maskz_loadu_epi8(lone ? 0xffffu : ~0u, (const void *)(wq + b * 16)));
     v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
     v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
@@ -125,43 +126,11 @@ static inline __attribute__((always_inline)) void chunk_fma(
     }
 }
 
-/* G tokens' products with the nc blocks at block c of a Q4 row (its partial last chunk)
- * into acc: pairs of blocks, b's 8 partial sums in the low half and b + 1's in the high
- * half, scaled by H(d_b) dx_b; a lone last block into the low half. */
-static inline __attribute__((always_inline)) void pairs_fma(
-    const QMat *w, const uint8_t *wq, const int8_t *xa, const float *xd,
-    int c, int nc, int nb, int k, int g, __m512 wdv, __m512 *acc) {
-    const __mmask16 m = (__mmask16)((1u << nc) - 1);
-    __m512 sv[8];
-    for (int i = 0; i < g; i++)
-        sv[i] = _mm512_mul_ps(wdv, _mm512_maskz_loadu_ps(m, xd + (int64_t)i * nb + c));
-    __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    int p = 0;
-    for (; p + 2 <= nc; p += 2) {
-        const int b = c + p;
-        __m512i d[8];
-        const __m512i u = pair_u8(wq, b);
-        for (int i = 0; i < g; i++)
-            d[i] = dot_u8s8_512(u, _mm512_loadu_si512((const void *)(xa + (int64_t)i * k + b * 32)));
-        for (int i = 0; i < g; i++) {
-            const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[i]), s, acc[i]);
-        }
-        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
-    }
-    if (p < nc)
-        for (int i = 0; i < g; i++) {
-            const __m256i d = blk_dot(w, wq, xa + (int64_t)i * k, c + p);
-            const __m512 s = _mm512_permutexvar_ps(idx, sv[i]);
-            acc[i] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(d)), s,
-                                           acc[i], 0x00ff);
-        }
-}
-
-/* The 16 blocks' integer sums from the 8 pair vectors of a chunk's dot instructions (d[p]
- * lanes 0-7: block 2p's 8 partial sums, 8-15: block 2p + 1's), block l in lane l. Integer
- * adds are exact, so the tree's shape does not matter: three rounds of pairing lanes. */
-static inline __m512i pair_sums16(const __m512i *d) {
+/* Integer sums of groups of partial sums, one round of a tree: v[q] = the lanes of v[2q]
+ * and v[2q + 1] (q < n / 2) paired up and added, round r halving each group (round 0: 8
+ * partials of 2 groups a vector -> 4 of 4; 1: 4 of 4 -> 2 of 8; 2: 2 of 8 -> 1 of 16), the
+ * groups kept in order. Integer adds are exact, so the tree's shape does not matter. */
+static inline __attribute__((always_inline)) void sums_round(__m512i *v, int n, int r) {
     static const int32_t ia[3][16] __attribute__((aligned(64))) = {
         {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
         {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
@@ -170,15 +139,49 @@ static inline __m512i pair_sums16(const __m512i *d) {
         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
+    const __m512i a = _mm512_load_si512(ia[r]), b = _mm512_load_si512(ib[r]);
+    for (int q = 0; q < n / 2; q++)
+        v[q] = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * q], a, v[2 * q + 1]),
+                                _mm512_permutex2var_epi32(v[2 * q], b, v[2 * q + 1]));
+}
+
+/* The 16 blocks' integer sums from the 8 pair vectors of a chunk's dot instructions (d[p]
+ * lanes 0-7: block 2p's 8 partial sums, 8-15: block 2p + 1's), block l in lane l. */
+static inline __m512i pair_sums16(const __m512i *d) {
     __m512i v[8];
     for (int p = 0; p < 8; p++) v[p] = d[p];
-    for (int r = 0, n = 8; r < 3; r++, n /= 2) {
-        const __m512i a = _mm512_load_si512(ia[r]), b = _mm512_load_si512(ib[r]);
-        for (int q = 0; q < n / 2; q++)
-            v[q] = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * q], a, v[2 * q + 1]),
-                                    _mm512_permutex2var_epi32(v[2 * q], b, v[2 * q + 1]));
-    }
+    sums_round(v, 8, 0);
+    sums_round(v, 4, 1);
+    sums_round(v, 2, 2);
     return v[0];
+}
+
+/* G tokens' products with the nc (< 16) blocks at block c of a Q4 row (its partial last
+ * chunk, the activations as quantize_row wrote them): per pair of blocks one dot
+ * instruction, then pair_sums16 to each block's exact integer sum (block c + l in lane l), times
+ * H(d_b) dx_b, into acc (the m terms were added before); blocks past nb are zeros. */
+static inline __attribute__((always_inline)) void q4_partial_fma(
+    const uint8_t *wq, const int8_t *xa, const float *xd, int c, int nc, int nb, int k, int G,
+    __m512 wdv, __m512 *acc) {
+    const __mmask16 m = (__mmask16)((1u << nc) - 1);
+    __m512i u[8];
+    for (int p = 0; p < 8; p++) {
+        const int left = nc - 2 * p;
+        u[p] = left >= 2 ? pair_u8(wq, c + 2 * p, 0)
+                         : left == 1 ? pair_u8(wq, c + 2 * p, 1) : _mm512_setzero_si512();
+    }
+    for (int i = 0; i < G; i++) {
+        __m512i t[8];
+        for (int p = 0; p < 8; p++) {
+            const int left = nc - 2 * p;
+            const __mmask64 xm = left >= 2 ? ~0ull : left == 1 ? 0xffffffffull : 0;
+            t[p] = dot_u8s8_512(u[p], _mm512_maskz_loadu_epi8(
+                                          xm, xa + i * (int64_t)k + (c + 2 * p) * 32));
+        }
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair_sums16(t)),
+                                 _mm512_mul_ps(wdv, _mm512_maskz_loadu_ps(m, xd + (int64_t)i * nb + c)),
+                                 acc[i]);
+    }
 }
 
 /* Q8: G tokens' products with the nc blocks at block c: per pair of blocks one dot
@@ -262,7 +265,7 @@ static inline __attribute__((always_inline)) void qdot_group(
         if (w->fmt == FMT_Q8)
             q8_chunk_fma(wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
         else
-            pairs_fma(w, wq, xa, xd, c, nc, nb, k, G, wdv, acc);
+            q4_partial_fma(wq, xa, xd, c, nc, nb, k, G, wdv, acc);
     }
     for (int i = 0; i < G; i++) out[i * 4] = acc[i];
 }

@@ -87,7 +87,7 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
  * (see rlm_bf16_min_rows). */
 #define RLM_AMX_MIN_ROWS 8
 /* ACT_INT8 steps of at least this many tokens run Q8 rows on AMX int8 tiles (amx_i8.c). */
-#define RLM_AMX_I8_MIN_ROWS 16
+#define RLM_AMX_I8_MIN_ROWS 8
 #define RLM_BF16_MIN_ROWS 2
 #define RLM_AMX_LARGE_T 256
 
@@ -302,7 +302,8 @@ typedef struct {
     int amx;                   /* xb packed as AMX B tiles (see pack_tiles) */
     const float *xt;           /* fp32 rows transposed for the panel GEMM, else NULL */
     const int8_t *xq;          /* int8 blocks packed as AMX B tiles (amx_i8.c), else NULL */
-    const float *xdt;          /* with xq: their scales by token (pack_token_i8) */
+    const float *xdt, *xst;    /* with xq: their scales and scaled sums by token
+                                  (pack_token_i8) */
 } Act;
 
 /* ------------------------------------------------------------------ what the parts share
