@@ -49,9 +49,14 @@ def _add_model_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--quantization", help="q8_0 | q4_0 | q4_1: block-quantize a safetensors "
                                           "checkpoint at load (default: its own precision)")
     e.add_argument("--native-activations",
-                   help="auto | fp32 | int8 | bf16: how native CPU matmuls read activations")
+                   help="auto | mixed | fp32 | int8 | bf16: how native CPU matmuls read "
+                        "activations (mixed: fastest big steps, not batch-invariant)")
     e.add_argument("--device", help="auto | cpu | cuda")
     e.add_argument("--attention-backend", help="auto | torch | triton")
+    e.add_argument("--enable-deterministic-inference", action="store_true", default=None,
+                   help="batch-invariant outputs: a token's numbers the same bits in any "
+                        "batch, chunking or cache state (native CPU path; elsewhere a "
+                        "startup error)")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
 
 
@@ -196,6 +201,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "chat_template": args.chat_template, "served_model_name": args.served_model_name,
         "dtype": args.dtype, "device": args.device, "quantization": args.quantization,
         "native_activations": args.native_activations,
+        "enable_deterministic_inference": args.enable_deterministic_inference,
         "attention_backend": args.attention_backend, "context_length": args.context_length,
         "max_total_tokens": args.max_total_tokens, "mem_fraction": args.mem_fraction,
         "kv_cache_dtype": args.kv_cache_dtype,

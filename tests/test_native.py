@@ -340,7 +340,7 @@ def test_engine_int8_activations_stay_close(reference_engine):
 
 
 def test_engine_bf16_batch_steps_stay_close(reference_engine):
-    """The default on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
+    """The mixed plan on a bf16 model: steps of 8+ tokens run bf16 on AMX tiles, of 2+ tokens
     bf16 dot products on an AVX512-BF16 CPU without them, but steps under 8 tokens int8
     blocks where the CPU has u8 x s8 SIMD (else fp32; all fp32 without bf16 or u8 x s8). 16 requests
     decoded together, and one alone: every chosen token's logprob within 0.3 of the fp32
@@ -349,7 +349,8 @@ def test_engine_bf16_batch_steps_stay_close(reference_engine):
     from radixlm.native.build import int8_decode_preferred, load
     from radixlm.runtime.engine import Engine
 
-    engine = Engine(dtype="bfloat16", max_total_tokens=8192, log_level="warning")
+    engine = Engine(dtype="bfloat16", native_activations="mixed", max_total_tokens=8192,
+                    log_level="warning")
     try:
         lib = load()
         native = engine.runner.native

@@ -34,7 +34,8 @@ def add_run_args(p: argparse.ArgumentParser, default_model: str) -> None:
     e.add_argument("--dtype", help="auto | bfloat16 | float16 | float32")
     e.add_argument("--device", help="auto | cpu | cuda")
     e.add_argument("--native-activations",
-                   help="auto | fp32 | int8 | bf16: how native CPU matmuls read activations")
+                   help="auto | mixed | fp32 | int8 | bf16: how native CPU matmuls read "
+                        "activations (mixed: fastest big steps, not batch-invariant)")
 
 
 def load_engine(model: str, engine_kwargs: dict[str, Any]) -> Any:

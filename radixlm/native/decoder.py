@@ -137,22 +137,29 @@ def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
     ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
     products, 0 where the library has no bf16). fp32 is exact (the reference path's
     numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and weights
-    to bf16 with fp32 sums, the numbers of a torch bf16 linear. auto: on a bf16 model (whose
-    numbers are 8-bit-mantissa ones anyway) bf16 from ``bf16_from`` tokens where the
-    library has bf16 (the compute-bound steps); below that int8 blocks where ``int8`` (a
-    block-quantized model on a CPU with u8 x s8 SIMD: ``build.int8_decode_preferred``) for
-    steps under INT8_MAX_ROWS tokens (bf16 then from INT8_MAX_ROWS at the soonest); fp32
-    otherwise. With ``every_step`` (a model with K-quant blocks, on an ``int8`` host without
-    AMX tiles) int8 blocks run steps of every size: prefill is an int8 GEMM over the file's
-    own blocks, and a token rounds alike in any step. Where AMX tiles are granted a K-quant
-    model's steps of 8+ tokens run them (bf16 tiles dequantized from the blocks: ~3.5x the
-    int8 GEMM's prefill on a 2-core Sapphire Rapids). An explicit mode runs every step.
+    to bf16 with fp32 sums, the numbers of a torch bf16 linear. An explicit mode runs every
+    step.
+
+    auto: where ``int8`` (a block-quantized model on a CPU with u8 x s8 SIMD:
+    ``build.int8_decode_preferred``) int8 blocks run steps of every size, so a token rounds
+    alike in any batch, chunk or cache state (batch-invariant): prefill is an int8 GEMM over
+    the blocks (AMX int8 tiles from RLM_AMX_I8_MIN_ROWS tokens where granted, with the
+    one-token steps' bits). Otherwise as mixed. mixed (fastest big steps, not
+    batch-invariant): on a bf16 model (whose numbers are 8-bit-mantissa ones anyway) bf16
+    from ``bf16_from`` tokens where the library has bf16; below that int8 blocks where
+    ``int8`` for steps under INT8_MAX_ROWS tokens (bf16 then from INT8_MAX_ROWS at the
+    soonest); fp32 otherwise; with ``every_step`` (a K-quant model on an ``int8`` host
+    without AMX tiles, where the int8 GEMM is the faster one) int8 on every step. Measured
+    on a 2-core Sapphire Rapids (embedded Q4_1 model): auto's prefill 0.74x mixed's and
+    batch-64 decode 0.73x (AMX int8 tiles scale each block in fp32: ~0.77x the bf16 tiles'
+    GEMM); on the same cores without AMX int8 blocks run Q4 rows 1.5-2.5x the bf16 dot
+    products' rate at any step size.
     ``deterministic`` (enable_deterministic_inference): one mode for every step, int8
     blocks where ``int8``, else bf16 on a bf16 model where the library has bf16, else fp32
     (``invariant_plan`` says whether that mode rounds alike at every step size)."""
-    if act != "auto":
+    if act not in ("auto", "mixed"):
         return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
-    if int8 and (every_step or deterministic):
+    if int8 and (act == "auto" or every_step or deterministic):
         return ((1, ACT_INT8),)
     if deterministic:
         return ((1, ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32),)
@@ -192,7 +199,7 @@ class NativeDecoder:
     or as Q4 blocks with ``quant="int4"``. Dense rows are moved into the decoder's arena and
     the model's tensors become views of them (one copy in memory, read by both paths). A
     model without an ``embed`` tensor looks token rows up in the embedding's blocks.
-    ``act``: how matmuls read activations (auto | fp32 | int8 | bf16, see
+    ``act``: how matmuls read activations (auto | mixed | fp32 | int8 | bf16, see
     ``activation_modes``); int8 needs block weights (a ValueError on a dense model).
     ``release``: called with each QWeight once the arena holds its copy (a file mapping
     gives its pages back; weights the arena reads in place are not copied or released).

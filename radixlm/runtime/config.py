@@ -68,13 +68,22 @@ class EngineConfig:
     # Native CPU steps (radixlm/native): how matmuls read activations. fp32: exact, the
     # reference path's numbers. int8: per-block rounding (llama.cpp's way, ~0.5% error;
     # block weights only). bf16: activations and weights rounded to bf16, fp32 sums (a torch
-    # bf16 linear's numbers). auto: int8 for steps under 8 tokens (one-token steps first of
-    # all) of a block-quantized model where the CPU has u8 x s8 SIMD (AVX2 maddubs or VNNI);
-    # on a bf16 model bf16 for the larger steps (AMX tiles or AVX512-BF16 dot products: from
-    # 8 tokens after int8, else from 2 with bf16 dot products); fp32 otherwise
-    # (native.decoder.activation_modes). With dtype="float32" asked, auto means fp32 on
-    # every step: the precision asked for is the precision run (``activations``).
+    # bf16 linear's numbers). auto: int8 on every step of a block-quantized model where
+    # the CPU has u8 x s8 SIMD (AVX2 maddubs or VNNI; AMX int8 tiles for big steps), so a
+    # token's numbers do not depend on its batch, chunking or cache state; otherwise as
+    # mixed. mixed: int8 for steps under 8 tokens, on a bf16 model bf16 for the larger
+    # steps (AMX tiles or AVX512-BF16 dot products), fp32 otherwise: the fastest big steps,
+    # not batch-invariant (native.decoder.activation_modes). With dtype="float32" asked,
+    # auto means fp32 on every step: the precision asked for is the precision run
+    # (``activations``).
     native_activations: str = "auto"
+    # SGLang's --enable-deterministic-inference: a token's numbers the same bits whatever
+    # the step it runs in (its batch, the chunking of its prompt, a cache hit on any tier,
+    # a retraction, speculation's verify steps). The native library runs every step with
+    # one activation mode (native.decoder.activation_modes); a setup it cannot make
+    # batch-invariant (the torch path, or a mode whose kernels round by step size) is a
+    # startup error naming it.
+    enable_deterministic_inference: bool = False
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
     kv_mirror_mb: int | None = None
@@ -187,8 +196,8 @@ class EngineConfig:
         if self.weight_quant not in ("auto", "int4", "none"):
             raise ValueError(f"weight_quant must be auto|int4|none, got {self.weight_quant!r}")
         self._check_quantization()
-        if self.native_activations not in ("auto", "fp32", "int8", "bf16"):
-            raise ValueError("native_activations must be auto|fp32|int8|bf16, got "
+        if self.native_activations not in ("auto", "mixed", "fp32", "int8", "bf16"):
+            raise ValueError("native_activations must be auto|mixed|fp32|int8|bf16, got "
                              f"{self.native_activations!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {' | '.join(KV_CACHE_DTYPES)}, "
@@ -234,6 +243,22 @@ class EngineConfig:
         self._check_nodes()
         self._check_speculative()
         self._check_hicache()
+        self._check_deterministic()
+
+    def _check_deterministic(self) -> None:
+        """The settings that put steps on the torch path, refused with the flag."""
+        if not self.enable_deterministic_inference:
+            return
+        why = (f"attention_backend={self.attention_backend!r} (the native library runs "
+               "every step's attention itself under the flag: leave it auto)"
+               if self.attention_backend in ("torch", "triton") else
+               "device='cuda'" if self.device == "cuda" else
+               "weight_quant='none' (the reference torch path)" if self.weight_quant == "none"
+               else f"tp_size={self.tp_size} (tensor parallel runs the torch path)"
+               if self.tp_size > 1 else None)
+        if why is not None:
+            raise ValueError(f"enable_deterministic_inference cannot honour {why}: only the "
+                             "native CPU path is batch-invariant")
 
     def _check_hicache(self) -> None:
         if self.hicache_ratio <= 0 or self.hicache_size < 0:

@@ -19,7 +19,7 @@ from radixlm.runtime.chat_templates import load_chat_template
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink
+from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
 from radixlm.runtime.scheduler import Scheduler
@@ -61,6 +61,15 @@ class Admission:
             self.left = 0
 
 
+def _embedding_results(results: list, single: bool, dimensions: int | None):
+    """Encode results in prompt order, truncated to ``dimensions`` and renormalised."""
+    if dimensions is not None:
+        for out in results:
+            if out["embedding"] is not None:
+                out["embedding"] = normalized(out["embedding"], dimensions)
+    return results[0] if single else results
+
+
 @dataclass
 class _Prepared:
     input_ids: list[int]
@@ -70,6 +79,78 @@ class _Prepared:
     grammar_spec: object = None
     priority: int = 0
     reasoning: object = None  # constraints.after_reasoning.ReasoningSpec, or None
+
+
+def _token_lists(tokenizer, prompt, input_ids) -> tuple[list[list[int]], bool]:
+    """The prompts as token id lists (text tokenized without special tokens), and whether
+    one prompt was given (not a list); ValueError unless exactly one form is given."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of prompt and input_ids")
+    if prompt is not None:
+        single = isinstance(prompt, str)
+        prompts = [prompt] if single else prompt
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompt must be a string or a list of strings")
+        return [tokenizer.encode(p, add_special_tokens=False) for p in prompts], single
+    single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
+    ids_list = [input_ids] if single or not input_ids else input_ids
+    if not isinstance(ids_list, list) or not all(
+            isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                          for t in ids) for ids in ids_list):
+        raise ValueError("input_ids must be a list of ints or a list of such lists")
+    return ids_list, single
+
+
+def _is_token_ids(value) -> bool:
+    """A list of ints, or a non-empty list of such lists (SGLang's ``encode`` takes token
+    ids as its prompt)."""
+    if not isinstance(value, list) or not value:
+        return False
+    return (all(isinstance(t, int) for t in value)
+            or all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in value))
+
+
+def _priority(config: EngineConfig, value) -> int:
+    """A request's scheduling priority (0 when unset); only the priority policy takes
+    a non-zero one (another policy would silently ignore it)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"priority must be an int, got {value!r}")
+    if value and config.schedule_policy != "priority":
+        raise ValueError(f"priority={value} needs schedule_policy='priority' (the server's "
+                         f"--schedule-policy priority); this engine runs "
+                         f"{config.schedule_policy!r}")
+    return -value if config.low_priority_values_first else value
+
+
+def _iter_stream(q: queue.Queue, rid: str, abort) -> Iterator[dict]:
+    """A synchronous stream's chunks from ``q``; ``abort(rid)`` if left unfinished."""
+    finished = False
+    try:
+        while not finished:
+            item = q.get()
+            item.pop("index", None)
+            finished = item["meta_info"]["finish_reason"] is not None
+            yield item
+    finally:
+        if not finished:
+            abort(rid)
+
+
+async def _aiter_latest(sink: LatestSink, rid: str, abort) -> AsyncIterator[dict]:
+    """An async stream's chunks (the latest one each time); ``abort(rid)`` if left
+    unfinished."""
+    finished = False
+    try:
+        while not finished:
+            item = await sink.get()
+            item.pop("index", None)
+            finished = item["meta_info"]["finish_reason"] is not None
+            yield item
+    finally:
+        if not finished:
+            abort(rid)
 
 
 def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
@@ -150,21 +231,7 @@ class Engine:
     def _prepare(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                  top_logprobs_num, return_text_in_logprobs, rid,
                  priority=None) -> tuple[list[_Prepared], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt and input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            prompts = [prompt] if single else prompt
-            if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-                raise ValueError("prompt must be a string or a list of strings")
-            ids_list = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        else:
-            single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
-            ids_list = [input_ids] if single or not input_ids else input_ids
-            if not isinstance(ids_list, list) or not all(
-                    isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                  for t in ids) for ids in ids_list):
-                raise ValueError("input_ids must be a list of ints or a list of such lists")
+        ids_list, single = _token_lists(self.tokenizer, prompt, input_ids)
         if not ids_list:
             raise ValueError("the batch is empty")
         n = len(ids_list)
@@ -194,7 +261,7 @@ class Engine:
                                 int(top_l[i] or 0), bool(return_text_in_logprobs))
             check_top_logprobs_num(lp.top_logprobs_num)
             spec, reasoning = self._grammar_spec(params, ids)
-            prio = self._priority(prio_l[i])
+            prio = _priority(self.config, prio_l[i])
             base_rid = rid_l[i] or uuid.uuid4().hex
             for j in range(params.n):
                 sub_rid = base_rid if params.n == 1 else f"{base_rid}-{j}"
@@ -203,19 +270,6 @@ class Engine:
                     sub = params.with_seed(params.seed + j)
                 prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio, reasoning))
         return prepared, single and len(prepared) == 1
-
-    def _priority(self, value) -> int:
-        """A request's scheduling priority (0 when unset); only the priority policy takes
-        a non-zero one (another policy would silently ignore it)."""
-        if value is None:
-            return 0
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"priority must be an int, got {value!r}")
-        if value and self.config.schedule_policy != "priority":
-            raise ValueError(f"priority={value} needs schedule_policy='priority' (the server's "
-                             f"--schedule-policy priority); this engine runs "
-                             f"{self.config.schedule_policy!r}")
-        return -value if self.config.low_priority_values_first else value
 
     def _check_lengths(self, ids: list[int], params: SamplingParams, explicit: bool) -> None:
         if not ids:
@@ -275,7 +329,8 @@ class Engine:
                   detok=detok, sink=sink, stream=stream, eos_ids=self.eos_ids,
                   seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
                   priority=p.priority,
-                  speculative=self.scheduler.speculation.drafter is not None)
+                  speculative=self.scheduler.speculation.drafter is not None,
+                  reproducible=self.batch_invariant if params.seed is not None else None)
         if p.reasoning is not None:
             req.grammar_future = self.reasoning.compile_async(p.reasoning)
         elif p.grammar_spec is not None:
@@ -344,7 +399,7 @@ class Engine:
             if len(reqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
             self._admit(reqs, admission)
-            return self._iter_stream(q, reqs[0].rid)
+            return _iter_stream(q, reqs[0].rid, self.abort)
         self._admit(reqs, admission)
         results: list[dict | None] = [None] * len(reqs)
         remaining = len(reqs)
@@ -354,18 +409,6 @@ class Engine:
                 results[item.pop("index")] = item
                 remaining -= 1
         return results[0] if single else results
-
-    def _iter_stream(self, q: queue.Queue, rid: str) -> Iterator[dict]:
-        finished = False
-        try:
-            while not finished:
-                item = q.get()
-                item.pop("index", None)
-                finished = item["meta_info"]["finish_reason"] is not None
-                yield item
-        finally:
-            if not finished:
-                self.abort(rid)
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
                              return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
@@ -389,7 +432,7 @@ class Engine:
             sink = LatestSink(loop)
             reqs = [self._make_req(prepared[0], sink, stream)]
             self._admit(reqs, admission)
-            return self._aiter_latest(sink, reqs[0].rid)
+            return _aiter_latest(sink, reqs[0].rid, self.abort)
         q: asyncio.Queue = asyncio.Queue()
         reqs = [self._make_req(p, AsyncSink(loop, q, i), stream) for i, p in enumerate(prepared)]
         self._admit(reqs, admission)
@@ -407,17 +450,48 @@ class Engine:
             raise
         return results[0] if single else results
 
-    async def _aiter_latest(self, sink: LatestSink, rid: str) -> AsyncIterator[dict]:
-        finished = False
+    # ------------------------------------------------------------------ embeddings
+    def encode(self, prompt=None, input_ids=None, dimensions: int | None = None, rid=None,
+               admission: Admission | None = None):
+        """Embeddings (SGLang's ``Engine.encode``): ``prompt`` a string, a list of them, token
+        ids or a list of token-id lists (or those ids as ``input_ids``). Each prompt is
+        prefilled like any request and produces no token; its result is ``{"embedding":
+        [float, ...], "meta_info": {"id", "prompt_tokens", "cached_tokens",
+        "finish_reason", "e2e_latency"}}``: the mean over its positions of the final-normed
+        last hidden states, L2-normalised (``dimensions``: the first that many entries,
+        renormalised). One prompt -> dict, a list -> list[dict]."""
+        q: queue.Queue = queue.Queue()
+        reqs, single = _prepare_encode(self, prompt, input_ids, dimensions, rid,
+                                       lambda i: QueueSink(q, i))
+        self._admit(reqs, admission)
+        results: list[dict | None] = [None] * len(reqs)
+        for _ in reqs:
+            item = q.get()
+            results[item.pop("index")] = item
+        return _embedding_results(results, single, dimensions)
+
+    async def async_encode(self, prompt=None, input_ids=None, dimensions: int | None = None,
+                           rid=None, admission: Admission | None = None):
+        """``encode`` without blocking the event loop (text is tokenized on a worker
+        thread); cancelling it aborts the requests."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        args = (self, prompt, input_ids, dimensions, rid, lambda i: AsyncSink(loop, q, i))
+        if prompt is not None and not _is_token_ids(prompt):
+            reqs, single = await asyncio.to_thread(_prepare_encode, *args)
+        else:
+            reqs, single = _prepare_encode(*args)
+        self._admit(reqs, admission)
+        results: list[dict | None] = [None] * len(reqs)
         try:
-            while not finished:
-                item = await sink.get()
-                item.pop("index", None)
-                finished = item["meta_info"]["finish_reason"] is not None
-                yield item
-        finally:
-            if not finished:
-                self.abort(rid)
+            for _ in reqs:
+                item = await q.get()
+                results[item.pop("index")] = item
+        except asyncio.CancelledError:
+            for req in reqs:
+                self.abort(req.rid)
+            raise
+        return _embedding_results(results, single, dimensions)
 
     def abort(self, rid: str) -> None:
         self.scheduler.abort(rid)
@@ -434,7 +508,14 @@ class Engine:
         """Counters and gauges; read without waiting for the scheduler thread (each value
         is consistent on its own, not necessarily with the others)."""
         return {**self.scheduler.snapshot(), "tp_size": self.config.tp_size,
-                "dp_size": self.config.dp_size}
+                "dp_size": self.config.dp_size, "batch_invariant": self.batch_invariant}
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether outputs are batch-invariant: a token's logits the same bits whatever
+        its batch, chunking, cache state or verify step (``ModelRunner.batch_invariant``:
+        every step native with one activation mode that rounds alike at every size)."""
+        return self.runner.batch_invariant
 
     def radix_tree_view(self, max_nodes: int = 256, max_ids: int = 16,
                         timeout: float = 10.0) -> TreeView:
@@ -480,3 +561,41 @@ class Engine:
             self.shutdown()
         except Exception:
             pass
+
+
+def _prepare_encode(engine: Engine, prompt, input_ids, dimensions, rid,
+                    sink) -> tuple[list[Req], bool]:
+    """``engine``'s encode requests for the prompts (text, token ids, or lists of either),
+    checked: ValueError naming the problem before anything is queued; ``sink(i)``: prompt
+    i's sink."""
+    if prompt is not None and input_ids is None and _is_token_ids(prompt):
+        prompt, input_ids = None, prompt
+    ids_list, single = _token_lists(engine.tokenizer, prompt, input_ids)
+    if not ids_list:
+        raise ValueError("input is empty (no prompts)")
+    hidden = engine.runner.model.cfg.hidden_size
+    if dimensions is not None and (isinstance(dimensions, bool)
+                                   or not isinstance(dimensions, int)
+                                   or not 1 <= dimensions <= hidden):
+        raise ValueError(f"dimensions={dimensions!r} must be an integer in [1, {hidden}] "
+                         "(the model's hidden size)")
+    rids = rid if isinstance(rid, list) else [rid] * len(ids_list)
+    if len(rids) != len(ids_list) or (rid is not None and not isinstance(rid, list)
+                                      and len(ids_list) > 1):
+        raise ValueError("rid must be one string per prompt")
+    vocab, capacity = engine.runner.vocab_size, engine.scheduler.kv.slots.usable
+    reqs = []
+    for i, ids in enumerate(ids_list):
+        where = "input" if single else f"input[{i}]"
+        if not ids:
+            raise ValueError(f"{where} is empty (0 tokens)")
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"{where} contains a token id outside [0, {vocab})")
+        if len(ids) > min(engine.context_len, capacity):
+            raise ValueError(f"{where} has {len(ids)} tokens; the context is "
+                             f"{engine.context_len} (KV pool {capacity})")
+        p = _Prepared(list(ids), SamplingParams(max_new_tokens=0), LogprobOptions(),
+                      rids[i] or uuid.uuid4().hex)
+        reqs.append(engine._make_req(p, sink(i), False))
+        reqs[-1].embed = True
+    return reqs, single

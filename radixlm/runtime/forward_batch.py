@@ -40,6 +40,12 @@ class ForwardBatch:
     # library picks its activation rounding by this count instead of num_tokens, so that
     # a verified token is computed as a decode step of the batch would compute it.
     act_rows: int | None = None
+    # Rows of T whose last hidden state the model returns in ``hidden`` (encode requests'
+    # positions); None: none.
+    hidden_indices: torch.Tensor | None = None
+    # Filled by the model: ``[len(hidden_indices), hidden]`` fp32, the residual stream after
+    # the last layer (before the final norm) at those rows.
+    hidden: torch.Tensor | None = None
     # Filled by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: Any = None
 

@@ -86,6 +86,7 @@ class StepPlan:
     owner_ids: list[int]
     table_writes: tuple[list[int], list[int], list[int]]  # req_to_token rows, cols, slots
     act_rows: int | None = None  # ForwardBatch.act_rows
+    hidden_indices: list[int] = field(default_factory=list)  # ForwardBatch.hidden_indices
 
 
 @dataclass
@@ -108,6 +109,9 @@ class StepOutput:
     # (``held``), and how many tokens postprocessing applied (``emitted``).
     held: dict[int, list[int]] = field(default_factory=dict)
     emitted: dict[int, int] = field(default_factory=dict)
+    # batch index of an encode request -> the sum of its final-normed hidden states over
+    # the positions this step computed (numpy float64 [hidden])
+    embeddings: dict[int, object] = field(default_factory=dict)
 
 
 def mix_seed(seed: int) -> int:
@@ -150,10 +154,12 @@ def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks
         for a in (w.qs, w.d, w.m):
             release(a)
 
+    deterministic = config.enable_deterministic_inference  # every step here, one mode
     return NativeDecoder(lib, model, blocks, pool,
-                         max_rows=None if every_step else NATIVE_MAX_ROWS,
+                         max_rows=None if every_step or deterministic else NATIVE_MAX_ROWS,
                          quant=config.weight_quant, act=config.activations,
-                         release=give_back if every_step else None)
+                         release=give_back if every_step else None,
+                         deterministic=deterministic)
 
 
 def block_quantization(config: EngineConfig, model_dir) -> str | None:
@@ -280,15 +286,36 @@ class ModelRunner:
             except BaseException:
                 self.shutdown()
                 raise
+        self._check_invariance(name)
         self._log_start(capacity, name)
 
+    def _check_invariance(self, attention: str) -> None:
+        """Set ``batch_invariant`` (a token's logits the same bits in any step: every step
+        native, one activation mode that rounds alike at every step size); with
+        ``enable_deterministic_inference`` a setup that is not is a ValueError naming it."""
+        native = self.native
+        self.batch_invariant = native is not None and native.batch_invariant
+        if self.batch_invariant or not self.config.enable_deterministic_inference:
+            return
+        if native is None:
+            why = (f"the torch path (attention backend {attention!r} on {self.device}: the "
+                   "native library does not run this model)")
+        else:
+            why = (f"native activations {native.describe_modes()!r} (the fp32 and bf16 "
+                   "kernels sum in an order that depends on the step size; only int8 "
+                   "activation blocks, for block-quantized weights on a CPU with u8 x s8 "
+                   "SIMD, round a token alike in every step)")
+        raise ValueError(f"enable_deterministic_inference cannot honour {why}")
+
     def _log_start(self, capacity: int, attention: str) -> None:
-        extra = ("" if self.native is None else " (native: every step)" if self.gguf_native
+        extra = ("" if self.native is None else " (native: every step)"
+                 if self.native.max_rows is None
                  else f" (+native steps up to {self.native.max_rows} tokens)")
-        logger.info("model on %s/%s%s: weights %s, activations %s; KV pool %d tokens (%s), "
-                    "attention %s%s", self.device, self.dtype, extra,
-                    self.precision["weights"], self.precision["activations"], capacity,
-                    self.pool.layout, attention,
+        logger.info("model on %s/%s%s: weights %s, activations %s (%s); KV pool %d tokens "
+                    "(%s), attention %s%s", self.device, self.dtype, extra,
+                    self.precision["weights"], self.precision["activations"],
+                    "batch-invariant" if self.batch_invariant else "not batch-invariant",
+                    capacity, self.pool.layout, attention,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
     def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> dict:
@@ -448,12 +475,12 @@ class ModelRunner:
         pending token's, then each draft token's: ``sampling_inputs(..., drafts)``)."""
         plan, logit_rows, synced = self._plan(sb)
         if self.tp is None:
-            logits = self.run_plan(plan)  # (L, V)
+            logits, hidden = self.run_plan(plan)  # (L, V), (len(hidden_indices), hidden)
         else:  # every rank runs the same plan; any failure fails the group
             self.tp.check()
             try:
                 self.tp.broadcast_plan(plan)
-                logits = self.run_plan(plan)
+                logits, hidden = self.run_plan(plan)
             except Exception as exc:
                 self.tp.diagnose()  # a dead worker is the likely cause: name it if so
                 self.tp.fail(f"step failed on rank 0: {exc}")
@@ -461,12 +488,26 @@ class ModelRunner:
         for req, end in synced:  # only once written (a failed step is retried)
             req.row_synced = end
         out = StepOutput({}, {}, {})
+        if hidden is not None:
+            self._pool(hidden, logit_rows, out)
         self._fill_logprobs(sb, logits, logit_rows, out)
         sample_idx = [i for i, s in enumerate(sb.sample) if s]
         if sample_idx:
             self._sample(sb, logits, [logit_rows[i]["sample"] for i in sample_idx],
                          sample_idx, sampling, out)
         return out
+
+    def _pool(self, hidden: torch.Tensor, logit_rows: list[dict], out: StepOutput) -> None:
+        """Encode requests' hidden states: the final norm in fp32 (transformers' RMSNorm on
+        an fp32 upcast), summed over each request's positions of the step in fp64."""
+        cfg = self.model.cfg
+        normed = torch.nn.functional.rms_norm(hidden.float(), (hidden.shape[-1],),
+                                              self.model.norm.float(), cfg.rms_norm_eps)
+        segments = [(i, rows["hidden"]) for i, rows in enumerate(logit_rows) if "hidden" in rows]
+        sums = torch.stack([normed[start:start + n].double().sum(0)
+                            for _, (start, n) in segments]).cpu().numpy()
+        for j, (i, _) in enumerate(segments):
+            out.embeddings[i] = sums[j]
 
     def _fill_logprobs(self, sb: ScheduleBatch, logits: torch.Tensor, logit_rows: list[dict],
                        out: StepOutput) -> None:
@@ -542,7 +583,10 @@ class ModelRunner:
                 sync_cols.extend(range(req.row_synced, end))
                 sync_vals.extend(req.kv_slots[req.row_synced:end])
                 synced.append((req, end))
-            rows = {"lp": [], "sample": []}
+            rows: dict = {"lp": [], "sample": []}
+            if req.embed:  # (start in hidden_indices, count): every position of the step
+                rows["hidden"] = (len(plan.hidden_indices), n)
+                plan.hidden_indices.extend(range(t, t + n))
             if req.logprob.return_logprob:
                 n_input, n_known = len(req.input_ids), len(req.output_token_logprobs)
                 for pos in range(p, min(p + n, req.fill_len - 1)):
@@ -561,10 +605,11 @@ class ModelRunner:
         return plan, logit_rows, synced
 
     @torch.inference_mode()
-    def run_plan(self, plan: StepPlan) -> torch.Tensor:
+    def run_plan(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tensors from the plan, req_to_token rows written, the model run: logits
-        ``[len(plan.logits_indices), V]``. Under TP every rank calls this with the same
-        plan (rank 0 from ``forward``, the others from their worker loop)."""
+        ``[len(plan.logits_indices), V]`` and the last hidden states (before the final norm)
+        at ``plan.hidden_indices`` (None without). Under TP every rank calls this with the
+        same plan (rank 0 from ``forward``, the others from their worker loop)."""
         dev = self.device
         rows, cols, vals = plan.table_writes
         if rows:
@@ -587,15 +632,16 @@ class ModelRunner:
             extend_start_loc=tensor(plan.extend_starts),
             logits_indices=tensor(plan.logits_indices),
             act_rows=plan.act_rows,
+            hidden_indices=tensor(plan.hidden_indices) if plan.hidden_indices else None,
             seq_lens_cpu=plan.seq_lens,
             prefix_lens_cpu=plan.prefix_lens,
             extend_lens_cpu=plan.extend_lens,
             owner_ids=plan.owner_ids,
         )
         if self.native is not None and self.native.accepts(fb):
-            return self.native.forward(fb)
+            return self.native.forward(fb), fb.hidden
         self.attn.init_forward_metadata(fb)
-        return self.model.forward(fb, self.attn)
+        return self.model.forward(fb, self.attn), fb.hidden
 
     def sampling_inputs(self, reqs: list[Req], generators: list, bitmask,
                         drafts: list[list[int]] | None = None) -> SamplingInputs:

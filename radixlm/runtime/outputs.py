@@ -6,6 +6,8 @@ import asyncio
 import queue
 import time
 
+import numpy as np
+
 from radixlm.runtime.request import Req
 
 
@@ -33,8 +35,31 @@ def spec_meta(req: Req) -> dict:
     }
 
 
+def normalized(vector, dimensions: int | None = None) -> list[float]:
+    """``vector``'s first ``dimensions`` entries (all: None) scaled to unit L2 norm, as
+    float32 values (a zero vector stays zero)."""
+    v = np.asarray(vector, dtype=np.float64)[:dimensions].astype(np.float32)
+    norm = float(np.linalg.norm(v.astype(np.float64)))
+    return (v / np.float32(norm) if norm > 0 else v).tolist()
+
+
+def embed_output(req: Req) -> dict:
+    """An encode request's result (SGLang's ``/encode`` shape): the mean of its prompt's
+    final-normed hidden states, L2-normalised (None if it did not finish its prompt)."""
+    n = len(req.input_ids)
+    done = req.embed_sum is not None and (req.finish_reason or {}).get("type") == "length"
+    meta = {"id": req.rid, "prompt_tokens": n, "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason,
+            "e2e_latency": time.perf_counter() - req.created_at}
+    return {"embedding": normalized(req.embed_sum / n) if done else None, "meta_info": meta,
+            "index": 0}
+
+
 def make_output(req: Req, tokenizer, final: bool) -> dict:
-    """The request's result so far (cumulative ``text``/``output_ids``)."""
+    """The request's result so far (cumulative ``text``/``output_ids``); an encode request's
+    is ``embed_output``'s."""
+    if req.embed:
+        return embed_output(req)
     text = req.detok.visible_text(final=final)
     meta = {
         "id": req.rid,
@@ -52,6 +77,8 @@ def make_output(req: Req, tokenizer, final: bool) -> dict:
         meta["forced_tokens"] = req.forced_tokens
     if req.speculative:
         meta.update(spec_meta(req))
+    if req.reproducible is not None:  # a seeded request: reproducible on this engine?
+        meta["reproducible"] = req.reproducible
     if req.logprob.return_logprob:
         want = req.logprob.return_text_in_logprobs
         start = req.logprob_start

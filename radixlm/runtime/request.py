@@ -6,6 +6,14 @@ KV ownership. ``kv_slots[i]`` is the pool slot holding the K/V of token ``i`` of
 ``cache_node``); the rest belong to the request and are freed or handed to the cache when
 it finishes. ``row`` is the request's row of ``req_to_token``; entries before
 ``row_synced`` are up to date on the device.
+
+An encode request (``embed``) has no output: it is prefilled like any request and ends
+there, its result the mean of the final-normed hidden states over its prompt positions.
+It takes no cached prefix (``max_cacheable_prefix`` 0): a cache hit skips positions whose
+hidden states nothing kept, and recomputing them costs what computing them does. Its K/V
+still goes to the prefix cache when it ends, for the requests that come after.
+``embed_sum`` holds the sum over the positions computed so far (one entry per hidden
+dimension, float64; a chunked prefill adds one chunk at a time).
 """
 
 from __future__ import annotations
@@ -90,6 +98,12 @@ class Req:
     spec_accept_token_num: int = 0
     spec_hits: float = 0.0
     spec_misses: float = 0.0
+    # encode (embedding) requests: see the module docstring
+    embed: bool = False
+    embed_sum: Any = None  # numpy float64 [hidden] over the positions computed so far
+    # a seeded request: whether its engine is batch-invariant (the same seed, prompt and
+    # settings give the same text in any batch or cache state); None: no seed was given
+    reproducible: bool | None = None
     uid: int = field(default_factory=lambda: next(_uids))
 
     @property
@@ -134,7 +148,10 @@ class Req:
     def max_cacheable_prefix(self) -> int:
         """How much of ``fill_ids`` may come from the cache: at least one token must be
         computed (its logits give the next token), and prompt positions whose logprobs
-        are asked for must be computed too (their logits predict the following token)."""
+        are asked for must be computed too (their logits predict the following token).
+        An encode request computes every position (its mean needs each hidden state)."""
+        if self.embed:
+            return 0
         limit = self.fill_len - 1
         if self.logprob_start < len(self.input_ids):
             limit = min(limit, max(self.logprob_start - 1, 0))

@@ -47,7 +47,6 @@ IGNORED: dict[str, bool] = {
     "enable_memory_saver": False, "disable_outlines_disk_cache": False,
     "file_storage_path": True, "enable_dp_attention": False, "mm_attention_backend": True,
     "prefill_attention_backend": True, "decode_attention_backend": True,
-    "enable_deterministic_inference": False,
     # HiCache's GPU-side knobs (how host copies move over PCIe, their memory layout, when
     # they are written and prefetched): on a CPU host tier they mean nothing
     "hicache_io_backend": True, "hicache_mem_layout": True, "hicache_write_policy": True,

@@ -23,8 +23,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.server import messages_api, native, openai_api, playground, responses_api
-from radixlm.server.errors import AnthropicError, ApiError
+from radixlm.server import (
+    embeddings_api,
+    messages_api,
+    native,
+    ollama_api,
+    openai_api,
+    playground,
+    responses_api,
+)
+from radixlm.server.errors import AnthropicError, ApiError, OllamaError
 from radixlm.server.generation import ClientDisconnected
 from radixlm.server.metrics import ServerMetrics
 from radixlm.server.state import ServerSettings, ServerState, get_state, logger
@@ -55,6 +63,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)
     app.include_router(messages_api.router)
+    app.include_router(embeddings_api.router)
+    app.include_router(ollama_api.router)
     app.include_router(playground.router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(ApiError, _api_error)
@@ -63,7 +73,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(ClientDisconnected, _disconnected)
     app.add_exception_handler(UnicodeError, _unicode_error)
     routers = (native.router, openai_api.router, responses_api.router, messages_api.router,
-               playground.router)
+               embeddings_api.router,
+               ollama_api.router, playground.router)
     known = {"/metrics", *OPEN_PATHS} | {r.path for router in routers
                                          for r in router.routes if hasattr(r, "path")}
     app.add_middleware(GuardMiddleware, state=state, known_paths=known)
@@ -121,8 +132,10 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    return _error_response(ApiError(exc.status_code, str(exc.detail),
-                                    headers=dict(exc.headers or {})))
+    error = ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    if request.url.path.startswith(ollama_api.PATH):  # e.g. /api/pull: 404 in Ollama's shape
+        error = OllamaError.of(error)
+    return _error_response(error)
 
 
 async def _disconnected(request: Request, exc: Exception) -> Response:
@@ -132,7 +145,7 @@ async def _disconnected(request: Request, exc: Exception) -> Response:
 class GuardMiddleware:
     """Pure ASGI middleware (streaming and disconnects pass through untouched):
     request id (X-Request-Id), API key (Bearer or x-api-key), body size cap (413), access log,
-    metrics; errors under `/v1/messages` in Anthropic's shape."""
+    metrics; errors under `/v1/messages` in Anthropic's shape, under `/api/` in Ollama's."""
 
     def __init__(self, app: ASGIApp, state: ServerState, known_paths: set[str]) -> None:
         self.app = app
@@ -164,6 +177,8 @@ class GuardMiddleware:
             if error is not None:
                 if scope["path"].startswith(messages_api.PATH):  # in Anthropic's shape
                     error = AnthropicError.of(error)
+                elif scope["path"].startswith(ollama_api.PATH):  # in Ollama's
+                    error = OllamaError.of(error)
                 self.state.metrics.count_error(error)
                 await _error_response(error)(scope, receive, send_with_id)
             else:

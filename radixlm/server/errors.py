@@ -1,5 +1,6 @@
 """The one error type routes raise, answered in OpenAI's error shape (`ApiError`), and its
-variant in Anthropic's shape for the Messages API (`AnthropicError`)."""
+variants in Anthropic's shape for the Messages API (`AnthropicError`) and in Ollama's for
+the routes under `/api/` (`OllamaError`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,19 @@ class AnthropicError(ApiError):
 
     def body(self) -> dict[str, Any]:
         return {"type": "error", "error": {"type": self.type, "message": self.message}}
+
+
+class OllamaError(ApiError):
+    """An ApiError answered in Ollama's error shape, `{"error": "message"}` with the HTTP
+    status (the routes under `/api/` raise these; the app's handler sends `body()`)."""
+
+    @classmethod
+    def of(cls, exc: ApiError) -> OllamaError:
+        """``exc`` (status, message, param, code, headers kept) in Ollama's shape."""
+        if isinstance(exc, OllamaError):
+            return exc
+        return cls(exc.status, exc.message, param=exc.param, code=exc.code,
+                   headers=exc.headers)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message}

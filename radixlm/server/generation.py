@@ -8,8 +8,9 @@ batches and `n` itself so each engine request has a rid it can abort), then:
   against the context (400 when the prompt alone does not fit; `max_new_tokens` is clamped
   to what is left otherwise) and takes one place per call in the engine's waiting queue,
   all or none (429 with Retry-After when full);
-- `run_calls(...)` awaits the results, aborting every unfinished rid when the client
-  disconnects, the request times out (504) or the handler is cancelled (shutdown);
+- `run_calls(...)` awaits the results (generations, or embeddings for `encode` calls),
+  aborting every unfinished rid when the client disconnects, the request times out (504)
+  or the handler is cancelled (shutdown);
 - `open_streams(...)` submits streamed calls before any byte is sent (so a refusal is still
   an HTTP error), and `merge_streams(...)` yields their cumulative result chunks, with the
   same abort guarantees.
@@ -56,21 +57,28 @@ class GenCall:
     return_text_in_logprobs: bool = False
     priority: int | None = None  # scheduling priority (the engine's priority policy)
     log_metrics: bool = True  # False: not counted in /metrics nor logged (health checks)
+    # an embedding (engine.async_encode: a prompt that produces no token), its result cut to
+    # `dimensions` (None: all) and renormalised
+    encode: bool = False
+    dimensions: int | None = None
     prompt_len: int = 0  # filled by admit()
     admission: Any = None  # the engine's reservation this call takes its place from
     params: SamplingParams | None = None  # `sampling` validated, filled by admit()
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for engine.generate / async_generate (token ids once admit()
-        has tokenized the text, so the engine does not tokenize on the event loop)."""
-        sampling = self.params if self.params is not None else dict(self.sampling)
-        kw: dict[str, Any] = {"sampling_params": sampling, "rid": self.rid}
+        has tokenized the text, so the engine does not tokenize on the event loop); for an
+        `encode` call those of engine.async_encode."""
+        kw: dict[str, Any] = {"rid": self.rid}
         if self.input_ids is not None:
             kw["input_ids"] = self.input_ids
         else:
             kw["prompt"] = self.text
         if self.admission is not None:
             kw["admission"] = self.admission
+        if self.encode:
+            return {**kw, "dimensions": self.dimensions}
+        kw["sampling_params"] = self.params if self.params is not None else dict(self.sampling)
         if self.return_logprob:
             kw.update(return_logprob=True, logprob_start_len=self.logprob_start_len,
                       top_logprobs_num=self.top_logprobs_num)
@@ -103,7 +111,10 @@ async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
     ctx = state.context_len
     for call in calls:
         call.prompt_len = len(call.input_ids or ())
-        if call.prompt_len >= ctx:
+        if call.encode and call.prompt_len > ctx:  # (an embedding adds no token)
+            raise ApiError(400, f"the input has {call.prompt_len} tokens but the context length "
+                                f"is {ctx}", param="input", code="context_length_exceeded")
+        if call.prompt_len >= ctx and not call.encode:
             raise ApiError(400, f"the prompt has {call.prompt_len} tokens but the context length "
                                 f"is {ctx} (prompt + at least one new token must fit)",
                            param="prompt", code="context_length_exceeded")
@@ -178,7 +189,8 @@ async def run_calls(state: ServerState, calls: Sequence[GenCall],
     state.inflight.update(pending)
 
     async def one(call: GenCall) -> dict[str, Any]:
-        out = await engine.async_generate(**call.engine_kwargs())
+        run = engine.async_encode if call.encode else engine.async_generate
+        out = await run(**call.engine_kwargs())
         pending.discard(call.rid)
         if call.log_metrics:
             state.metrics.observe_finished(call.rid, out.get("meta_info", {}),

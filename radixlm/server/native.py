@@ -252,6 +252,8 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     # which weights and activations run (e.g. "gguf q4_1, head q8_0"; "bf16")
     runner = getattr(state.engine, "runner", None)
     info.update(getattr(runner, "precision", None) or {})
+    # whether a token's numbers are the same bits in any batch, chunking or cache state
+    info["batch_invariant"] = bool(getattr(runner, "batch_invariant", False))
     pool = getattr(runner, "pool", None)
     if pool is not None:  # SGLang's name for the tokens the KV pool holds
         info["max_total_num_tokens"] = int(pool.capacity) - 1

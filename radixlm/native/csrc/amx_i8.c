@@ -94,11 +94,11 @@ static inline __attribute__((always_inline)) void tile_block(int set, const int8
 }
 
 /* The block lane l takes from chunk i (blocks 16 i ..) of a row of nbk blocks, or -1: block
- * 16 i + l, or in a full Q4 chunk 16 i + chunk_block(l) (the interleaved layout's lanes,
- * see chunk_fma). */
-static inline int lane_block(int q4, int nbk, int l, int i) {
+ * 16 i + l, or in a full chunk of Q4 / Q8 rows 16 i + chunk_block(l) (the transposed
+ * chunks' lanes, see chunk_fma and q8_full_fma). */
+static inline int lane_block(int chunked, int nbk, int l, int i) {
     const int c = 16 * i;
-    if (q4 && c + 16 <= nbk) return c + chunk_block(l);
+    if (chunked && c + 16 <= nbk) return c + chunk_block(l);
     return c + l < nbk ? c + l : -1;
 }
 
@@ -110,13 +110,14 @@ static inline int lane_block(int q4, int nbk, int l, int i) {
  * blocks run as one sequence, the next one's tile product issued before the last one's
  * integers are read back. */
 static inline __attribute__((always_inline)) void rows_group_i8(
-    const int8_t *wa, int64_t lda, int nbk, const int width, const int q4, const int8_t *bq,
+    const int8_t *wa, int64_t lda, int nbk, const int width, const int chunked, const int q4,
+    const int8_t *bq,
     const float *xdt, const float *xst, const float *wdt, const float *wmt, __m512 *acc) {
     const int lanes = nbk < 16 ? nbk : 16, chunks = (nbk + 15) / 16;
     int32_t c[2][256] __attribute__((aligned(64)));
     __m512 a[16];
     for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
-    int l = 0, i = 0, j = 0, b = lane_block(q4, nbk, 0, 0); /* lane-major */
+    int l = 0, i = 0, j = 0, b = lane_block(chunked, nbk, 0, 0); /* lane-major */
     tile_block(0, wa, lda, bq, b, width);
     for (;;) {
         const int pb = b, pl = l, pi = i, set = j & 1;
@@ -125,7 +126,7 @@ static inline __attribute__((always_inline)) void rows_group_i8(
                 i = 0;
                 l++;
             }
-        } while (l < lanes && (b = lane_block(q4, nbk, l, i)) < 0);
+        } while (l < lanes && (b = lane_block(chunked, nbk, l, i)) < 0);
         if (l < lanes) tile_block(!set, wa, lda, bq, b, width);
         if (set) _tile_stored(3, c[1], 64);
         else _tile_stored(0, c[0], 64);
@@ -234,9 +235,10 @@ static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, flo
             const int8_t *bq = a->xq + (int64_t)g * nb * 512;
             const float *xdt = a->xdt + (int64_t)g * nb * 16;
             const float *xst = a->xst + (int64_t)g * nb * 16;
-            if (q4) rows_group_i8(wa, k, nbk, 32, 1, bq, xdt, xst, wdt, wmt, acc);
-            else if (width == 32) rows_group_i8(wa, k, nbk, 32, 0, bq, xdt, xst, wdt, wmt, acc);
-            else rows_group_i8(wa, k, nbk, 16, 0, bq, xdt, xst, wdt, wmt, acc);
+            if (q4) rows_group_i8(wa, k, nbk, 32, 1, 1, bq, xdt, xst, wdt, wmt, acc);
+            else if (!kq) rows_group_i8(wa, k, nbk, 32, 1, 0, bq, xdt, xst, wdt, wmt, acc);
+            else if (width == 32) rows_group_i8(wa, k, nbk, 32, 0, 0, bq, xdt, xst, wdt, wmt, acc);
+            else rows_group_i8(wa, k, nbk, 16, 0, 0, bq, xdt, xst, wdt, wmt, acc);
             if (kq && width == 32) mterm_group(nb, xst, wmt, m);
             __m512 out[16];
             float cbuf[256] __attribute__((aligned(64)));

@@ -88,8 +88,8 @@ static inline void chunk_steps(const uint8_t *wq, int c, __m512i st[8]) {
  * the signed weights, 128 sum_j w_j taken off the sums (dpbusd does not saturate as
  * maddubs would): the same integers as the sign trick, one instruction less a token. */
 #define RLM_Q8_BIAS 1
-#define RLM_XU_BYTES 32768
 #endif
+#define RLM_XU_BYTES 32768
 
 /* G tokens' products with the full Q4 chunk at block c, scaled (wdl: H(d_b) in lane
  * order; the tokens' dx in lane order, see interleave_act) into acc: 4 tokens at a time
@@ -235,6 +235,87 @@ static inline __attribute__((always_inline)) void q8_chunk_fma(
     }
 }
 
+/* 16 Q8 blocks (512 bytes at p: a row's chunk, or a token's) as the 8 steps of a chunk in
+ * lane order, as chunk_steps lays out Q4's: st[s] lane l = bytes 4s .. 4s + 3 of block
+ * chunk_block(l). lo/hi[q]: blocks 4q .. 4q + 3 a 128-bit lane each, bytes 0-15 / 16-31. */
+static inline void q8_chunk_steps(const uint8_t *p, __m512i st[8]) {
+    __m512i lo[4], hi[4];
+    for (int q = 0; q < 4; q++) {
+        const __m512i a = _mm512_loadu_si512((const void *)(p + q * 128));
+        const __m512i b = _mm512_loadu_si512((const void *)(p + q * 128 + 64));
+        lo[q] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        hi[q] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    transpose4(lo, st);
+    transpose4(hi, st + 4);
+}
+
+/* A step's Q8 activations for q8_full_fma, made once per matmul: each full chunk of a
+ * token's blocks as q8_chunk_steps (the partial last chunk as it is), + 128 as unsigned
+ * bytes where RLM_Q8_BIAS takes them. */
+static void q8_act_steps(const int8_t *xa, int64_t T, int k, uint8_t *xi) {
+    const int nb = k / 32, full = nb / 16 * 16;
+#ifdef RLM_Q8_BIAS
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+#else
+    const __m512i flip = _mm512_setzero_si512();
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *src = (const uint8_t *)xa + t * k;
+        uint8_t *dst = xi + t * k;
+        for (int c = 0; c < full; c += 16) {
+            __m512i st[8];
+            q8_chunk_steps(src + c * 32, st);
+            for (int s = 0; s < 8; s++)
+                _mm512_storeu_si512((void *)(dst + c * 32 + s * 64), _mm512_xor_si512(st[s], flip));
+        }
+        for (int j = full * 32; j < k; j += 32)
+            _mm256_storeu_si256((__m256i *)(dst + j),
+                                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + j)),
+                                                 _mm512_castsi512_si256(flip)));
+    }
+}
+
+/* Q8: G tokens' products with the full chunk at block c, the row's chunk transposed once
+ * (q8_chunk_steps) and shared by the tokens (xi: q8_act_steps' layout): 8 dot instructions
+ * leave each block's exact integer sum in its lane (RLM_Q8_BIAS: the activations + 128
+ * against the signed weights, 128 sum_j w_j taken off; else |w| against sign(x, w)),
+ * scaled by H(d_b) dx_b in lane order (wdl, and the token's dx permuted alike). */
+static inline __attribute__((always_inline)) void q8_full_fma(
+    const uint8_t *wq, const uint8_t *xi, const float *xd, int c, int nb, int k, int G,
+    __m512 wdl, __m512 *acc) {
+    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i st[8];
+    q8_chunk_steps(wq + c * 32, st);
+#ifdef RLM_Q8_BIAS
+    __m512i base = _mm512_setzero_si512();
+    for (int s = 0; s < 8; s++) base = _mm512_dpbusd_epi32(base, _mm512_set1_epi8((char)0x80), st[s]);
+#else
+    __mmask64 neg[8];
+    for (int s = 0; s < 8; s++) {
+        neg[s] = _mm512_movepi8_mask(st[s]);
+        st[s] = _mm512_abs_epi8(st[s]);
+    }
+#endif
+    for (int i = 0; i < G; i++) {
+        const uint8_t *x = xi + i * (int64_t)k + c * 32;
+        __m512i d = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) {
+            const __m512i xs = _mm512_loadu_si512((const void *)(x + s * 64));
+#ifdef RLM_Q8_BIAS
+            d = _mm512_dpbusd_epi32(d, xs, st[s]);
+#else
+            d = dot_acc_512(d, st[s], _mm512_mask_sub_epi8(xs, neg[s], _mm512_setzero_si512(), xs));
+#endif
+        }
+#ifdef RLM_Q8_BIAS
+        d = _mm512_sub_epi32(d, base);
+#endif
+        const __m512 xv = _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(xd + (int64_t)i * nb + c));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(wdl, xv), acc[i]);
+    }
+}
+
 /* G tokens (rows xa + i k of the step, G <= 8) against one weight row, each token's sums
  * in one fixed order whatever G is: per chunk of 16 blocks Q4's m term m_b (dx_b sum_j a_j)
  * a lane, then the blocks' products scaled by H(d_b) dx_b (a full Q4 chunk: one block a
@@ -262,8 +343,12 @@ static inline __attribute__((always_inline)) void qdot_group(
             chunk_fma(wq, xa, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
             continue;
         }
+        if (nc == 16 && w->fmt == FMT_Q8) {
+            q8_full_fma(wq, xu, xd, c, nb, k, G, _mm512_permutexvar_ps(lanes, wdv), acc);
+            continue;
+        }
         if (w->fmt == FMT_Q8)
-            q8_chunk_fma(wq, xa, xu, xd, c, nc, nb, k, G, wdv, acc);
+            q8_chunk_fma(wq, (const int8_t *)xu, xu, xd, c, nc, nb, k, G, wdv, acc);
         else
             q4_partial_fma(wq, xa, xd, c, nc, nb, k, G, wdv, acc);
     }
@@ -288,17 +373,15 @@ static void qgemv_rows_i8zmm(const QMat *w, int n0, int n1, int T, const Act *ac
                              int64_t ldy) {
     const int k = w->k, nb = k / 32;
     const int64_t row_bytes = row_bytes_of(w);
-    const uint8_t *xu = NULL;
-#ifdef RLM_Q8_BIAS
+    /* Q8: the step's activations as q8_act_steps lays them out (xu), on the stack or for a
+     * big step on the heap */
     uint8_t xub[RLM_XU_BYTES] __attribute__((aligned(64)));
-    if (w->fmt == FMT_Q8 && (int64_t)T * k <= RLM_XU_BYTES) { /* else the sign trick */
-        for (int64_t j = 0; j < (int64_t)T * k; j += 32)
-            _mm256_store_si256((__m256i *)(xub + j),
-                               _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(act->xa + j)),
-                                                _mm256_set1_epi8((char)0x80)));
-        xu = xub;
+    uint8_t *xu = NULL, *heap = NULL;
+    if (w->fmt == FMT_Q8) {
+        xu = (int64_t)T * k <= RLM_XU_BYTES ? xub : (heap = (uint8_t *)malloc((size_t)T * k));
+        if (!xu) abort(); /* no memory for one step's activations: nothing sensible left */
+        q8_act_steps(act->xa, T, k, xu);
     }
-#endif
     for (int n = n0; n < n1; n += 4) { /* 4 rows at a time, the tokens in groups of <= 8 */
         const int nr = n1 - n < 4 ? n1 - n : 4;
         prefetch_rows(w, n + 8, 4, n1);
@@ -328,6 +411,7 @@ static void qgemv_rows_i8zmm(const QMat *w, int n0, int n1, int T, const Act *ac
             t += g;
         }
     }
+    free(heap);
 }
 #endif
 

@@ -294,7 +294,7 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
-        """Logits ``[len(batch.logits_indices), V]`` in fp32."""
+        """Logits ``[len(batch.logits_indices), V]`` in fp32 (and ``batch.hidden``)."""
         ops, cfg = self.ops, self.cfg
         if self.tp is not None:  # vocab-parallel
             h = self.tp.embed(batch.input_ids, self.embed)  # (T, hidden)
@@ -307,6 +307,9 @@ class LlamaModel:
         for layer in self.layers:
             cos, sin = rope[layer.rope_key]
             h, residual = layer.forward(h, residual, cos, sin, attn, batch, ops)
+        if batch.hidden_indices is not None:  # encode requests' rows, before the final norm
+            idx = batch.hidden_indices
+            batch.hidden = h[idx].float() + residual[idx].float()
         h = h[batch.logits_indices]
         residual = residual[batch.logits_indices]
         h, _ = ops.rmsnorm(h, self.norm, cfg.rms_norm_eps, residual)

@@ -1,11 +1,13 @@
 """Postprocessing: what a step's results do to its requests, and how a request ends.
 
-Per request of the step, in order: prompt/forced-token logprobs are recorded; a prefill
-that ends without sampling finishes with ``length``; the sampled token is appended, then
-checked against the stop tokens and ``max_new_tokens``, the grammar (accept, terminate,
-jump-forward) and the stop strings; an unfinished request shares its computed K/V with the
-prefix cache and streams what is new. A request whose postprocessing raises ends with a
-500-style abort and spares its neighbours.
+Per request of the step, in order: prompt/forced-token logprobs are recorded; an encode
+request adds the step's sum of hidden states to its own; a prefill that ends without
+sampling finishes with ``length`` (an encode request always does: its result is the mean);
+the sampled token is appended, then checked against the stop tokens and
+``max_new_tokens``, the grammar (accept, terminate, jump-forward) and the stop strings; an
+unfinished request shares its computed K/V with the prefix cache and streams what is new.
+A request whose postprocessing raises ends with a 500-style abort and spares its
+neighbours.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class Postprocessor:
                 continue
             try:
                 self._record_fill_logprobs(req, out.fill_logprobs.get(i, []))
+                if i in out.embeddings:  # an encode request (a step from 0: the first, or again)
+                    part = out.embeddings[i]
+                    req.embed_sum = (part if sb.prefix_lens[i] == 0 or req.embed_sum is None
+                                     else req.embed_sum + part)
                 if req.kv_len == req.fill_len and not sb.sample[i]:
                     # prefill done without sampling: max_new_tokens == 0 (or budget used)
                     self.finish(req, {"type": "length", "length": len(req.output_ids)})
