@@ -530,12 +530,15 @@ def test_int8_one_token_steps_by_isa():
                             (["asimd", "asimddp"], False), ([], False)):
         assert build.int8_decode_preferred(flags) is expected, flags
     I8, F32, BF16 = ACT_INT8, ACT_F32, ACT_BF16
-    assert activation_modes("auto", 8, torch.bfloat16, True) == ((1, I8), (8, BF16))  # AMX
+    # auto: int8 on every step where int8 runs (batch-invariant), else as mixed
+    for bf16_from, dtype in ((8, torch.bfloat16), (2, torch.bfloat16), (0, torch.float32)):
+        assert activation_modes("auto", bf16_from, dtype, True) == ((1, I8),)
+    assert activation_modes("mixed", 8, torch.bfloat16, True) == ((1, I8), (8, BF16))  # AMX
     # bf16 dot products without AMX: int8 still under 8 tokens (same bits at every size)
-    assert activation_modes("auto", 2, torch.bfloat16, True) == ((1, I8), (8, BF16))
+    assert activation_modes("mixed", 2, torch.bfloat16, True) == ((1, I8), (8, BF16))
     assert activation_modes("auto", 2, torch.bfloat16, False) == ((1, F32), (2, BF16))
-    assert activation_modes("auto", 8, torch.float32, True) == ((1, I8), (8, F32))
-    assert activation_modes("auto", 0, torch.bfloat16, True) == ((1, I8), (8, F32))  # AVX2
+    assert activation_modes("mixed", 8, torch.float32, True) == ((1, I8), (8, F32))
+    assert activation_modes("mixed", 0, torch.bfloat16, True) == ((1, I8), (8, F32))  # AVX2
     assert activation_modes("auto", 8, torch.bfloat16, False) == ((1, F32), (8, BF16))
     assert activation_modes("auto", 0, torch.float32, False) == ((1, F32),)
     assert activation_modes("fp32", 8, torch.bfloat16, True) == ((1, F32),)

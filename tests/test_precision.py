@@ -97,18 +97,18 @@ def test_quantization_runs_blocks(llama_dir, tokenizer, kind):
 
 @needs_native
 def test_quantized_default_activations_follow_the_isa_rule(llama_dir):
-    """Blocks made at load are block weights like a GGUF's: small steps run int8
-    activation blocks where the CPU has u8 x s8 SIMD, and the start log says so."""
+    """Blocks made at load are block weights like a GGUF's: every step runs int8
+    activation blocks where the CPU has u8 x s8 SIMD (batch-invariant), and the start log
+    says so."""
     from radixlm.native.build import ACT_F32, ACT_INT8, int8_decode_preferred
     from radixlm.runtime.engine import Engine
 
     with Engine(str(llama_dir), quantization="q8_0", max_total_tokens=1024,
                 log_level="warning") as engine:
         int8 = int8_decode_preferred()
-        assert engine.runner.native.act_modes == (((1, ACT_INT8), (8, ACT_F32)) if int8
+        assert engine.runner.native.act_modes == (((1, ACT_INT8),) if int8
                                                   else ((1, ACT_F32),))
-        assert engine.runner.precision["activations"] == (
-            "int8 under 8 tokens, fp32 from 8 tokens" if int8 else "fp32")
+        assert engine.runner.precision["activations"] == ("int8" if int8 else "fp32")
 
 
 @needs_native
