@@ -270,6 +270,56 @@ class FakeEngine:
 # ---------------------------------------------------------------- a real server on loopback
 
 
+class ScriptedTokenizer(FakeTokenizer):
+    def decode(self, ids: list[int], **_: Any) -> str:  # the reasoning split passes options
+        return super().decode(ids)
+
+
+@dataclass(frozen=True)
+class ScriptedConfig(FakeConfig):
+    reasoning_parser: str | None = None
+
+
+class ScriptedEngine(FakeEngine):
+    """The fake engine; with ``script`` set it writes that text (a character a token, cut at
+    max_new_tokens, ``step_delay`` seconds apart) and stops. The script "!crash" fails as an
+    internal error does; a `json_schema` mentioning "!bad" fails to compile, as the engine's
+    grammar compile reports it (an abort with `invalid_constraint`). ``reset()``: back to
+    the fake engine's own behaviour and config."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tokenizer = ScriptedTokenizer()
+        self.script: str | None = None
+        self._config = self.config
+
+    def reset(self) -> None:
+        self.script, self.config, self.step_delay = None, self._config, 0.0
+
+    async def _run(self, kw: dict[str, Any]):  # type: ignore[override]
+        ids, params = kw["input_ids"], kw["sampling_params"] or {}
+        if "!bad" in str(params.get("json_schema")):
+            yield self._result(kw, ids, [], "", {"type": "abort", "error": "invalid_constraint",
+                                                 "message": "invalid constraint: unsupported "
+                                                            "json_schema: bad"})
+            return
+        if self.script is None:
+            async for chunk in super()._run(kw):
+                yield chunk
+            return
+        if self.script == "!crash":
+            yield self._result(kw, ids, [], "", {"type": "abort", "status_code": 500,
+                                                 "error": "internal_error",
+                                                 "message": "internal error: injected"})
+            return
+        text = self.script[:params.get("max_new_tokens", 128)]
+        for n in range(1, len(text) + 1):
+            await asyncio.sleep(self.step_delay)
+            end = {"type": "stop" if len(text) == len(self.script) else "length"}
+            yield self._result(kw, ids, [ord(c) for c in text[:n]], text[:n],
+                               end if n == len(text) else None)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` is running (a zombie counts as gone)."""
     try:

@@ -7,8 +7,6 @@ test_server_messages_real.py."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +15,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-from server_fakes import FakeConfig, FakeEngine, FakeTokenizer, ThreadServer, wait_until
+from server_fakes import (
+    FakeEngine,
+    ScriptedConfig,
+    ScriptedEngine,
+    ThreadServer,
+    wait_until,
+)
 
 from radixlm.server.app import create_app
 
@@ -37,44 +41,6 @@ def blocks_of(message: Any) -> list[dict[str, Any]]:
     return [b.model_dump(exclude={"parsed_output"}, exclude_none=True) for b in message.content]
 
 
-class _Tokenizer(FakeTokenizer):
-    def decode(self, ids: list[int], **_: Any) -> str:  # the reasoning split passes options
-        return super().decode(ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config(FakeConfig):
-    reasoning_parser: str | None = None
-
-
-class ScriptedEngine(FakeEngine):
-    """The fake engine; with ``script`` set it writes that text (a character a token, cut at
-    max_new_tokens) and stops; the script "!crash" fails as an internal error does."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.tokenizer = _Tokenizer()
-        self.script: str | None = None
-
-    async def _run(self, kw: dict[str, Any]):  # type: ignore[override]
-        ids, script = kw["input_ids"], self.script
-        if script is None:
-            async for chunk in super()._run(kw):
-                yield chunk
-            return
-        if script == "!crash":
-            yield self._result(kw, ids, [], "", {"type": "abort", "status_code": 500,
-                                                 "error": "internal_error",
-                                                 "message": "internal error: injected"})
-            return
-        text = script[:(kw["sampling_params"] or {}).get("max_new_tokens", 128)]
-        for n in range(1, len(text) + 1):
-            await asyncio.sleep(0)
-            end = {"type": "stop" if len(text) == len(script) else "length"}
-            yield self._result(kw, ids, [ord(c) for c in text[:n]], text[:n],
-                               end if n == len(text) else None)
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
     fake = ScriptedEngine(context_len=4096)
@@ -88,9 +54,8 @@ def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
 @pytest.fixture
 def fake(served: tuple[ScriptedEngine, ThreadServer]) -> Iterator[ScriptedEngine]:
     engine = served[0]
-    config = engine.config
     yield engine
-    engine.script, engine.config = None, config
+    engine.reset()
 
 
 @pytest.fixture
@@ -278,7 +243,7 @@ def test_stop_sequence_and_max_tokens(client: anthropic.Anthropic) -> None:
 
 
 def test_thinking_blocks(client: anthropic.Anthropic, fake: ScriptedEngine) -> None:
-    fake.config = _Config(context_length=4096, reasoning_parser="deepseek-r1")
+    fake.config = ScriptedConfig(context_length=4096, reasoning_parser="deepseek-r1")
     fake.script = "let me think</think>The answer."
     args = {"model": "m", "max_tokens": 2048, "messages": HI,
             "thinking": {"type": "enabled", "budget_tokens": 1024}}

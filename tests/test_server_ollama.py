@@ -7,8 +7,6 @@ real model's calls are in test_server_ollama_real.py."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import socket
 from collections.abc import Iterator
@@ -18,7 +16,13 @@ import httpx
 import ollama
 import openai
 import pytest
-from server_fakes import FakeConfig, FakeEngine, FakeTokenizer, ThreadServer, wait_until
+from server_fakes import (
+    FakeTokenizer,
+    ScriptedConfig,
+    ScriptedEngine,
+    ThreadServer,
+    wait_until,
+)
 
 from radixlm.server.app import create_app
 from radixlm.server.ollama_request import _NEUTRAL
@@ -31,45 +35,6 @@ CALL_TEXT = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "O
             '</tool_call>'
 HI = [{"role": "user", "content": "hi"}]
 MODEL = "fake-model"
-
-
-class _Tokenizer(FakeTokenizer):
-    def decode(self, ids: list[int], **_: Any) -> str:  # the reasoning split passes options
-        return super().decode(ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config(FakeConfig):
-    reasoning_parser: str | None = None
-
-
-class ScriptedEngine(FakeEngine):
-    """The fake engine; with ``script`` set it writes that text (a character a token, cut at
-    max_new_tokens) and stops. A `json_schema` mentioning "!bad" fails to compile, as the
-    engine's grammar compile reports it (an abort with `invalid_constraint`)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.tokenizer = _Tokenizer()
-        self.script: str | None = None
-
-    async def _run(self, kw: dict[str, Any]):  # type: ignore[override]
-        ids, params = kw["input_ids"], kw["sampling_params"] or {}
-        if "!bad" in str(params.get("json_schema")):
-            yield self._result(kw, ids, [], "", {"type": "abort", "error": "invalid_constraint",
-                                                 "message": "invalid constraint: unsupported "
-                                                            "json_schema: bad"})
-            return
-        if self.script is None:
-            async for chunk in super()._run(kw):
-                yield chunk
-            return
-        text = self.script[:params.get("max_new_tokens", 128)]
-        for n in range(1, len(text) + 1):
-            await asyncio.sleep(self.step_delay)
-            end = {"type": "stop" if len(text) == len(self.script) else "length"}
-            yield self._result(kw, ids, [ord(c) for c in text[:n]], text[:n],
-                               end if n == len(text) else None)
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +50,8 @@ def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
 @pytest.fixture
 def fake(served: tuple[ScriptedEngine, ThreadServer]) -> Iterator[ScriptedEngine]:
     engine = served[0]
-    config = engine.config
     yield engine
-    engine.script, engine.config, engine.step_delay = None, config, 0.0
+    engine.reset()
 
 
 @pytest.fixture
@@ -325,7 +289,7 @@ def test_tool_calls_round_trip(client: ollama.Client, fake: ScriptedEngine, url:
 
 def test_thinking_with_a_reasoning_parser(client: ollama.Client, fake: ScriptedEngine,
                                           url: str) -> None:
-    fake.config = _Config(context_length=4096, reasoning_parser="deepseek-r1")
+    fake.config = ScriptedConfig(context_length=4096, reasoning_parser="deepseek-r1")
     fake.script = "let me think</think>The answer."
     r = client.chat(model=MODEL, messages=HI, think=True)
     assert (r.message.thinking, r.message.content) == ("let me think", "The answer.")

@@ -7,8 +7,6 @@ sent there must reach the engine as the same tokens with the same sampling param
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import socket
 from collections.abc import Iterator
@@ -19,7 +17,13 @@ import jsonschema
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeConfig, FakeEngine, FakeTokenizer, ThreadServer, wait_until
+from server_fakes import (
+    FakeEngine,
+    ScriptedConfig,
+    ScriptedEngine,
+    ThreadServer,
+    wait_until,
+)
 
 from radixlm.server.app import create_app
 from radixlm.server.responses_store import ResponseStore
@@ -36,39 +40,6 @@ CALL_TEXT = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "O
             '</tool_call>'
 
 
-class _Tokenizer(FakeTokenizer):
-    def decode(self, ids: list[int], **_: Any) -> str:  # the reasoning split passes options
-        return super().decode(ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config(FakeConfig):
-    reasoning_parser: str | None = None
-
-
-class ScriptedEngine(FakeEngine):
-    """The fake engine, but with ``script`` set it writes that text (a character a token,
-    cut at max_new_tokens) and stops."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.tokenizer = _Tokenizer()
-        self.script: str | None = None
-
-    async def _run(self, kw: dict[str, Any]):  # type: ignore[override]
-        if self.script is None:
-            async for chunk in super()._run(kw):
-                yield chunk
-            return
-        ids, script = kw["input_ids"], self.script
-        text = script[:(kw["sampling_params"] or {}).get("max_new_tokens", 128)]
-        for n in range(1, len(text) + 1):
-            await asyncio.sleep(0)
-            end = {"type": "stop" if len(text) == len(script) else "length"}
-            yield self._result(kw, ids, [ord(c) for c in text[:n]], text[:n],
-                               end if n == len(text) else None)
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
     fake = ScriptedEngine(context_len=4096)
@@ -82,9 +53,8 @@ def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
 @pytest.fixture
 def fake(served: tuple[ScriptedEngine, ThreadServer]) -> Iterator[ScriptedEngine]:
     engine = served[0]
-    config = engine.config
     yield engine
-    engine.script, engine.config = None, config
+    engine.reset()
 
 
 @pytest.fixture
@@ -240,7 +210,7 @@ def test_function_call_output_and_previous_response(client: openai.OpenAI,
 
 
 def test_reasoning_items_and_tokens(client: openai.OpenAI, fake: ScriptedEngine) -> None:
-    fake.config = _Config(context_length=4096, reasoning_parser="deepseek-r1")
+    fake.config = ScriptedConfig(context_length=4096, reasoning_parser="deepseek-r1")
     fake.script = "let me think</think>The answer."
     r = client.responses.create(model="m", input="q", reasoning={"effort": "low"})
     thought, msg = r.output
