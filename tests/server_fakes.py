@@ -4,7 +4,8 @@ Tokens are characters (id = ord(c)). A request generates the letters "abcdefghij
 step (`step_delay` seconds apart) up to max_new_tokens, stopping early at a `stop` string
 (trimmed) or, with `choices`, emitting the first choice. Logprobs are fixed fake numbers.
 `regex: "("` fails like a constraint that does not compile, `regex: "!crash"` like an
-internal failure (an abort with status_code 500).
+internal failure (an abort with status_code 500). An embedding counts an input's characters
+by code point modulo `EMBED_DIM`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from radixlm.runtime.sampling_params import ALIASES as SAMPLING_ALIASES
 from radixlm.runtime.sampling_params import SamplingParams
 
+EMBED_DIM = 8  # the fake's "hidden size": the length of its embeddings
 # the engine's own parameter names (and SGLang's aliases), so the fake stays in step
 SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)} | set(SAMPLING_ALIASES)
 
@@ -176,6 +178,40 @@ class FakeEngine:
             return gen
         chunks = [chunk async for chunk in gen]
         return chunks[-1]
+
+    async def async_encode(self, prompt: str | None = None, input_ids: list[int] | None = None,
+                           dimensions: int | None = None, rid: str | None = None,
+                           admission: FakeAdmission | None = None) -> dict[str, Any]:
+        """One input's embedding: its characters counted by ``id % EMBED_DIM``, normalised,
+        after ``step_delay`` seconds a token (an abort meanwhile ends it with no vector)."""
+        if dimensions is not None and not 1 <= dimensions <= EMBED_DIM:
+            raise ValueError(f"dimensions={dimensions!r} must be an integer in "
+                             f"[1, {EMBED_DIM}] (the model's hidden size)")
+        ids = input_ids if input_ids is not None else self.tokenizer.encode(prompt or "")
+        rid = rid or "encode"
+        if admission is not None:
+            admission.left -= 1
+            self.reserved -= 1
+        self.calls.append({"prompt": prompt, "input_ids": ids, "dimensions": dimensions,
+                           "rid": rid, "encode": True, "text": self.tokenizer.decode(ids)})
+        self.running[rid] = len(ids)
+        try:  # the "prefill": step_delay seconds a token, until done or aborted
+            end = asyncio.get_running_loop().time() + self.step_delay * len(ids)
+            while rid not in self._abort_flags and asyncio.get_running_loop().time() < end:
+                await asyncio.sleep(min(0.01, self.step_delay))
+        finally:
+            self.running.pop(rid, None)
+        meta: dict[str, Any] = {"id": rid, "prompt_tokens": len(ids), "cached_tokens": 0,
+                                "e2e_latency": 0.01}
+        if rid in self._abort_flags:
+            self._abort_flags.discard(rid)
+            return {"embedding": None, "meta_info": {**meta, "finish_reason": {
+                "type": "abort", "message": "aborted"}}}
+        vec = [1e-3 + sum(1 for t in ids if t % EMBED_DIM == j) for j in range(EMBED_DIM)]
+        vec = vec[:dimensions or EMBED_DIM]
+        norm = sum(x * x for x in vec) ** 0.5
+        return {"embedding": [x / norm for x in vec],
+                "meta_info": {**meta, "finish_reason": {"type": "length", "length": 0}}}
 
     # ---------------------------------------------------------------- internals
 

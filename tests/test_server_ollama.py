@@ -1,9 +1,10 @@
 """The Ollama API (`/api/*`) through the official `ollama` client and raw HTTP, against a
 scripted fake engine: the model routes' shapes; chat and generate answers and their NDJSON
 chunk sequence; options, format, think and tools as they reach the engine (the same tokens
-and params as the Chat Completions route for the same conversation); every 400 and 404 in
-Ollama's error shape, 401 / 413 / 429 too; a client that leaves has its request aborted. The
-real model's calls are in test_server_ollama_real.py."""
+and params as the Chat Completions route for the same conversation); `/api/embed` and
+`/api/embeddings` (the vectors `/v1/embeddings` gives, truncation to the context); every 400
+and 404 in Ollama's error shape, 401 / 413 / 429 too; a client that leaves has its request
+aborted. The real model's calls are in test_server_ollama_real.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import ollama
 import openai
 import pytest
 from server_fakes import (
+    EMBED_DIM,
     FakeTokenizer,
     ScriptedConfig,
     ScriptedEngine,
@@ -313,33 +315,41 @@ def test_logprobs(client: ollama.Client, fake: ScriptedEngine, stream: bool) -> 
 # ---------------------------------------------------------------- key, limits, aborts
 
 
-def test_api_key_body_cap_and_queue_bound_in_ollama_shape() -> None:
+@pytest.mark.parametrize("call", ["chat", "generate", "embed", "embeddings"])
+def test_api_key_body_cap_and_queue_bound_in_ollama_shape(call: str) -> None:
     fake = ScriptedEngine(context_len=4096, max_queued_requests=1)
     fake.forced_waiting = 1  # the waiting queue is full
     server = ThreadServer(create_app(fake, ServerSettings(api_key="k", max_body_bytes=2000)))
     server.start()
+    body, text = {"chat": ({"messages": HI, "stream": False}, "messages"),
+                  "generate": ({"prompt": "hi", "stream": False}, "prompt"),
+                  "embed": ({"input": "hi"}, "input"),
+                  "embeddings": ({"prompt": "hi"}, "prompt")}[call]
+    path, body = f"/api/{call}", {"model": MODEL, **body}
     try:
-        body = {"model": MODEL, "messages": HI, "stream": False}
-        r = httpx.post(server.base_url + "/api/chat", json=body)
+        r = httpx.post(server.base_url + path, json=body)
         assert r.status_code == 401 and set(r.json()) == {"error"}
         keyed = ollama.Client(host=server.base_url, headers={"Authorization": "Bearer k"})
         with pytest.raises(ollama.ResponseError) as err:
-            keyed.chat(model=MODEL, messages=HI)
+            getattr(keyed, call)(**{k: v for k, v in body.items() if k != "stream"})
         assert err.value.status_code == 429  # the admission bound, as for chat completions
-        big = httpx.post(server.base_url + "/api/chat", headers={"Authorization": "Bearer k"},
-                         json={**body, "messages": [{"role": "user", "content": "x" * 3000}]})
+        big = {**body, text: "x" * 3000 if text != "messages" else [
+            {"role": "user", "content": "x" * 3000}]}
+        big = httpx.post(server.base_url + path, headers={"Authorization": "Bearer k"},
+                         json=big)
         assert big.status_code == 413 and set(big.json()) == {"error"}
         assert httpx.get(server.base_url + "/api/tags").status_code == 401
+        assert fake.calls == []
     finally:
         server.stop()
 
 
-def _raw_request(url: str, body: dict[str, Any]) -> socket.socket:
+def _raw_request(url: str, body: dict[str, Any], path: str = "/api/chat") -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
     return sock
 
 
@@ -367,3 +377,114 @@ def test_a_stream_left_before_its_first_chunk_is_aborted_at_once(fake: ScriptedE
     rid = fake.calls[-1]["rid"]
     sock.close()  # while the route waits for the first chunk: no byte of the answer is sent
     wait_until(lambda: rid in fake.aborted, "the engine request to be aborted", limit_s=5)
+
+
+@pytest.mark.parametrize("path, body", [("/api/embed", {"input": ["hi", "there"]}),
+                                        ("/api/embeddings", {"prompt": "hi"})])
+def test_a_client_that_leaves_has_its_embedding_aborted(fake: ScriptedEngine, url: str,
+                                                        path: str, body: dict) -> None:
+    fake.step_delay = 30.0  # a "prefill" of 30 s a token
+    before = len(fake.calls)
+    sock = _raw_request(url, {"model": MODEL, **body}, path)
+    n = len(body.get("input", [None]))
+    wait_until(lambda: len(fake.calls) == before + n, "the inputs to reach the engine")
+    rids = [c["rid"] for c in fake.calls[before:]]
+    sock.close()
+    wait_until(lambda: set(rids) <= set(fake.aborted), "the engine requests to be aborted",
+               limit_s=5)
+    wait_until(lambda: not set(rids) & set(fake.running), "their KV to be freed")
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+def _v1_embeddings(url: str, texts: list[str], **kw: Any) -> list[list[float]]:
+    v1 = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    out = v1.embeddings.create(model="m", input=texts, encoding_format="float", **kw)
+    return [d.embedding for d in out.data]
+
+
+def test_embed_one_and_a_list_as_v1_embeddings(client: ollama.Client, fake: ScriptedEngine,
+                                               url: str) -> None:
+    one = client.embed(model=MODEL, input="hi")
+    assert one.model == "fake-model:latest" and one.prompt_eval_count == 2
+    assert one.total_duration >= one.load_duration >= 0
+    assert fake.calls[-1]["input_ids"] == fake.tokenizer.encode("hi")
+    assert one.embeddings == _v1_embeddings(url, ["hi"])
+    assert len(one.embeddings[0]) == EMBED_DIM
+    texts = ["hi", "there", "hi"]
+    many = client.embed(model="default", input=texts, keep_alive="5m")
+    assert many.embeddings == _v1_embeddings(url, texts) and many.prompt_eval_count == 9
+    assert many.embeddings[0] == many.embeddings[2] != many.embeddings[1]
+    short = client.embed(model=MODEL, input=texts, dimensions=3)
+    assert short.embeddings == _v1_embeddings(url, texts, dimensions=3)
+    assert client.embed(model=MODEL, input="hi", dimensions=0).embeddings == one.embeddings
+    assert client.embeddings(model=MODEL, prompt="hi").embedding == one.embeddings[0]
+    # the options that change loading, at Ollama's defaults, change nothing
+    assert client.embed(model=MODEL, input="hi", options={
+        "num_ctx": 4096, "num_gpu": -1, "num_thread": 0, "use_mmap": True}).embeddings \
+        == one.embeddings
+
+
+def test_embed_truncates_to_the_context_unless_told_not_to(client: ollama.Client,
+                                                           fake: ScriptedEngine,
+                                                           url: str) -> None:
+    long = "abc" * 2000  # 6000 tokens, over the 4096 of the context
+    r = client.embed(model=MODEL, input=["hi", long])
+    assert r.prompt_eval_count == 2 + 4096
+    assert fake.calls[-1]["input_ids"] == fake.tokenizer.encode(long[:4096])
+    assert r.embeddings[1] == _v1_embeddings(url, [long[:4096]])[0]
+    r = client.embed(model=MODEL, input=long, options={"num_ctx": 10})
+    assert r.prompt_eval_count == 10 and fake.calls[-1]["text"] == long[:10]
+    for body, field in (({"input": ["hi", long], "truncate": False}, "input[1]"),
+                        ({"input": long[:11], "truncate": False, "options": {"num_ctx": 10}},
+                         "input")):
+        status, message = _error(url, "/api/embed", {"model": MODEL, **body})
+        assert status == 400 and message.startswith(f"{field}: has 6000 tokens"
+                                                     if "[1]" in field else f"{field}: has 11")
+    status, message = _error(url, "/api/embeddings", {"model": MODEL, "prompt": long})
+    assert status == 400 and message.startswith("prompt: has 6000 tokens"), message
+    assert client.embed(model=MODEL, input=long[:4096], truncate=False).prompt_eval_count == 4096
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/api/embed", {}, "input"),
+    ("/api/embed", {"input": ""}, "input"),
+    ("/api/embed", {"input": []}, "input"),
+    ("/api/embed", {"input": ["a", ""]}, "input[1]"),
+    ("/api/embed", {"input": [1, 2]}, "input"),
+    ("/api/embed", {"input": 5}, "input"),
+    ("/api/embed", {"input": "\ud800"}, "input"),
+    ("/api/embed", {"input": "x", "truncate": "maybe"}, "truncate"),
+    ("/api/embed", {"input": "x", "dimensions": -1}, "dimensions"),
+    ("/api/embed", {"input": "x", "dimensions": "4"}, "dimensions"),
+    ("/api/embed", {"input": "x", "dimensions": EMBED_DIM + 1}, "dimensions"),
+    ("/api/embed", {"input": "x", "keep_alive": "soon"}, "keep_alive"),
+    ("/api/embed", {"input": "x", "encoding_format": "float"}, "encoding_format"),
+    ("/api/embed", {"input": "x", "options": {"temperature": 0.5}}, "options.temperature"),
+    ("/api/embed", {"input": "x", "options": {"num_predict": 8}}, "options.num_predict"),
+    ("/api/embed", {"input": "x", "options": {"stop": ["a"]}}, "options.stop"),
+    ("/api/embed", {"input": "x", "options": {"num_gpu": 2}}, "options.num_gpu"),
+    ("/api/embed", {"input": "x", "options": {"mirostat_x": 1}}, "options.mirostat_x"),
+    ("/api/embed", {"input": "x", "options": {"num_ctx": 4097}}, "options.num_ctx"),
+    ("/api/embeddings", {}, "prompt"),
+    ("/api/embeddings", {"prompt": ""}, "prompt"),
+    ("/api/embeddings", {"prompt": ["a"]}, "prompt"),
+    ("/api/embeddings", {"prompt": "x", "input": "y"}, "input"),
+    ("/api/embeddings", {"prompt": "x", "truncate": True}, "truncate"),
+    ("/api/embeddings", {"prompt": "x", "options": {"seed": 1}}, "options.seed"),
+])
+def test_every_embed_400_names_its_field(url: str, fake: ScriptedEngine, path: str,
+                                         body: dict, field: str) -> None:
+    before = len(fake.calls)
+    status, message = _error(url, path, {"model": MODEL, **body})
+    assert status == 400 and message.lstrip("'").startswith(field), message
+    assert len(fake.calls) == before  # refused before the engine
+
+
+def test_embed_unknown_model_is_a_404(url: str) -> None:
+    for path, body in (("/api/embed", {"input": "x"}), ("/api/embeddings", {"prompt": "x"})):
+        status, message = _error(url, path, {"model": "nomic-embed-text", **body})
+        assert status == 404 and "nomic-embed-text" in message
+    status, message = _error(url, "/api/embed", {"input": "x"})
+    assert status == 400 and message.startswith("model"), message

@@ -3,7 +3,9 @@
 the same text and counts streamed and not, the same as the Chat Completions route, and
 `/api/generate` the same for the same user turn; a raw prompt is the /v1/completions
 text; `format` with a JSON schema gives JSON that validates; one that does not compile is
-a 400 naming `format`; `think` on a model without a reasoning parser is a 400."""
+a 400 naming `format`; `think` on a model without a reasoning parser is a 400; `embed`
+answers the vectors of `/v1/embeddings`, similar sentences closer than unrelated ones, an
+input over the context truncated unless told not to."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 from typing import Any
 
 import jsonschema
+import numpy as np
 import ollama
 import openai
 import pytest
@@ -18,6 +21,11 @@ import pytest
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "Name a colour of the sky."}]
 GREEDY = {"temperature": 0, "num_predict": 12}
+TEXTS = ["The cat sat on the mat.", "How do I bake bread at home?"]
+# (a, b): b says what a says in other words; a pair is closer than any a and another b
+PAIRS = [("The cat sat on the mat.", "A cat was sitting on the mat."),
+         ("How do I bake bread at home?", "What is a good recipe for homemade bread?"),
+         ("The stock market fell sharply today.", "Share prices dropped steeply this afternoon.")]
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
         "required": ["city"], "additionalProperties": False}
 
@@ -110,3 +118,39 @@ def test_think_needs_a_reasoning_parser(client: ollama.Client) -> None:
     assert err.value.status_code == 400 and err.value.error.startswith("think:")
     off = client.chat(model=MODEL, messages=QUESTION, think=False, options=GREEDY)
     assert off.message.thinking is None and off.message.content
+
+
+def test_embed_answers_the_vectors_of_v1_embeddings(client: ollama.Client, real_server) -> None:
+    v1 = openai.OpenAI(base_url=real_server.url + "/v1", api_key="x", max_retries=0)
+    expected = [d.embedding for d in v1.embeddings.create(
+        model="m", input=TEXTS, encoding_format="float").data]
+    one = client.embed(model=MODEL, input=TEXTS[0])
+    np.testing.assert_allclose(one.embeddings[0], expected[0], atol=1e-5)
+    both = client.embed(model=MODEL, input=TEXTS)
+    np.testing.assert_allclose(both.embeddings, expected, atol=1e-5)
+    usage = v1.embeddings.create(model="m", input=TEXTS).usage
+    assert both.prompt_eval_count == usage.prompt_tokens and both.model == f"{MODEL}:latest"
+    assert both.total_duration >= both.load_duration > 0
+    legacy = client.embeddings(model=MODEL, prompt=TEXTS[1]).embedding
+    np.testing.assert_allclose(legacy, expected[1], atol=1e-5)
+    short = client.embed(model=MODEL, input=TEXTS[0], dimensions=32).embeddings[0]
+    full = np.asarray(expected[0][:32])
+    np.testing.assert_allclose(short, full / np.linalg.norm(full), atol=1e-5)
+
+
+def test_embed_similar_sentences_are_closer_than_unrelated(client: ollama.Client) -> None:
+    out = client.embed(model=MODEL, input=[t for pair in PAIRS for t in pair]).embeddings
+    a, b = np.asarray(out[0::2]), np.asarray(out[1::2])
+    sims = a @ b.T  # unit vectors: cosine similarities
+    for i in range(len(PAIRS)):
+        assert sims[i, i] > max(sims[i, j] for j in range(len(PAIRS)) if j != i), sims
+
+
+def test_embed_truncates_to_the_context_unless_told_not_to(client: ollama.Client,
+                                                           real_server) -> None:
+    long = "one two three four five six seven eight nine ten " * 120  # > 512 tokens
+    r = client.embed(model=MODEL, input=long)
+    assert r.prompt_eval_count == real_server.CONTEXT and len(r.embeddings[0]) == 576
+    with pytest.raises(ollama.ResponseError) as err:
+        client.embed(model=MODEL, input=["short", long], truncate=False)
+    assert err.value.status_code == 400 and err.value.error.startswith("input[1]: has ")

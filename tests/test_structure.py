@@ -182,6 +182,25 @@ def test_frontend_import_is_light(statement):
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("module", ["radixlm.runtime.engine", "radixlm.server.app",
+                                    "radixlm.cli"])
+def test_runtime_and_server_load_no_dsl_module(module):
+    """The engine and server processes do not load the frontend language."""
+    code = (f"import sys; import {module}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['radixlm', 'lang']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_package_gives_every_dsl_name():
+    import radixlm
+    import radixlm.lang
+
+    assert sorted(radixlm._LANG_NAMES) == sorted(radixlm.lang.__all__)
+    assert all(getattr(radixlm, n) is getattr(radixlm.lang, n) for n in radixlm.lang.__all__)
+
+
 def _classes_and_functions():
     for path in sorted(PKG.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))

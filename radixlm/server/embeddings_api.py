@@ -92,7 +92,8 @@ def _inputs(value: Any, param: str) -> list[tuple[str | None, list[int] | None]]
     return out
 
 
-def _check_dimensions(state: ServerState, dimensions: int | None) -> None:
+def check_dimensions(state: ServerState, dimensions: int | None) -> None:
+    """ApiError 400 naming `dimensions` unless None or in [1, the model's hidden size]."""
     hidden = getattr(getattr(state.engine, "hf_config", None), "hidden_size", None)
     if dimensions is None:
         return
@@ -122,7 +123,7 @@ def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
 async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
     """OpenAI's embeddings: one vector per input, in order, with the prompt tokens used."""
     state = get_state(request)
-    _check_dimensions(state, body.dimensions)
+    check_dimensions(state, body.dimensions)
     results = await _embed(state, request, _inputs(body.input, "input"), None, body.dimensions)
     for i, out in enumerate(results):
         if out["embedding"] is None:  # aborted (/abort_request, shutdown) before its end

@@ -1,5 +1,6 @@
 """Ollama's API: `GET /api/version`, `/api/tags`, `/api/ps`, `POST /api/show`, `/api/chat`,
-`/api/generate` (the `ollama` client with `host` the server's root).
+`/api/generate`, `/api/embed`, `/api/embeddings` (the `ollama` client with `host` the
+server's root).
 
 A wire-format translation over the intake (`intake.py`): a chat or generate body becomes the
 Chat Completions request it means (`ollama_request.py`), so tools, reasoning, grammars,
@@ -13,7 +14,8 @@ one such object. Tool calls come whole, arguments as objects; thinking (with a r
 parser) in `thinking`. A body without messages (or prompt) answers `done_reason` "load".
 Errors are `{"error": "message"}` with the HTTP status (in-band as a line once a stream has
 started); a stream's first chunk is awaited before the response starts, so a grammar that
-does not compile is still a 400 naming `format`. Embeddings are not served here.
+does not compile is still a 400 naming `format`. Embeddings (`ollama_embed.py`) are engine
+encode requests, with generation's admission and aborts too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from radixlm.server.errors import ApiError, OllamaError
 from radixlm.server.generation import admit
 from radixlm.server.intake import ChatIntake, admit_chat, fan_out, openai_sampling
 from radixlm.server.messages_request import validation_message
+from radixlm.server.ollama_embed import EmbedBody, EmbeddingsBody, embed_answer, embed_inputs
 from radixlm.server.ollama_models import model_entry, running_entry, show
 from radixlm.server.ollama_reply import Reply, answer, loaded
 from radixlm.server.ollama_request import (
@@ -142,6 +145,26 @@ async def generate(body: GenerateBody, request: Request) -> Response:
                             request, body.stream)
     except ApiError as exc:
         raise remap_error(exc, body.format) from None
+
+
+@router.post("/embed")
+async def embed(body: EmbedBody, request: Request) -> dict[str, Any]:
+    """One unit vector per input, in order."""
+    t0, state = time.perf_counter(), get_state(request)
+    check_model(state, body.model)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    results = await embed_inputs(state, request, texts, "input", body.options, body.truncate,
+                                 body.dimensions or None)
+    return embed_answer(state, results, t0)
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingsBody, request: Request) -> dict[str, Any]:
+    """Ollama's older route: the vector of one `prompt` (not truncated)."""
+    state = get_state(request)
+    check_model(state, body.model)
+    [out] = await embed_inputs(state, request, [body.prompt], "prompt", body.options, False)
+    return {"embedding": out["embedding"]}
 
 
 async def _admit_raw(state: ServerState, prompt: str, chat_body: ChatCompletionRequest,

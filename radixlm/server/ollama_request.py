@@ -110,6 +110,12 @@ class Options(_Strict):
                              "whole context (-1), presence and frequency penalties the output")
         return self
 
+    def generation_options(self) -> list[str]:
+        """The options set that change only generation (not num_ctx, nor those of
+        `_NEUTRAL`, which change loading): the ones an embedding cannot take."""
+        return [name for name in type(self).model_fields
+                if name != "num_ctx" and name not in _NEUTRAL and getattr(self, name) is not None]
+
     def chat_fields(self, context_len: int) -> dict[str, Any]:
         """The chat request's sampling fields (None: the default)."""
         if self.num_ctx is not None and self.num_ctx > context_len:
@@ -121,6 +127,13 @@ class Options(_Strict):
                 "stop": self.stop, "repetition_penalty": self.repeat_penalty,
                 "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty}
+
+
+def check_keep_alive(alive: str | float | None) -> None:
+    """ValueError naming `keep_alive` unless it is a duration or a number (it is inert)."""
+    if isinstance(alive, str) and not _DURATION.fullmatch(alive.strip()):
+        raise ValueError(f"keep_alive: {alive!r} is not a duration (e.g. '5m', '1h', "
+                         "'-1', or a number of seconds)")
 
 
 class _Body(_Strict):
@@ -137,10 +150,7 @@ class _Body(_Strict):
 
     @model_validator(mode="after")
     def _check_common(self) -> _Body:
-        alive = self.keep_alive
-        if isinstance(alive, str) and not _DURATION.fullmatch(alive.strip()):
-            raise ValueError(f"keep_alive: {alive!r} is not a duration (e.g. '5m', '1h', "
-                             "'-1', or a number of seconds)")
+        check_keep_alive(self.keep_alive)
         if isinstance(self.format, str) and self.format not in ("", "json"):
             raise ValueError(f"format: {self.format!r} is not a format ('json' or a JSON "
                              "schema object)")
