@@ -5,7 +5,7 @@ prompt-lookup draft (``LlamaPromptLookupDecoding``), same GGUF, same token ids.
     make bench-speculative
     .venv/bin/python benchmarks/bench_speculative.py [--rounds 3] [--prompts 4]
         [--new-tokens 160] [--batches 16,64] [--threads N] [--skip-llama] [--quick]
-        [--out FILE]
+        [--tasks json,rewrite] [--out FILE]
 
 Tasks (``spec_tasks.py``): rewrite (proofread / formal tone / bullet points of a passage),
 quote-extract, JSON extraction under a schema (``json_schema``; llama.cpp gets the same schema
@@ -326,7 +326,8 @@ def replay(drafter, case: Case, max_draft: int, costs: dict[int, float], uid: in
     docstring); returns counts, the estimated cost and the drafter's time per call."""
     out, free = case.ref_ids, set(case.free)
     req = SimpleNamespace(uid=uid, input_ids=case.ids, output_ids=[],
-                          params=SimpleNamespace(max_new_tokens=len(out) + 1))
+                          params=SimpleNamespace(max_new_tokens=len(out) + 1,
+                                                 json_schema=case.schema))
     pos = steps = draft_steps = drafted = accepted = 0
     cost, spent, calls = 0.0, 0.0, 0
     while pos < len(out):
@@ -600,6 +601,8 @@ def main() -> None:
                          "oversubscribed host 1 avoids its spin barriers collapsing")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4, help="prompts per task (agent: loops)")
+    ap.add_argument("--tasks", default=",".join(TASKS),
+                    help=f"comma-separated subset of {','.join(TASKS)} (single stream)")
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--batch-new-tokens", type=int, default=96)
     ap.add_argument("--batches", default="16,64", help="batch sizes ('' for none)")
@@ -622,6 +625,9 @@ def main() -> None:
         args.rounds, args.prompts, args.new_tokens, args.batches = 1, 1, 32, ""
     if args.rounds < 1 or args.prompts < 1:
         ap.error("--rounds and --prompts must be at least 1")
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if not tasks or any(t not in TASKS for t in tasks):
+        ap.error(f"--tasks takes names from {', '.join(TASKS)}, got {args.tasks!r}")
 
     from radixlm.native.build import host_info, host_line
     from radixlm.runtime.engine import Engine
@@ -632,7 +638,7 @@ def main() -> None:
     off = Engine(log_level="warning", speculative_algorithm="none")  # (the default is on)
     results: dict = {"host": host, "host_line": host_line(host), "notes": [],
                      "args": vars(args)}
-    cases = build_cases(off, TASKS, args.prompts, args.new_tokens)
+    cases = build_cases(off, tasks, args.prompts, args.new_tokens)
     longest = max(cases, key=lambda c: len(c.ids))
     results["step_costs"] = step_costs(off, longest.ids, repeats=1 if args.quick else 3)
     results["offline"] = replay_tasks(cases, results["step_costs"]["relative"],

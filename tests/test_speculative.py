@@ -246,6 +246,43 @@ def test_a_draft_stops_at_the_first_token_the_grammar_forbids():
     assert req.grammar.accepted == []
 
 
+class _Forcing(_OnlyAllowed):
+    """``_OnlyAllowed`` whose grammar forces text (jump-forward) after token ``at``."""
+
+    def __init__(self, allowed: set[int], at: int) -> None:
+        super().__init__(allowed)
+        self.at = at
+
+    def forced_text(self) -> str:
+        return '", "next": "' if self.accepted and self.accepted[-1] == self.at else ""
+
+
+def test_a_draft_stops_where_jump_forward_would_take_over():
+    spec, req = _speculation(), _req([1, 2], [3])
+    req.grammar = _Forcing({4, 5, 6, 40}, at=5)  # 5: a closing quote, say
+    assert spec._check_grammar(req, [4, 5, 6, 6], 0) == [4, 5]  # the rest would be dropped
+    assert req.grammar.accepted == [] and spec._masks[0].shape == (3, 4)
+    assert all(spec._masks[0][2] == spec._masks[0][0])  # the bonus row's mask is filled
+    assert spec._check_grammar(req, [4, 4, 5], 1) == [4, 4, 5]  # ends there: kept whole
+    spec.config = EngineConfig(enable_jump_forward=False)
+    assert spec._check_grammar(req, [4, 5, 6], 2) == [4, 5, 6]  # no jump-forward: no cut
+
+
+def test_a_drafters_expected_rate_plans_a_constrained_requests_budget():
+    class Sure:
+        def expected_rate(self, req):
+            return 0.9 if req.rid == "json" else None
+
+    spec = _speculation()
+    spec.drafter = Sure()
+    plain, json_req, other = _req([1], [2]), _req([1], [2]), _req([1], [2])
+    json_req.rid, json_req.grammar, other.grammar = "json", _OnlyAllowed({4}), _OnlyAllowed({4})
+    own = spec._rate(plain)
+    assert spec._rates([plain, json_req, other]) == [own, 0.9, own]  # only where it knows
+    spec.drafter = SimpleNamespace()  # a drafter without the method: the request's own rate
+    assert spec._rates([json_req]) == [own]
+
+
 def test_requests_without_room_get_no_draft():
     """The rule for who may draft: two or more tokens of budget left, room in the context,
     and free K/V slots (a draft never evicts the cache)."""

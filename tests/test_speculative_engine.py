@@ -46,7 +46,8 @@ def _own_drafter(engine):
     if drafter is None:
         from radixlm.runtime.speculative import create_drafter
 
-        drafter = create_drafter(engine.config, engine.scheduler.kv.cache, native_steps=True)
+        drafter = create_drafter(engine.config, engine.scheduler.kv.cache, native_steps=True,
+                                 tokenizer=engine.tokenizer)
     use_drafter(engine, drafter, free=False)
     spec.costs = StepCosts()
     return drafter
@@ -121,6 +122,34 @@ def test_constrained_with_jump_forward_and_drafts(engine, tokenizer, mode):
     drafted = sum(d for _, d, _ in drafter.observed)
     accepted = sum(a for _, _, a in drafter.observed)
     assert drafted > 0 and (accepted == drafted if mode == "exact" else accepted < drafted)
+
+
+def test_json_extraction_drafts_values_from_the_document(engine, tokenizer):
+    """The bench's JSON task (extraction under a schema) with the engine's own drafter:
+    the same greedy ids with and without drafts, values drafted from the document and
+    accepted, and the outputs valid under their schemas."""
+    from spec_tasks import build_prompts  # benchmarks/, on the path through conftest
+
+    prompts = build_prompts("json", 4)
+    texts = [tokenizer.apply_chat_template(p.messages, tokenize=False,
+                                           add_generation_prompt=True) for p in prompts]
+    params = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(p.json_schema)}
+              for p in prompts]
+    off = []
+    for text, param in zip(texts, params):  # single stream, as the bench runs them
+        _cold(engine, None)
+        off.append(engine.generate(text, param))
+    drafter = _own_drafter(engine)
+    on = []
+    for text, param in zip(texts, params):
+        assert engine.flush_cache()
+        on.append(engine.generate(text, param))
+    engine.check_integrity()
+    assert [o["output_ids"] for o in on] == [o["output_ids"] for o in off]
+    assert drafter.stats["value_accepted_tokens"] >= 10, drafter.stats
+    for p, o in zip(prompts, on):
+        if o["meta_info"]["finish_reason"]["type"] == "stop":
+            jsonschema.validate(json.loads(o["text"]), p.json_schema)
 
 
 def test_mixed_batch_and_eos_inside_a_draft(engine, tokenizer):

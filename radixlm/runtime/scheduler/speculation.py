@@ -4,11 +4,15 @@ verification leaves behind.
 Before a step, every request that samples at its end (decoding, or after jump-forward's
 forced text) is a candidate for a draft. ``plan_budgets`` (runtime/speculative/cost.py)
 splits draft tokens among them from the measured step times and each request's
-acceptance so far (none at all where they do not pay, e.g. at a large batch); the drafter
+acceptance so far, or, for a constrained request in a small step, the drafter's
+``expected_rate`` where it has a surer draft (a JSON value copied from the prompt); none at
+all where they do not pay, e.g. at a large batch; the drafter
 proposes up to that many (a few requests without a draft are asked for one token, only to
 compare it with the step's sample: how their rates are learned while they do not draft);
 a constrained request's draft is cut at the first token its grammar forbids (accepting it
-on the grammar and rolling back), keeping the mask of every verification row; and the
+on the grammar and rolling back), or after the token from which jump-forward would force
+text (postprocessing drops whatever follows it in a step), keeping the mask of every
+verification row; and the
 draft gets free K/V slots after the request's pending tokens (a draft never evicts the
 cache and never writes outside the slots it was given).
 
@@ -59,6 +63,9 @@ MAX_RATE = 0.98
 # free check of its rate, so requests whose text starts repeating get drafts again. At most
 # this many such probes per step, to the requests least observed.
 PROBES_PER_STEP = 2
+# A drafter's ``expected_rate`` (a draft it is sure of, e.g. a JSON value copied from the
+# prompt) replaces a constrained request's rate in steps of at most this many candidates.
+HINTED_CANDIDATES = 8
 
 # Engine-wide totals (``Engine.get_stats``): verification steps (a decode step of a request
 # while speculation is on, with a draft or none), tokens those steps emitted, draft tokens
@@ -116,7 +123,7 @@ class Speculation:
             return
         reqs = [sb.reqs[i] for i in cands]
         budgets = plan_budgets(self.costs, sum(sb.extend_lens), sum(sb.sample),
-                               [self._rate(r) for r in reqs], [self._limit(r) for r in reqs],
+                               self._rates(reqs), [self._limit(r) for r in reqs],
                                max_extra=room)
         sb.drafts = [[] for _ in sb.reqs]  # filled in place: withdraw finds what is there
         for i, req, budget in zip(cands, reqs, budgets):
@@ -130,21 +137,39 @@ class Speculation:
         """Ask the least observed requests without a draft for one draft token each, to
         be compared with what the step samples (``settle``)."""
         idle.sort(key=lambda i: sb.reqs[i].spec_hits + sb.reqs[i].spec_misses)
-        for i in idle[:PROBES_PER_STEP]:
-            if sb.reqs[i].grammar is None:  # (a constrained one's draft needs its mask)
-                try:
-                    draft = self.drafter.propose(sb.reqs[i], 1)
-                except Exception:
-                    logger.warning("drafter failed for %s", sb.reqs[i].rid, exc_info=True)
-                    continue
-                if draft and type(draft[0]) is int:
-                    self._probes[i] = draft[0]
+        for i in idle[:PROBES_PER_STEP]:  # constrained ones too: compared, never verified
+            try:
+                draft = self.drafter.propose(sb.reqs[i], 1)
+            except Exception:
+                logger.warning("drafter failed for %s", sb.reqs[i].rid, exc_info=True)
+                continue
+            if draft and type(draft[0]) is int:
+                self._probes[i] = draft[0]
 
     @staticmethod
     def _candidate(sb: ScheduleBatch, i: int, req: Req) -> bool:
         """Samples at the end of this step, after output tokens (not a prompt's end)."""
         return (sb.sample[i] and bool(req.output_ids) and not req.finished
                 and sb.prefix_lens[i] + sb.extend_lens[i] == req.fill_len == req.kv_len)
+
+    def _rates(self, reqs: list[Req]) -> list[float]:
+        """Each candidate's rate; a constrained one's the drafter's ``expected_rate`` where
+        it gives one (in steps of up to ``HINTED_CANDIDATES``)."""
+        rates = [self._rate(r) for r in reqs]
+        hint = getattr(self.drafter, "expected_rate", None)
+        if hint is None or len(reqs) > HINTED_CANDIDATES:
+            return rates
+        for j, req in enumerate(reqs):
+            if req.grammar is None:
+                continue
+            try:
+                rate = hint(req)
+            except Exception:
+                logger.warning("drafter failed for %s", req.rid, exc_info=True)
+                continue
+            if isinstance(rate, float) and 0.0 <= rate <= 1.0:
+                rates[j] = min(rate, MAX_RATE)
+        return rates
 
     def _rate(self, req: Req) -> float:
         """Expected probability that the request's next draft token is accepted."""
@@ -180,10 +205,13 @@ class Speculation:
 
     def _check_grammar(self, req: Req, draft: list[int], i: int) -> list[int]:
         """The draft up to the first token the request's grammar forbids (or that ends the
-        grammar: no row may follow its end), and each verification row's mask, filled at
-        the grammar's state after the draft tokens before it; the grammar is left as it
-        was."""
+        grammar: no row may follow its end), or through the first token after which the
+        grammar forces text (jump-forward takes over there and the rest would be dropped),
+        and each verification row's mask, filled at the grammar's state after the draft
+        tokens before it; the grammar is left as it was."""
         grammar = req.grammar
+        forced = getattr(grammar, "forced_text", None) if self.config.enable_jump_forward \
+            else None
         masks = np.empty((len(draft) + 1, self.bitmask_words), dtype=np.int32)
         advanced = keep = 0
         try:
@@ -197,6 +225,9 @@ class Speculation:
                 if grammar.is_terminated():
                     break
                 keep = advanced
+                if forced is not None and keep < len(draft) and len(forced()) >= 2:
+                    grammar.fill_bitmask(masks, keep)
+                    break
             else:
                 grammar.fill_bitmask(masks, len(draft))
         except Exception:  # a grammar failing here fails its request in the plain step

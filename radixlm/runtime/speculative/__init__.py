@@ -3,7 +3,9 @@
 - `base`: the `Drafter` interface (its contract) and the algorithm names;
 - `ngram`: `NgramDrafter`, drafts from the radix tree's cached continuations, prompt
   lookup over the request's own tokens (`lookup`: its n-gram index) and over its prompt's
-  text (`text`); `policy`: draft length from acceptance history;
+  text (`text`), and for a request under a JSON schema the value being written, copied
+  from the prompt's document (`values`, over `json_scan`: where the document stands);
+  `policy`: draft length from acceptance history;
 - `cost`: step times by tokens per step, and how many draft tokens a step may verify.
 
 The scheduler's `speculation` part asks a drafter for drafts, verifies them in the batch's

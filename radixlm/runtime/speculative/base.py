@@ -23,6 +23,11 @@ Contract (what the scheduler guarantees and expects):
   ``num_accepted`` of them (0 <= num_accepted <= num_drafted). Not every proposal is
   verified: a request given no draft in a step may be asked for one token only to compare
   it with the token the step samples (a probe of its acceptance rate; not observed);
+- optionally, ``expected_rate(req)`` (None, or a float in 0..1) before a step's budgets
+  are planned, for a constrained request in a step of a few candidates: the acceptance per
+  token its next draft is expected to have, where the drafter knows better than the
+  request's record (a JSON value copied from the prompt); a ``propose`` for the same
+  sequence follows only if the plan gives the request a budget;
 - ``release(req)`` is called once when the request finishes or is aborted; a retracted
   request is not released (it resumes with the same tokens);
 - ids returned must be ints in the model's vocabulary; anything else is the drafter's bug,
