@@ -1,0 +1,241 @@
+"""Shortest legal close: from a grammar's current state, the bytes of a short valid way to
+finish the document, found on a byte-level twin of the request's llguidance matcher.
+
+The twin is an ``LLMatcher`` of the same grammar over a 257-token vocabulary (the 256 bytes
+and an EOS), so one step of the search is one byte and a mask costs a few microseconds (a
+full-vocabulary mask costs ~100x that). ``ByteTwin`` keeps it fed with the bytes of the tokens
+the request's grammar accepted (``sync``: rolled back to the longest common token prefix and
+fed the rest, so jump-forward and speculative rollback need no bookkeeping of their own).
+
+``close`` searches in two passes, both capped:
+
+1. Greedy: at each byte, a byte after which the grammar accepts, else the first byte of a
+   fixed preference (closers ``] } ) "``; separators; the shortest values ``0``, ``""``,
+   ``{}``; letters; ...) after which the mask changes (``]`` is a closer only outside a
+   string), else the first allowed byte of the whole preference; forced bytes are taken
+   as they come. For JSON this is the close a person would write: end the string, close the
+   brackets, fill required keys with their smallest values. A mask met again and again
+   (a loop: a pattern such as ``[a-z]+@...``, where the preferred letter never ends the
+   run) turns its choice to the next preferred byte every few visits.
+2. Breadth-first over bytes, one child per byte class (each non-alphanumeric byte alone, one
+   lower-case letter, one upper-case letter, one digit, one non-ASCII byte), a state's mask
+   standing for the state (a child whose mask was seen is not expanded again): shortest in
+   bytes up to those merges, and loops are cut by them.
+
+The result is a valid close (every byte was accepted by the twin, which ends accepting), not
+always the globally shortest: its length is an upper bound of the true minimum, which is what
+the budget needs (closing starts no later than needed). None when both passes fail within
+their caps; the caller treats that as a grammar it cannot close.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import llguidance as llg
+import numpy as np
+
+EOS_BYTE = 256  # the twin's EOS token id
+
+_LOWER = bytes(range(ord("a"), ord("z") + 1))
+_UPPER = bytes(range(ord("A"), ord("Z") + 1))
+_DIGITS = b"0123456789"
+# Preference of the greedy pass (first allowed wins); every byte appears once.
+_HEAD = b']})"' + b",:0{[a" + b"tnfe" + b"1-.+" + b" "
+PREFERENCE = _HEAD + bytes(b for b in (_LOWER + _DIGITS + _UPPER + bytes(range(33, 127))
+                                       + bytes(range(128, 256)) + bytes(range(0, 33))
+                                       + b"\x7f") if b not in _HEAD)
+PREFERENCE = bytes(dict.fromkeys(PREFERENCE))  # (each byte once, order kept)
+assert sorted(PREFERENCE) == list(range(256))
+
+MAX_GREEDY_BYTES = 2048  # a greedy close longer than this is taken for a loop
+MAX_BFS_NODES = 4000  # states the breadth-first pass may expand
+MAX_BFS_DEPTH = 512
+LOOP_TURNS = 4  # greedy: visits of one mask before its choice moves on
+
+
+class _ByteTokenizer:
+    """The 256 bytes and an EOS, in the shape ``llguidance.TokenizerWrapper`` reads."""
+
+    eos_token_id = EOS_BYTE
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<|eos|>"]
+    special_token_ids = [EOS_BYTE]
+
+    def __call__(self, text):
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+_BYTE_TOKENIZER: llg.LLTokenizer | None = None
+
+
+def byte_tokenizer() -> llg.LLTokenizer:
+    """The byte vocabulary (built once per process)."""
+    global _BYTE_TOKENIZER
+    if _BYTE_TOKENIZER is None:
+        _BYTE_TOKENIZER = llg.LLTokenizer(llg.TokenizerWrapper(_ByteTokenizer()), slices=[])
+    return _BYTE_TOKENIZER
+
+
+def byte_matcher(grammar: str, limits: llg.LLParserLimits | None = None) -> llg.LLMatcher:
+    """A byte-level matcher of ``grammar`` (an llguidance grammar text); ValueError when
+    llguidance refuses it."""
+    kwargs = {"limits": limits} if limits is not None else {}
+    m = llg.LLMatcher(byte_tokenizer(), grammar, log_level=0, **kwargs)
+    if m.is_error():
+        raise ValueError(f"byte-level matcher: {m.get_error()[:300]}")
+    return m
+
+
+def allowed_bytes(m: llg.LLMatcher) -> np.ndarray:
+    """The bytes ``m`` allows next (EOS excluded), as a bool array of 256."""
+    words = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(words, bitorder="little")[:256].astype(bool)
+
+
+def _accepting(m: llg.LLMatcher) -> bool:
+    return m.is_accepting() or m.is_stopped()
+
+
+def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES) -> bytes | None:
+    """Pass 1 (module docstring) from ``m``'s state; ``m`` is left where it was. A mask met
+    for the ``LOOP_TURNS``-th time moves its choice on to the next preferred byte (so a run
+    such as ``}}}}`` in an unanchored pattern turns into ``]]]]``, ..., ``0000``)."""
+    out = bytearray()
+    turns: dict[bytes, int] = {}
+    try:
+        while not _accepting(m):
+            if len(out) >= max_bytes or m.is_error():
+                return None
+            allowed = allowed_bytes(m)
+            choice = _finishing_byte(m, allowed)
+            if choice is None:
+                choice = _progress_byte(m, allowed)
+            if choice is None:
+                ranked = [b for b in PREFERENCE if allowed[b]]
+                if not ranked:
+                    return None
+                sig = allowed.tobytes()
+                seen = turns.get(sig, 0)
+                turns[sig] = seen + 1
+                choice = ranked[(seen // LOOP_TURNS) % len(ranked)]
+            if m.try_consume_tokens([choice]) != 1:
+                return None
+            out.append(choice)
+        return bytes(out)
+    finally:
+        if out:
+            m.rollback(len(out))
+
+
+def _finishing_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
+    """An allowed byte of the preference head after which ``m`` accepts, if any."""
+    for b in _HEAD:
+        if allowed[b] and m.try_consume_tokens([b]) == 1:
+            done = _accepting(m)
+            m.rollback(1)
+            if done:
+                return b
+    return None
+
+
+def _progress_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
+    """The first allowed byte of the preference head after which the mask changes (``]``
+    closes an array but is only a character inside a string, where ``"`` is the closer)."""
+    for b in _HEAD:
+        if allowed[b] and m.try_consume_tokens([b]) == 1:
+            moved = not np.array_equal(allowed_bytes(m), allowed)
+            m.rollback(1)
+            if moved:
+                return b
+    return None
+
+
+def _children(allowed: np.ndarray) -> list[int]:
+    """One byte per class of the allowed bytes (module docstring, pass 2)."""
+    picks = [b for b in PREFERENCE if allowed[b] and not (
+        97 <= b <= 122 or 65 <= b <= 90 or 48 <= b <= 57 or b >= 128)]
+    for lo, hi in ((97, 122), (65, 90), (48, 57), (128, 255)):
+        hit = np.flatnonzero(allowed[lo:hi + 1])
+        if hit.size:
+            picks.append(lo + int(hit[0]))
+    return picks
+
+
+def bfs_close(m: llg.LLMatcher, max_nodes: int = MAX_BFS_NODES,
+              max_depth: int = MAX_BFS_DEPTH) -> bytes | None:
+    """Pass 2 (module docstring) from ``m``'s state; ``m`` is not changed (the search runs
+    on copies)."""
+    if _accepting(m):
+        return b""
+    seen = {allowed_bytes(m).tobytes()}
+    frontier = deque([(m.deep_copy(), b"")])
+    expanded = 0
+    while frontier and expanded < max_nodes:
+        node, path = frontier.popleft()
+        expanded += 1
+        if len(path) >= max_depth:
+            continue
+        for b in _children(allowed_bytes(node)):
+            child = node.deep_copy()
+            if child.try_consume_tokens([b]) != 1 or child.is_error():
+                continue
+            if _accepting(child):
+                return path + bytes([b])
+            sig = allowed_bytes(child).tobytes()
+            if sig in seen:
+                continue
+            seen.add(sig)
+            frontier.append((child, path + bytes([b])))
+    return None
+
+
+def close_bytes(m: llg.LLMatcher) -> bytes | None:
+    """A short valid close of ``m``'s document (greedy, else breadth-first), or None."""
+    found = greedy_close(m)
+    return found if found is not None else bfs_close(m)
+
+
+class ByteTwin:
+    """A request's byte-level matcher, kept at the bytes of the tokens its grammar accepted.
+
+    ``template``: a fresh byte matcher of the grammar (deep-copied here); ``spell(token)``:
+    a token's bytes."""
+
+    def __init__(self, template: llg.LLMatcher, spell) -> None:
+        self.m = template.deep_copy()
+        self.spell = spell
+        self.fed: list[int] = []  # tokens fed, in order
+        self.lens: list[int] = []  # their byte counts
+
+    def sync(self, tokens: list[int]) -> bool:
+        """Bring the twin to ``tokens`` (the grammar's accepted tokens); False when the twin
+        refuses a byte the grammar took (it then stays where it could go)."""
+        common = 0
+        for a, b in zip(self.fed, tokens):
+            if a != b:
+                break
+            common += 1
+        drop = sum(self.lens[common:])
+        if drop:
+            self.m.rollback(drop)
+        del self.fed[common:], self.lens[common:]
+        for t in tokens[common:]:
+            data = self.spell(t)
+            took = self.m.try_consume_tokens(list(data)) if data else 0
+            if took != len(data):
+                if took:
+                    self.m.rollback(took)
+                return False
+            self.fed.append(t)
+            self.lens.append(len(data))
+        return True
+
+    def close(self) -> bytes | None:
+        return close_bytes(self.m)
+
+    def copy(self) -> ByteTwin:
+        twin = ByteTwin.__new__(ByteTwin)
+        twin.m, twin.spell = self.m.deep_copy(), self.spell
+        twin.fed, twin.lens = list(self.fed), list(self.lens)
+        return twin
