@@ -108,9 +108,7 @@ def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES) -> bytes |
             if len(out) >= max_bytes or m.is_error():
                 return None
             allowed = allowed_bytes(m)
-            choice = _finishing_byte(m, allowed)
-            if choice is None:
-                choice = _progress_byte(m, allowed)
+            choice = _head_byte(m, allowed)
             if choice is None:
                 ranked = [b for b in PREFERENCE if allowed[b]]
                 if not ranked:
@@ -128,27 +126,22 @@ def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES) -> bytes |
             m.rollback(len(out))
 
 
-def _finishing_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
-    """An allowed byte of the preference head after which ``m`` accepts, if any."""
+def _head_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
+    """In one pass over the preference head: the first allowed byte after which ``m``
+    accepts, else the first after which the mask changes (``]`` closes an array but is only
+    a character inside a string, where ``"`` is the closer), else None."""
+    progress = None
     for b in _HEAD:
         if allowed[b] and m.try_consume_tokens([b]) == 1:
             done = _accepting(m)
+            moved = progress is None and not done and not np.array_equal(allowed_bytes(m),
+                                                                          allowed)
             m.rollback(1)
             if done:
                 return b
-    return None
-
-
-def _progress_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
-    """The first allowed byte of the preference head after which the mask changes (``]``
-    closes an array but is only a character inside a string, where ``"`` is the closer)."""
-    for b in _HEAD:
-        if allowed[b] and m.try_consume_tokens([b]) == 1:
-            moved = not np.array_equal(allowed_bytes(m), allowed)
-            m.rollback(1)
             if moved:
-                return b
-    return None
+                progress = b
+    return progress
 
 
 def _children(allowed: np.ndarray) -> list[int]:
