@@ -26,7 +26,8 @@ import json
 import sys
 import time
 
-from radixlm.hostinfo import host_info, host_line
+from radixlm.hostinfo import host_line
+from radixlm.native.build import host_info
 from radixlm.runtime.engine import Engine
 
 SYSTEM = "You are a concise assistant. Answer in one or two sentences."

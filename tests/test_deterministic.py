@@ -1,12 +1,20 @@
-"""Batch invariance (``enable_deterministic_inference``, SGLang's flag) on the embedded model,
-in the spirit of SGLang's test_deterministic: a greedy answer's token ids AND output logprobs
-are the same bits alone (``single``), inside batches of other prompts (``mixed``), after a
-shared prefix was cached (``prefix``), on a full cache hit (``radix_cache``), with its
-prompt chunked, from the host and disk tiers and after a restart, after a retraction, and
-with speculation's verify steps; a seeded sample (temperature 0.8) is the same text in a
-batch, from the cache, on another engine, with speculation and as sample j of ``n`` (seed +
-j). The flag's plan (one activation mode for every step) and its refusals (the torch path,
-modes whose kernels round by step size) are checked too, and what the engine reports."""
+"""Batch invariance on the embedded model, in the spirit of SGLang's test_deterministic: a
+greedy answer's token ids AND output logprobs are the same bits alone (``single``), inside
+batches of other prompts (``mixed``), after a shared prefix was cached (``prefix``), on a
+full cache hit (``radix_cache``), with its prompt chunked, from the host and disk tiers and
+after a restart, after a retraction, and with speculation's verify steps; a seeded sample
+(temperature 0.8) is the same text in a batch, from the cache, on another engine, with
+speculation and as sample j of ``n`` (seed + j). The flag's plan (one activation mode for
+every step) and its refusals (the torch path, modes whose kernels round by step size) are
+checked too, and what the engine reports.
+
+The default configuration (no flag, ``native_activations="auto"``) is batch-invariant on
+the native path too (issue 30): the embedded GGUF runs every step natively in int8 blocks,
+whose kernels (512-bit / AVX2 transposed chunks for small steps, AMX int8 tiles from 8
+tokens) sum each token in one order. The ``default_*`` tests hold single / mixed (beside
+prefills and beside decodes of other lengths) / prefix / radix_cache / chunked prefill at
+several chunk sizes on that configuration, bit for bit, with a prompt long enough (> 256
+tokens) that its steps cross every kernel's step-size threshold."""
 
 from __future__ import annotations
 
@@ -72,6 +80,38 @@ def texts(engine):
 def ref(engine, texts):
     """Each prompt alone on a flushed cache: the reference of every axis."""
     return alone_cold(engine, texts)
+
+
+@pytest.fixture(scope="module")
+def default():
+    """The default configuration: no deterministic flag, default native activations."""
+    with Engine(speculative_algorithm="none", max_total_tokens=4096,
+                log_level="warning") as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def prompts(texts, default):
+    """The chat prompts and one long one (a few hundred tokens: its prefill is one step of
+    more than 256 tokens cold, several steps chunked or after a cached prefix)."""
+    passage = " ".join(f"Room {i} holds the {kind} collection, {i * 7 + 3} objects from "
+                       f"{1700 + 13 * i}." for i, kind in
+                       enumerate(["mineral", "fossil", "clock", "engine", "telescope",
+                                  "meteorite", "insect", "radio", "bird", "glass",
+                                  "coin", "shell", "map", "camera", "violin"] * 2))
+    question = f"{passage} Which room holds the most objects, and how many are there?"
+    long = default.tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        tokenize=False, add_generation_prompt=True)
+    assert len(default.tokenizer.encode(long)) > 300
+    return [*texts, long]
+
+
+@pytest.fixture(scope="module")
+def default_ref(default, prompts):
+    """Each prompt alone on a flushed cache with the defaults (one prefill step each)."""
+    assert len(default.tokenizer.encode(prompts[-1])) < default.config.chunked_prefill_size
+    return alone_cold(default, prompts)
 
 
 @pytest.fixture(scope="module")
@@ -315,3 +355,96 @@ def test_blocks_made_at_load_run_every_step_natively(tiny_model_dir):
         assert go(e, prompts)[0] == alone[0]
     with Engine(str(tiny_model_dir), chunked_prefill_size=16, **kw) as e:
         assert go(e, prompts[:1]) == alone
+
+
+# ---------------------------------------------------------------- the default configuration
+
+
+def test_default_every_step_runs_one_rounding(default):
+    """No flag, default activations: every step native, int8 blocks at every step size."""
+    native = default.runner.native
+    assert default.config.enable_deterministic_inference is False
+    assert default.config.native_activations == "auto"
+    assert native.max_rows is None and native.act_modes == ((1, ACT_INT8),)
+    assert len({native._mode(n) for n in (1, 2, 7, 8, 12, 64, 300, 1024)}) == 1
+    assert default.batch_invariant is True and default.get_stats()["batch_invariant"] is True
+
+
+def test_default_single(default, prompts, default_ref):
+    assert len(set(default_ref)) == len(default_ref)
+    assert alone_cold(default, prompts[::3]) == default_ref[::3]
+
+
+def test_default_mixed(default, prompts, default_ref):
+    """Each prompt inside batches of other prompts of other lengths (one prefill step for
+    all of them, then decode steps of the whole batch), at different positions."""
+    for size in (2, 5, 14):
+        assert default.flush_cache()
+        batch = [OTHERS[(i + size) % len(OTHERS)] for i in range(size - 1)]
+        k = size % len(prompts)
+        batch.insert(size // 2, prompts[k])
+        assert ask(default, batch)[size // 2] == default_ref[k], size
+    assert default.flush_cache()
+    assert ask(default, prompts) == default_ref  # the long one beside the short ones
+    assert default.flush_cache()
+    mixed = [t for pair in zip(prompts, OTHERS) for t in pair]
+    assert ask(default, mixed)[::2] == default_ref
+
+
+def test_default_mixed_with_decoding_neighbours(default, prompts, default_ref):
+    """A prompt that arrives while 8 other requests decode: its prefill shares steps with
+    their one-token rows, its decode steps are 9 rows at other positions (a step size
+    where the ``mixed`` plan rounds otherwise than alone)."""
+    longer = {**GREEDY, "max_new_tokens": 3 * NEW}
+    for k in (0, len(prompts) - 1):
+        assert default.flush_cache()
+        streams = [default.generate(p, longer, stream=True) for p in [*OTHERS[:7], prompts[2]]]
+        for s in streams:
+            next(s)  # each has its first token: decoding
+        assert ask(default, [prompts[k]])[0] == default_ref[k], k
+        for s in streams:
+            for _ in s:
+                pass
+
+
+def test_default_prefix(default, prompts, default_ref):
+    """A shared system prompt cached first (a prompt of its own), and the long prompt's
+    first part cached at a length that is no block or chunk boundary: the same bits as
+    computing them."""
+    assert default.flush_cache()
+    head = prompts[0][:prompts[0].index(QUESTIONS[0])]
+    default.generate(head, {"max_new_tokens": 1})
+    for text, expected in zip(prompts, default_ref):
+        out = default.generate(text, GREEDY, return_logprob=True)
+        assert out["meta_info"]["cached_tokens"] > 40
+        assert answer(out) == expected
+    assert default.flush_cache()
+    long = prompts[-1]
+    default.generate(long[:len(long) * 2 // 3], {"max_new_tokens": 1})
+    out = default.generate(long, GREEDY, return_logprob=True)
+    assert out["meta_info"]["cached_tokens"] > 150
+    assert answer(out) == default_ref[-1]
+
+
+def test_default_radix_cache(default, prompts, default_ref):
+    """A hit (prompt and answer in the tree: only the last prompt token runs) vs a miss."""
+    assert default.flush_cache()
+    for text, expected in zip(prompts, default_ref):
+        default.generate(text, GREEDY)
+        out = default.generate(text, GREEDY, return_logprob=True)
+        assert out["meta_info"]["cached_tokens"] == out["meta_info"]["prompt_tokens"] - 1
+        assert answer(out) == expected
+    default.generate(prompts, GREEDY)  # every prompt cached: a batch of hits
+    assert ask(default, prompts) == default_ref
+
+
+@pytest.mark.parametrize("chunk", [16, 37, 64, 256])
+def test_default_chunked_prefill(chunk, prompts, default_ref):
+    """Prompts split in chunks of 16 / 37 (no multiple of a block or an AMX tile) / 64 /
+    256 tokens: the long prompt's chunks run in steps of 5-256 tokens."""
+    with Engine(chunked_prefill_size=chunk, speculative_algorithm="none",
+                max_total_tokens=4096, log_level="warning") as e:
+        assert e.config.chunked_prefill_size == chunk and e.batch_invariant
+        assert alone_cold(e, prompts[-2:]) == default_ref[-2:]
+        assert e.flush_cache()
+        assert ask(e, prompts) == default_ref
