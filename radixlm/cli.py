@@ -114,6 +114,9 @@ def _add_decoding_args(e: argparse._ArgumentGroup) -> None:
     """Constrained decoding (jump-forward, grammar backend, JSON whitespace), the tool-call
     format, the seed and speculative decoding."""
     e.add_argument("--disable-jump-forward", action="store_true", default=None)
+    e.add_argument("--complete-within-max-tokens", action="store_true", default=None,
+                   help="constrained requests close a valid document within max_tokens "
+                        "unless they ask otherwise (complete_within_max_tokens)")
     e.add_argument("--grammar-backend", help="llguidance | outlines (constrained decoding)")
     e.add_argument("--constrained-json-whitespace-pattern",
                    help="regex of the whitespace JSON output may have between tokens, where a "
@@ -220,6 +223,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "hicache_storage_dir": args.hicache_storage_dir,
         "hicache_storage_size": args.hicache_storage_size,
         "enable_jump_forward": False if args.disable_jump_forward else None,
+        "complete_within_max_tokens": args.complete_within_max_tokens,
         "grammar_backend": args.grammar_backend,
         "constrained_json_whitespace_pattern": args.constrained_json_whitespace_pattern,
         "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace,

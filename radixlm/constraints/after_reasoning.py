@@ -428,6 +428,26 @@ class AfterReasoningGrammar(Grammar):
             self.answer_len += 1
         return plan
 
+    def close_tokens(self, within: int | None = None,
+                     thorough: bool = False) -> list[int] | None:
+        """The answer's close; inside the thinking block the rest of the end tag (the start
+        tag's rest first, once begun) and then the answer's close from its start."""
+        if self.phase == self.ANSWER:
+            return self.inner.close_tokens(within, thorough) if self.inner is not None else []
+        if self.inner is None:
+            return None
+        inner = self.inner.close_tokens()  # the inner grammar has not started yet
+        if inner is None:
+            return None
+        if self.phase == self.CLOSING:
+            return list(self.close[self.closed:]) + inner
+        if self.phase == self.REASONING:
+            return list(self.s.close_tokens(self.kmp)) + inner
+        if not self.matched:  # OPENING: the answer may start right away
+            return inner
+        rest = self.s._spell(self.s.start[self.matched:])
+        return None if rest is None else list(rest) + list(self.s.close_tokens(0)) + inner
+
     def copy(self) -> AfterReasoningGrammar:
         g = AfterReasoningGrammar(self.s, self.inner.copy() if self.inner is not None else None,
                                   rs.OPENING, self.budget, self.strict, self.eos_ends)

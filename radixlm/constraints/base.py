@@ -23,6 +23,11 @@ Life of a constrained request, as the runtime drives it:
 5. Jump-forward: ``grammar.jump_forward(output_ids)`` may return a ``JumpForward`` plan
    (drop the last ``rollback`` output tokens, append ``token_ids``); the grammar state has
    already been advanced over the plan when it is returned.
+6. Closing within a budget (``complete_within_max_tokens``): ``grammar.close_tokens()`` is
+   a short list of tokens that, accepted one by one from the current state, end in an
+   accepting state (``[]`` when accepting already); its length bounds the fewest from
+   above; the same state gives the same close when no ``within`` is passed. None: the
+   grammar cannot compute one (the outlines backend) or found none.
 """
 
 from __future__ import annotations
@@ -87,6 +92,14 @@ class Grammar(ABC):
 
     def jump_forward(self, output_ids: list[int]) -> JumpForward | None:
         """A forced continuation from the current state, or None (default: none)."""
+        return None
+
+    def close_tokens(self, within: int | None = None,
+                     thorough: bool = False) -> list[int] | None:
+        """Tokens that finish a valid document from here (module docstring, 6); None when
+        this grammar cannot tell (default). ``within``: any valid close of fewer tokens
+        will do (a grammar may then skip its search); ``thorough``: search harder for one
+        of fewer tokens than ``within`` (slower: for the step that would otherwise force)."""
         return None
 
     @abstractmethod

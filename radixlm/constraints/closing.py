@@ -52,6 +52,12 @@ MAX_GREEDY_BYTES = 2048  # a greedy close longer than this is taken for a loop
 MAX_BFS_NODES = 4000  # states the breadth-first pass may expand
 MAX_BFS_DEPTH = 512
 LOOP_TURNS = 4  # greedy: visits of one mask before its choice moves on
+LOOP_PERIOD = 8  # greedy: the longest period of a run of masks taken for a loop
+ESCAPE_NODES = 64  # greedy: states a loop's escape may expand
+ESCAPE_TRIES = 8  # greedy: failed escapes before it stops trying
+BRANCH_WIDTH = 8  # greedy: the most choices a branch's lookahead weighs
+_BRANCH_BYTES = frozenset(_LOWER + _UPPER + b'"_$@')
+ESCAPE_DEPTH = 8  # greedy: the longest escape
 
 
 class _ByteTokenizer:
@@ -97,23 +103,44 @@ def _accepting(m: llg.LLMatcher) -> bool:
     return m.is_accepting() or m.is_stopped()
 
 
-def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES) -> bytes | None:
-    """Pass 1 (module docstring) from ``m``'s state; ``m`` is left where it was. A mask met
-    for the ``LOOP_TURNS``-th time moves its choice on to the next preferred byte (so a run
-    such as ``}}}}`` in an unanchored pattern turns into ``]]]]``, ..., ``0000``)."""
+def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES,
+                 lookahead: bool = True) -> bytes | None:
+    """Pass 1 (module docstring) from ``m``'s state; ``m`` is left where it was. Two loop
+    breakers: a run of masks that repeats with a short period (``}.}.}.`` in an e-mail's
+    local part, where each preferred byte changes the mask and none ends it) is left by the
+    shortest bytes to a mask not met before (``_escape``: ``@``); and a mask met for the
+    ``LOOP_TURNS``-th time without a preferred head byte moves its choice on to the next
+    preferred byte (so ``}}}}`` in an unanchored pattern turns into ``]]]]``, ...).
+    ``lookahead``: at a choice among a few letters or quotes (which key of an object comes
+    next, which enum value), the one whose own greedy close is shortest (``_branch_byte``:
+    an optional key is skipped for the next required one)."""
     out = bytearray()
     turns: dict[bytes, int] = {}
+    sigs: list[bytes] = []  # the mask before each byte of ``out``
+    stuck: set[bytes] = set()  # masks a loop's escape failed from
     try:
         while not _accepting(m):
             if len(out) >= max_bytes or m.is_error():
                 return None
             allowed = allowed_bytes(m)
-            choice = _head_byte(m, allowed)
+            sig = allowed.tobytes()
+            sigs.append(sig)
+            path = None
+            if sig not in stuck and len(stuck) < ESCAPE_TRIES and _periodic(sigs):
+                path = _escape(m, set(sigs))
+                if not path:
+                    stuck.add(sig)  # (not tried again from this mask)
+            if path:
+                sigs.extend([b""] * (len(path) - 1))  # (a loop's masks are not repeated)
+                out.extend(path)
+                continue
+            choice = _branch_byte(m, allowed, max_bytes - len(out)) if lookahead else None
+            if choice is None:
+                choice = _head_byte(m, allowed)
             if choice is None:
                 ranked = [b for b in PREFERENCE if allowed[b]]
                 if not ranked:
                     return None
-                sig = allowed.tobytes()
                 seen = turns.get(sig, 0)
                 turns[sig] = seen + 1
                 choice = ranked[(seen // LOOP_TURNS) % len(ranked)]
@@ -124,6 +151,56 @@ def greedy_close(m: llg.LLMatcher, max_bytes: int = MAX_GREEDY_BYTES) -> bytes |
     finally:
         if out:
             m.rollback(len(out))
+
+
+def _branch_byte(m: llg.LLMatcher, allowed: np.ndarray, max_bytes: int) -> int | None:
+    """At a branch (2 to ``BRANCH_WIDTH`` allowed bytes, all letters or quotes, none of which
+    ends the document): the byte whose greedy close (without lookahead) is shortest; None
+    elsewhere."""
+    picks = np.flatnonzero(allowed)
+    if not 2 <= picks.size <= BRANCH_WIDTH or not all(b in _BRANCH_BYTES for b in picks):
+        return None
+    best, best_len = None, max_bytes
+    for b in sorted(picks.tolist(), key=PREFERENCE.index):
+        if m.try_consume_tokens([b]) != 1:
+            continue
+        rest = greedy_close(m, best_len, lookahead=False)
+        m.rollback(1)
+        if rest is not None and len(rest) + 1 < best_len:
+            best, best_len = b, len(rest) + 1
+    return best
+
+
+def _periodic(sigs: list[bytes], max_period: int = LOOP_PERIOD) -> bool:
+    """Whether the last masks repeat with a period of at most ``max_period`` bytes, three
+    times over."""
+    n = len(sigs)
+    return any(n >= 3 * k and sigs[n - k:] == sigs[n - 2 * k:n - k] == sigs[n - 3 * k:n - 2 * k]
+               for k in range(1, max_period + 1))
+
+
+def _escape(m: llg.LLMatcher, seen: set[bytes]) -> bytes | None:
+    """The shortest bytes (one per byte class, breadth-first, capped) from ``m``'s state to
+    an accepting state or a mask not in ``seen``; they are consumed on ``m``. None (``m``
+    unchanged) when the cap is reached first."""
+    frontier = deque([(m.deep_copy(), b"")])
+    expanded = 0
+    while frontier and expanded < ESCAPE_NODES:
+        node, path = frontier.popleft()
+        expanded += 1
+        for b in _children(allowed_bytes(node)):
+            child = node.deep_copy()
+            if child.try_consume_tokens([b]) != 1 or child.is_error():
+                continue
+            step = path + bytes([b])
+            sig = allowed_bytes(child).tobytes()
+            if _accepting(child) or sig not in seen:
+                if m.try_consume_tokens(list(step)) != len(step):
+                    raise RuntimeError("the matcher refused a path its copy took")
+                return step
+            if len(step) < ESCAPE_DEPTH:
+                frontier.append((child, step))
+    return None
 
 
 def _head_byte(m: llg.LLMatcher, allowed: np.ndarray) -> int | None:
@@ -226,6 +303,14 @@ class ByteTwin:
 
     def close(self) -> bytes | None:
         return close_bytes(self.m)
+
+    def closes_with(self, data: bytes) -> bool:
+        """Whether ``data`` closes the document from here (the twin is left where it was)."""
+        took = self.m.try_consume_tokens(list(data)) if data else 0
+        done = took == len(data) and _accepting(self.m)
+        if took:
+            self.m.rollback(took)
+        return done
 
     def copy(self) -> ByteTwin:
         twin = ByteTwin.__new__(ByteTwin)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -39,6 +40,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from radixlm.constraints import specs
 from radixlm.constraints.base import CompilingBackend, Grammar, JumpForward
 from radixlm.constraints.cache import LRUCache, cache_key
+from radixlm.constraints.closing import ByteTwin, bfs_close, byte_matcher, close_bytes
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
 from radixlm.constraints.schema.llg_rewrite import (
     UNREPORTED_KEYWORDS,
@@ -100,14 +102,59 @@ def ebnf_grammar(text: Any) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
-class LLGuidanceGrammar(Grammar):
-    """Per-request state: one ``LLMatcher`` plus whether EOS was taken."""
+def _allowed(row: np.ndarray, token: int) -> bool:
+    """Whether mask ``row`` (int32 words) allows ``token``."""
+    return token < row.size * 32 and bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
-    def __init__(self, backend: LLGuidanceBackend, matcher: llg.LLMatcher, eos_done=False):
+
+class Compiled:
+    """One compiled grammar, shared by the requests of its key: the token-level matcher
+    template, the grammar text it was built from (after a fallback to the regex translator),
+    and, made on first use (by requests that must close within their budget), the
+    byte-level template of ``closing`` and the close of the start state."""
+
+    def __init__(self, matcher: llg.LLMatcher, grammar: str) -> None:
+        self.matcher = matcher
+        self.grammar = grammar
+        self._lock = threading.RLock()
+        self._byte: llg.LLMatcher | None = None
+        self._initial: tuple[bytes, list[int]] | None = None
+
+    def byte_template(self, backend: LLGuidanceBackend) -> llg.LLMatcher:
+        with self._lock:
+            if self._byte is None:
+                self._byte = byte_matcher(self.grammar, backend.limits)
+            return self._byte
+
+    def initial_close(self, backend: LLGuidanceBackend) -> tuple[bytes, list[int]] | None:
+        """The close of the start state: (its bytes, its tokens), or None when none."""
+        with self._lock:
+            if self._initial is None:
+                data = close_bytes(self.byte_template(backend).deep_copy())
+                ids = (None if data is None else
+                       backend.spell_close(self.matcher.deep_copy(), data))
+                self._initial = (b"", None) if ids is None else (data, ids)
+            data, ids = self._initial
+        return None if ids is None else (data, list(ids))
+
+
+class LLGuidanceGrammar(Grammar):
+    """Per-request state: one ``LLMatcher``, the tokens it accepted, whether EOS was taken,
+    and (made on the first ``close_tokens``) its byte-level twin."""
+
+    def __init__(self, backend: LLGuidanceBackend, compiled: Compiled, matcher: llg.LLMatcher,
+                 eos_done=False):
         self.b = backend
+        self.compiled = compiled
         self.m = matcher
-        self.accepted = 0
+        self.tokens: list[int] = []  # accepted, EOS excluded
         self.eos_done = eos_done
+        self._twin: ByteTwin | None = None
+        self._last: tuple[bytes, list[int]] | None = None  # the last close found
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens)
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         if self.eos_done or self.m.is_stopped():
@@ -125,7 +172,7 @@ class LLGuidanceGrammar(Grammar):
             return True
         if self.m.try_consume_tokens([int(token_id)]) != 1:
             return False
-        self.accepted += 1
+        self.tokens.append(int(token_id))
         return True
 
     def rollback(self, num_tokens: int) -> None:
@@ -136,7 +183,7 @@ class LLGuidanceGrammar(Grammar):
             num_tokens -= 1
         if num_tokens:
             self.m.rollback(num_tokens)
-            self.accepted -= num_tokens
+            del self.tokens[-num_tokens:]
 
     def is_accepting(self) -> bool:
         return self.eos_done or self.m.is_accepting()
@@ -149,9 +196,67 @@ class LLGuidanceGrammar(Grammar):
         return self.m.get_error() if self.m.is_error() else None
 
     def copy(self) -> LLGuidanceGrammar:
-        g = LLGuidanceGrammar(self.b, self.m.deep_copy(), self.eos_done)
-        g.accepted = self.accepted
+        g = LLGuidanceGrammar(self.b, self.compiled, self.m.deep_copy(), self.eos_done)
+        g.tokens = list(self.tokens)
+        g._twin = self._twin.copy() if self._twin is not None else None
+        g._last = self._last
         return g
+
+    def close_tokens(self, within: int | None = None,
+                     thorough: bool = False) -> list[int] | None:
+        """A short valid close from here (``closing``'s search on the byte-level twin, spelt
+        in tokens this matcher takes); ``[]`` when accepting; None when none was found.
+        ``within``: a close of fewer tokens than this will do, so the last close found, or
+        what is left of it, is taken when it still holds (inside a string value it mostly
+        does) and no search is made. ``thorough``: when the greedy close is not that short,
+        the breadth-first pass is tried too and the shorter of the two kept."""
+        if self.eos_done or self.m.is_accepting() or self.m.is_stopped():
+            return []
+        if not self.tokens:  # the grammar's start: the same for every request
+            found = self.compiled.initial_close(self.b)
+            self._last = found
+            return None if found is None else list(found[1])
+        if self._twin is None:
+            self._twin = ByteTwin(self.compiled.byte_template(self.b), self.b.spell_token)
+        if not self._twin.sync(self.tokens):
+            return None
+        if within is not None and self._last is not None:
+            ids = self._reuse(within)
+            if ids is not None:
+                return ids
+        data = self._twin.close()
+        ids = None if data is None else self.b.spell_close(self.m, data)
+        if thorough and (ids is None or within is None or len(ids) >= within):
+            other = bfs_close(self._twin.m)
+            spelt = None if other is None else self.b.spell_close(self.m, other)
+            if spelt is not None and (ids is None or len(spelt) < len(ids)):
+                data, ids = other, spelt
+        self._last = None if ids is None else (data, ids)
+        return ids
+
+    def _reuse(self, within: int) -> list[int] | None:
+        """The last close, or its rest after the last token's bytes, if it still closes
+        the document from here in fewer than ``within`` tokens."""
+        data, ids = self._last
+        last = self.b.spell_token(self.tokens[-1])
+        if ids and ids[0] == self.tokens[-1]:  # the close's first token was taken: the
+            rest = ids[1:]  # rest was checked from the very state the grammar is in now
+            if len(rest) < within:
+                self._last = (data[len(last):], rest)
+                return list(rest)
+        candidates = [(data[len(last):], None)] if last and data.startswith(last) else []
+        candidates.append((data, ids))
+        for rest, spelt in candidates:
+            if not self._twin.closes_with(rest):
+                continue
+            if spelt is None:
+                spelt = self.b.spell_close(self.m, rest)
+            elif not self.b.closes_with(self.m, spelt):
+                spelt = None
+            if spelt is not None and len(spelt) < within:
+                self._last = (rest, spelt)
+                return list(spelt)
+        return None
 
     def forced_text(self) -> str:
         if not self.b.enable_jump_forward or self.is_terminated():
@@ -168,10 +273,12 @@ class LLGuidanceGrammar(Grammar):
                                             output_ids, forced):
             if rollback > self.accepted:
                 continue
-            self.m.rollback(rollback)
+            self.m.rollback(rollback)  # (self.tokens is untouched until the plan holds)
             took = self.m.try_consume_tokens(new_ids)
             if took == len(new_ids):
-                self.accepted += len(new_ids) - rollback
+                if rollback:
+                    del self.tokens[-rollback:]
+                self.tokens.extend(int(t) for t in new_ids)
                 text = b"".join(self.b.vocab.id_to_bytes[t] for t in new_ids)
                 return JumpForward(rollback, list(new_ids), text.decode("utf-8", "replace"))
             self.m.rollback(took)  # undo the partial plan and restore the old tail
@@ -208,6 +315,8 @@ class LLGuidanceBackend(CompilingBackend):
         self.limits = limits
         self._executor = llg.LLExecutor(max(1, mask_threads))
         self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
+        self._prefix_ids: dict[bytes, int] | None = None  # a token's bytes -> the token
+        self._longest = 1  # the most bytes of a token
 
     # ------------------------------------------------------------------- spec -> grammar
 
@@ -290,7 +399,7 @@ class LLGuidanceBackend(CompilingBackend):
 
     # -------------------------------------------------------------------------- compiling
 
-    def _build(self, grammar: str, spec: ConstraintSpec) -> llg.LLMatcher:
+    def _build(self, grammar: str, spec: ConstraintSpec) -> Compiled:
         """Runs on a worker thread (the matcher build drops the GIL)."""
         t0 = time.perf_counter()
         kwargs = {"limits": self.limits} if self.limits is not None else {}
@@ -309,7 +418,7 @@ class LLGuidanceBackend(CompilingBackend):
         with self._lock:
             self._stats["compiles"] += 1
             self._stats["compile_time_s"] += time.perf_counter() - t0
-        return matcher
+        return Compiled(matcher, grammar)
 
     def compile(self, spec: ConstraintSpec) -> LLGuidanceGrammar:
         """Synchronous compile (tests, benchmarks); the scheduler uses ``compile_async``."""
@@ -325,7 +434,61 @@ class LLGuidanceBackend(CompilingBackend):
         key = cache_key("llguidance", grammar, self.vocab.tokenizer_hash, self.vocab_size,
                         self.eos_ids)
         return self._serve(out, key, lambda: self._build(grammar, spec),
-                           lambda template: LLGuidanceGrammar(self, template.deep_copy()))
+                           lambda c: LLGuidanceGrammar(self, c, c.matcher.deep_copy()))
+
+    # ------------------------------------------------------------------------- closing
+
+    def spell_token(self, token_id: int) -> bytes:
+        return self.vocab.id_to_bytes.get(token_id, b"")
+
+    def spell_close(self, m: llg.LLMatcher, data: bytes) -> list[int] | None:
+        """Tokens spelling ``data`` that ``m``'s mask allows one by one and after which it
+        accepts: at each state the longest allowed token that starts the bytes left (the
+        mask, not only what ``m`` would consume: where the grammar forces bytes, llguidance's
+        mask keeps only their canonical token). None when no allowed token starts what is
+        left, or ``m`` does not accept at the end. ``m`` is left where it was."""
+        if self._prefix_ids is None:
+            self._prefix_ids = {b: t for t, b in self.vocab.id_to_bytes.items() if b}
+            self._longest = max(map(len, self._prefix_ids), default=1)
+        ids: list[int] = []
+        pos = 0
+        try:
+            while pos < len(data):
+                row = self.mask_of(m)
+                token = None
+                for end in range(min(len(data), pos + self._longest), pos, -1):
+                    t = self._prefix_ids.get(data[pos:end])
+                    if t is not None and _allowed(row, t):
+                        token = t
+                        break
+                if token is None or m.try_consume_tokens([token]) != 1:
+                    return None
+                ids.append(token)
+                pos += len(self.vocab.id_to_bytes[token])
+            return ids if m.is_accepting() or m.is_stopped() else None
+        finally:
+            if ids:
+                m.rollback(len(ids))
+
+    def closes_with(self, m: llg.LLMatcher, ids: list[int]) -> bool:
+        """Whether ``m``'s mask allows ``ids`` one by one and ``m`` accepts after them
+        (``m`` is left where it was)."""
+        took = 0
+        try:
+            for t in ids:
+                if not _allowed(self.mask_of(m), t) or m.try_consume_tokens([t]) != 1:
+                    return False
+                took += 1
+            return m.is_accepting() or m.is_stopped()
+        finally:
+            if took:
+                m.rollback(took)
+
+    def mask_of(self, m: llg.LLMatcher) -> np.ndarray:
+        """``m``'s token mask now: int32 words, bit t of word t // 32 for token t."""
+        row = np.zeros((1, self.words), dtype=np.int32)
+        self._executor.unsafe_compute_mask_ptr([(m, 0)], row.ctypes.data, self.words * 4, 1)
+        return row[0]
 
     # ------------------------------------------------------------------------------ masks
 

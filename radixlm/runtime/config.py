@@ -123,6 +123,9 @@ class EngineConfig:
     hicache_storage_dir: str | None = None
     hicache_storage_size: float = 8.0
     enable_jump_forward: bool = True
+    # Constrained requests that do not say otherwise (`complete_within_max_tokens`) close
+    # their document within max_new_tokens (constraints.budget)
+    complete_within_max_tokens: bool = False
     grammar_compile_workers: int = 2
     grammar_backend: str = "llguidance"  # llguidance | outlines (constrained decoding)
     # JSON whitespace where a request names no whitespace_pattern (SGLang's options; see

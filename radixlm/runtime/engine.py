@@ -21,6 +21,7 @@ from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
+from radixlm.runtime.request_rules import fan_out_samples, fit_max_new_tokens
 from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
 from radixlm.runtime.scheduler import Scheduler
 from radixlm.runtime.weights import (
@@ -79,6 +80,7 @@ class _Prepared:
     grammar_spec: object = None
     priority: int = 0
     reasoning: object = None  # constraints.after_reasoning.ReasoningSpec, or None
+    close_within_budget: bool = False  # complete_within_max_tokens, resolved
 
 
 def _token_lists(tokenizer, prompt, input_ids) -> tuple[list[list[int]], bool]:
@@ -261,14 +263,15 @@ class Engine:
                                 int(top_l[i] or 0), bool(return_text_in_logprobs))
             check_top_logprobs_num(lp.top_logprobs_num)
             spec, reasoning = self._grammar_spec(params, ids)
+            close = params.complete_within_max_tokens
+            close = (self.config.complete_within_max_tokens if close is None else close) \
+                and spec is not None
             prio = _priority(self.config, prio_l[i])
             base_rid = rid_l[i] or uuid.uuid4().hex
-            for j in range(params.n):
-                sub_rid = base_rid if params.n == 1 else f"{base_rid}-{j}"
-                sub = params
-                if params.n > 1 and params.seed is not None:
-                    sub = params.with_seed(params.seed + j)
-                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio, reasoning))
+            for sub_rid, seed in fan_out_samples(base_rid, params.n, params.seed):
+                sub = params if params.n == 1 or seed is None else params.with_seed(seed)
+                prepared.append(_Prepared(list(ids), sub, lp, sub_rid, spec, prio, reasoning,
+                                          close))
         return prepared, single and len(prepared) == 1
 
     def _check_lengths(self, ids: list[int], params: SamplingParams, explicit: bool) -> None:
@@ -279,15 +282,8 @@ class Engine:
             raise ValueError(f"input_ids contain a token id outside [0, {vocab})")
         if params.logit_bias and any(int(t) >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias has a token id outside [0, {vocab})")
-        if len(ids) >= self.context_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; the context is {self.context_len}")
-        room = self.context_len - len(ids)
-        if params.max_new_tokens > room:
-            if explicit:
-                raise ValueError(f"max_new_tokens={params.max_new_tokens} goes beyond the "
-                                 f"context: prompt {len(ids)} + max_new_tokens > "
-                                 f"{self.context_len}")
-            params.max_new_tokens = room
+        params.max_new_tokens = fit_max_new_tokens(len(ids), params.max_new_tokens,
+                                                   self.context_len, strict=explicit)
         capacity = self.scheduler.kv.slots.usable
         if len(ids) + params.max_new_tokens > capacity:
             raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) "
@@ -335,6 +331,11 @@ class Engine:
             req.grammar_future = self.reasoning.compile_async(p.reasoning)
         elif p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
+        if p.close_within_budget:
+            from radixlm.constraints.budget import checked_for_budget
+
+            req.close_within_budget = True
+            req.grammar_future = checked_for_budget(req.grammar_future, params.max_new_tokens)
         return req
 
     def _check_room(self, count: int, limit: int | None) -> None:

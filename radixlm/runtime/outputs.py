@@ -75,6 +75,10 @@ def make_output(req: Req, tokenizer, final: bool) -> dict:
         meta["cached_tokens_details"] = dict(req.cached_tokens_details)
     if req.forced_tokens:
         meta["forced_tokens"] = req.forced_tokens
+    if req.close_within_budget:  # complete_within_max_tokens: was the close forced, where
+        meta["closed_by_budget"] = req.closed_at is not None
+        if req.closed_at is not None:
+            meta["closed_at"] = req.closed_at
     if req.speculative:
         meta.update(spec_meta(req))
     if req.reproducible is not None:  # a seeded request: reproducible on this engine?

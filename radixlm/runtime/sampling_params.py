@@ -103,6 +103,10 @@ class SamplingParams:
     # the most tokens of the thinking block before its end tag is forced (the engine's
     # reasoning parser; SGLang's per-request budget, `custom_params.thinking_budget` there)
     thinking_budget: int | None = param(None, accepts=int, ge=0)
+    # a constrained output closes a valid document within max_new_tokens (steered onto the
+    # grammar's shortest close when the room left reaches it); None: the engine's default
+    # for constrained requests (--complete-within-max-tokens)
+    complete_within_max_tokens: bool | None = param(None, accepts=bool)
 
     @classmethod
     def from_dict(cls, params: dict | SamplingParams | None) -> SamplingParams:
@@ -208,6 +212,9 @@ class SamplingParams:
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        close = self.complete_within_max_tokens
+        if close is not None and not isinstance(close, bool):
+            raise ValueError(f"complete_within_max_tokens must be a bool, got {close!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
         for name in ("stop", "stop_regex"):
@@ -234,6 +241,10 @@ class SamplingParams:
         kinds = self.constraint_kinds()
         if len(kinds) > 1:
             raise ValueError(f"at most one constraint per request, got {', '.join(kinds)}")
+        if self.complete_within_max_tokens and not kinds:
+            raise ValueError("complete_within_max_tokens needs a constraint (regex, "
+                             "json_schema, choices, dtype, ebnf or structural_tag): without "
+                             "one there is no document to close")
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError("regex must be a string")
         if self.choices is not None and (

@@ -31,6 +31,7 @@ from typing import Any
 
 from fastapi import Request
 
+from radixlm.runtime.request_rules import PromptFillsContext, fit_max_new_tokens
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.server.errors import ApiError
 from radixlm.server.state import ServerState, logger
@@ -111,16 +112,19 @@ async def admit(state: ServerState, calls: Sequence[GenCall]) -> None:
     ctx = state.context_len
     for call in calls:
         call.prompt_len = len(call.input_ids or ())
-        if call.encode and call.prompt_len > ctx:  # (an embedding adds no token)
-            raise ApiError(400, f"the input has {call.prompt_len} tokens but the context length "
-                                f"is {ctx}", param="input", code="context_length_exceeded")
-        if call.prompt_len >= ctx and not call.encode:
+        if call.encode:  # an embedding adds no token
+            if call.prompt_len > ctx:
+                raise ApiError(400, f"the input has {call.prompt_len} tokens but the context "
+                                    f"length is {ctx}", param="input",
+                               code="context_length_exceeded")
+            continue
+        try:  # given or the default, max_new_tokens is clamped to the room, as SGLang does
+            call.params.max_new_tokens = fit_max_new_tokens(
+                call.prompt_len, call.params.max_new_tokens, ctx)
+        except PromptFillsContext as exc:
             raise ApiError(400, f"the prompt has {call.prompt_len} tokens but the context length "
                                 f"is {ctx} (prompt + at least one new token must fit)",
-                           param="prompt", code="context_length_exceeded")
-        room = ctx - call.prompt_len
-        if call.params.max_new_tokens > room:  # given or the default: clamp, as SGLang does
-            call.params.max_new_tokens = room
+                           param="prompt", code="context_length_exceeded") from exc
     reserve = getattr(state.engine, "reserve", None)
     if reserve is None:
         return

@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.request_rules import fan_out_samples
 from radixlm.runtime.tool_parsers import ToolCallStream, ToolSetup
 from radixlm.runtime.tool_parsers.setup import strict_schema
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import GenCall, admit, merge_streams
-from radixlm.server.protocol import OPENAI_CONSTRAINTS, OPENAI_SAMPLING, ChatCompletionRequest
+from radixlm.server.protocol import OPENAI_SAMPLING, ChatCompletionRequest
 from radixlm.server.reasoning import (
     ReasoningSetup,
     reasoning_setup,
@@ -72,21 +73,28 @@ def openai_sampling(req: Any, max_new_tokens: int | None) -> dict[str, Any]:
     return {k: v for k, v in s.items() if v is not None}
 
 
+def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """Top logprobs per token a chat body asks for (`top_logprobs`, 0 without), None
+    without `logprobs`."""
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
 def fan_out(req: Any, prompts: list[tuple[str | None, list[int] | None]],
             sampling: dict[str, Any], top: int | None, request_id: str,
             prompt_logprobs: bool = False) -> list[GenCall]:
     """One call per prompt and sample of an OpenAI body (its `n`, `rid`, `priority`);
-    sample j gets seed + j when a seed is given. The rid is `rid` from the body, else
-    ``request_id`` (`-k` appended per choice k when there is more than one). ``top``: top
-    logprobs per token (None: no logprobs); ``prompt_logprobs``: score the prompt too."""
-    base = req.rid or request_id
+    sample j gets seed + j when a seed is given (`request_rules.fan_out_samples`). The rid
+    is `rid` from the body, else ``request_id`` (`-k` appended per choice k when there is
+    more than one). ``top``: top logprobs per token (None: no logprobs);
+    ``prompt_logprobs``: score the prompt too."""
+    base, n = req.rid or request_id, req.n
     calls = []
     for i, (text, ids) in enumerate(prompts):
-        for j in range(req.n):
+        for rid, seed in fan_out_samples(base, n, sampling.get("seed"), first=i * n,
+                                         count=len(prompts) * n):
             s = dict(sampling)
-            if j and "seed" in s:
-                s["seed"] = int(s["seed"]) + j
-            rid = base if len(prompts) * req.n == 1 else f"{base}-{i * req.n + j}"
+            if "seed" in s:
+                s["seed"] = seed
             calls.append(GenCall(text=text, input_ids=ids, sampling=s, rid=rid,
                                  return_logprob=top is not None, top_logprobs_num=top or 0,
                                  return_text_in_logprobs=top is not None,
@@ -151,9 +159,7 @@ def tool_setup(state: ServerState, body: ChatCompletionRequest) -> ToolSetup | N
                               body.parallel_tool_calls)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="tools") from exc
-    other = [k for k in OPENAI_CONSTRAINTS if getattr(body, k)]
-    if body.response_format is not None and body.response_format.type != "text":
-        other.append("response_format")
+    other = body.constraint_fields()
     if setup is not None and setup.active and other:
         raise ApiError(400, f"'tools' (tool_choice {setup.choice!r}) cannot be combined with "
                        f"{', '.join(other)}; use tool_choice 'none' for those", param="tools")
@@ -194,7 +200,7 @@ async def admit_chat(state: ServerState, body: ChatCompletionRequest,
     tools = tool_setup(state, body)
     ids, tool_params, constrained = await state.prep.run(
         lambda: _prepare_chat(state, body, tools))
-    top = (body.top_logprobs or 0) if body.logprobs else None
+    top = chat_top_logprobs(body)
     sampling = {**openai_sampling(body, body.max_new_tokens), **tool_params}
     calls = fan_out(body, [(None, ids)], sampling, top, request_id)
     for call in calls:  # no max_tokens: up to the context, as in OpenAI
@@ -216,6 +222,18 @@ def finish_of(meta: dict[str, Any]) -> str | None:
         return None
     kind = reason.get("type") if isinstance(reason, dict) else str(reason)
     return _FINISH.get(kind, kind)
+
+
+def closing_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """A finished choice's fields for ``complete_within_max_tokens``: whether the budget
+    closed the document (``closed_by_budget``) and after how many output tokens
+    (``closed_at``); none for other requests."""
+    if "closed_by_budget" not in meta or meta.get("finish_reason") is None:
+        return {}
+    out: dict[str, Any] = {"closed_by_budget": meta["closed_by_budget"]}
+    if "closed_at" in meta:
+        out["closed_at"] = meta["closed_at"]
+    return out
 
 
 def usage(results: list[dict[str, Any]], n: int,

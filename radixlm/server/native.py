@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from radixlm.constraints.reasoning import get_format, split_reasoning
+from radixlm.runtime.request_rules import fan_out_samples
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import (
     GenCall,
@@ -78,13 +79,12 @@ def build_native_calls(req: GenerateRequest, request_id: str) -> list[GenCall]:
             rid = f"{rid}-{i}"  # a string rid on a batch is a prefix, as in SGLang
         start = _per_prompt(req.logprob_start_len, i, count, "logprob_start_len")
         top = _per_prompt(req.top_logprobs_num, i, count, "top_logprobs_num")
-        for j in range(n):
+        for sub_rid, seed in fan_out_samples(rid, n, params.get("seed")):
             sampling = dict(params)
-            if n > 1 and sampling.get("seed") is not None:
-                sampling["seed"] = int(sampling["seed"]) + j
+            if seed is not None:
+                sampling["seed"] = seed
             calls.append(GenCall(
-                text=text, input_ids=ids, sampling=sampling,
-                rid=rid if n == 1 else f"{rid}-{j}",
+                text=text, input_ids=ids, sampling=sampling, rid=sub_rid,
                 return_logprob=bool(_per_prompt(req.return_logprob, i, count,
                                                 "return_logprob")),
                 logprob_start_len=-1 if start is None else int(start),

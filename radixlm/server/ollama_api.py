@@ -31,7 +31,13 @@ from fastapi.routing import APIRoute
 
 from radixlm.server.errors import ApiError, OllamaError
 from radixlm.server.generation import admit
-from radixlm.server.intake import ChatIntake, admit_chat, fan_out, openai_sampling
+from radixlm.server.intake import (
+    ChatIntake,
+    admit_chat,
+    chat_top_logprobs,
+    fan_out,
+    openai_sampling,
+)
 from radixlm.server.messages_request import validation_message
 from radixlm.server.ollama_embed import EmbedBody, EmbeddingsBody, embed_answer, embed_inputs
 from radixlm.server.ollama_models import model_entry, running_entry, show
@@ -171,7 +177,7 @@ async def _admit_raw(state: ServerState, prompt: str, chat_body: ChatCompletionR
                      request_id: str) -> ChatIntake:
     """The prompt as it is (no template), with the chat request's sampling fields, admitted
     as `/v1/completions` admits a prompt; no max tokens means the rest of the context."""
-    top = (chat_body.top_logprobs or 0) if chat_body.logprobs else None
+    top = chat_top_logprobs(chat_body)
     sampling = openai_sampling(chat_body, chat_body.max_new_tokens)
     sampling.setdefault("max_new_tokens", state.context_len)  # admit clamps it to the room
     calls = fan_out(chat_body, [(prompt, None)], sampling, top, request_id)

@@ -29,6 +29,7 @@ from radixlm.server.intake import (
     admit_chat,
     chat_deltas,
     chat_output,
+    closing_fields,
     fan_out,
     finish_of,
     openai_sampling,
@@ -124,7 +125,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         choices.append({"index": k, "text": text, "finish_reason": finish_of(r["meta_info"]),
                         "logprobs": None if top is None
                         else completion_logprobs(r["meta_info"], 0, top, 0,
-                                                 with_prompt=score_prompt)})
+                                                 with_prompt=score_prompt),
+                        **closing_fields(r["meta_info"])})
     return JSONResponse({**head, "choices": choices, "usage": usage(results, body.n)})
 
 
@@ -151,7 +153,7 @@ async def _completion_stream(state: ServerState, body: CompletionRequest, calls:
         sent_text[k] = len(chunk["text"])
         if delta or finish is not None or (lp and lp["tokens"]):
             yield {**head, "choices": [{"index": k, "text": delta, "logprobs": lp,
-                                        "finish_reason": finish}]}
+                                        "finish_reason": finish, **closing_fields(meta)}]}
         if finish is not None:
             finals[k] = chunk
     if body.stream_options is not None and body.stream_options.include_usage:
@@ -187,7 +189,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if out.tool_calls:
             message["tool_calls"] = out.tool_calls
         choices.append({"index": k, "message": message, "finish_reason": out.finish,
-                        "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None})
+                        "logprobs": chat_logprobs(r["meta_info"], 0) if body.logprobs else None,
+                        **closing_fields(r["meta_info"])})
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": usage(results, body.n, reasoning_counts(
                              intake.reasoning, state, calls, results))})
@@ -212,17 +215,19 @@ async def _chat_stream(state: ServerState, body: ChatCompletionRequest, intake: 
             lp = chat_logprobs(d.chunk["meta_info"], sent_lp[k])
             sent_lp[k] += len(lp["content"])
         last = d.finish if not d.tool_calls else None  # the finish goes after the calls
+        closing = closing_fields(d.chunk["meta_info"])
         if d.content or last is not None or (lp and lp["content"]):
             yield {**head, "choices": [{"index": k, "delta": {"content": d.content}
                                         if d.content else {},
-                                        "logprobs": lp, "finish_reason": last}]}
+                                        "logprobs": lp, "finish_reason": last,
+                                        **(closing if last is not None else {})}]}
         for call in d.tool_calls:
             yield {**head, "choices": [{"index": k, "delta": {"tool_calls": [call]},
                                         "logprobs": None, "finish_reason": None}]}
         if d.finish is not None:
             if d.tool_calls:
                 yield {**head, "choices": [{"index": k, "delta": {}, "logprobs": None,
-                                            "finish_reason": d.finish}]}
+                                            "finish_reason": d.finish, **closing}]}
             finals[k] = d.chunk
     if body.stream_options is not None and body.stream_options.include_usage:
         results = [finals[k] for k in sorted(finals)]

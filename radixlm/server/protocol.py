@@ -195,6 +195,8 @@ _OPENAI_FIELDS: dict[str, Any] = {
     # SGLang's per-request thinking budget (needs --reasoning-parser); vLLM's spelling too
     "thinking_budget": _SamplingName("thinking_budget"),
     "thinking_token_budget": (int | None, Field(default=None, ge=0)),
+    # close the constrained document within max_tokens (null: the server's default)
+    "complete_within_max_tokens": _SamplingName("complete_within_max_tokens"),
     # SGLang fields its router writes into every forwarded request (at these defaults)
     "return_hidden_states": (bool, False),
 }
@@ -219,9 +221,7 @@ class _OpenAIChecks(BaseModel):
             raise ValueError("'return_hidden_states' is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
-        constraints = [k for k in OPENAI_CONSTRAINTS if getattr(self, k)]
-        if self.response_format is not None and self.response_format.type != "text":
-            constraints.append("response_format")
+        constraints = self.constraint_fields()
         if len(constraints) > 1:
             raise ValueError(f"at most one constraint may be given, got {', '.join(constraints)}")
         if self.thinking_token_budget is not None:  # vLLM's name of the same field
@@ -231,6 +231,14 @@ class _OpenAIChecks(BaseModel):
                                  f"{self.thinking_token_budget})")
             self.thinking_budget = self.thinking_token_budget
         return self
+
+    def constraint_fields(self) -> list[str]:
+        """The constraint fields the body gives (`OPENAI_CONSTRAINTS` in order, then a
+        `response_format` other than text): at most one, and none beside active tools."""
+        given = [k for k in OPENAI_CONSTRAINTS if getattr(self, k)]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.append("response_format")
+        return given
 
 
 _OpenAIBase: Any = create_model(

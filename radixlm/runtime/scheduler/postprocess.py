@@ -4,7 +4,8 @@ Per request of the step, in order: prompt/forced-token logprobs are recorded; an
 request adds the step's sum of hidden states to its own; a prefill that ends without
 sampling finishes with ``length`` (an encode request always does: its result is the mean);
 the sampled token is appended, then checked against the stop tokens and
-``max_new_tokens``, the grammar (accept, terminate, jump-forward) and the stop strings; an
+``max_new_tokens``, the grammar (accept, terminate, the close within the budget,
+jump-forward) and the stop strings; an
 unfinished request shares its computed K/V with the prefix cache and streams what is new.
 A request whose postprocessing raises ends with a 500-style abort and spares its
 neighbours.
@@ -153,7 +154,10 @@ class Postprocessor:
         if req.logprob.return_logprob:
             req.output_token_logprobs.append((logprob[0], token))
             req.output_top_logprobs.append(logprob[1])
-        if self._check_token_stop(req, token):
+        if self._stop_token(req, token):
+            return
+        budget = req.close_within_budget  # (the length rule is the close's, below)
+        if not budget and self._at_length(req):
             return
         if req.grammar is not None:
             if not req.grammar.accept_token(token):
@@ -165,23 +169,111 @@ class Postprocessor:
                 self._detok_and_check(req)
                 self.finish(req, {"type": "stop", "matched": None})
                 return
-            if self.config.enable_jump_forward and self._jump_forward(req):
+            if budget and self._close_within_budget(req):
+                return
+            if not budget and self.config.enable_jump_forward and self._jump_forward(req):
                 return
         self._detok_and_check(req)
 
-    def _check_token_stop(self, req: Req, token: int) -> bool:
+    def _stop_token(self, req: Req, token: int) -> bool:
         p = req.params
         if len(req.output_ids) >= p.min_new_tokens:
             if (token in req.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
                 req.detok.update(req.output_ids[:-1])
                 self.finish(req, {"type": "stop", "matched": token})
                 return True
-        if len(req.output_ids) >= p.max_new_tokens:
+        return False
+
+    def _at_length(self, req: Req) -> bool:
+        if len(req.output_ids) >= req.params.max_new_tokens:
             self._detok_and_check(req)
             if not req.finished:
                 self.finish(req, {"type": "length", "length": len(req.output_ids)})
             return True
         return False
+
+    # ------------------------------------------------------- complete_within_max_tokens
+    # Invariant (from the up-front check, constraints.budget): after each token, the close
+    # of the grammar's state fits in the room left. The model writes on while its tokens
+    # keep it so; a token after which the close no longer fits (the next one when the room
+    # is down to the close, or one that opens an object with required keys and lengthens
+    # the close by many) is taken back, and the close of the state before it, which fit,
+    # is forced. A document that fits the budget is thus never changed.
+
+    def _close_within_budget(self, req: Req) -> bool:
+        """After the grammar took the last token: a jump-forward plan is applied if the
+        close after it fits (it may retokenize a token the close alone would not fit
+        after); else the token is kept if the close from it fits in the room left, or taken
+        back and the close that fit before it forced. True if the request finished (forced,
+        or the budget spent on a complete document)."""
+        if self.config.enable_jump_forward:
+            plan = req.grammar.jump_forward(req.output_ids)
+            if plan is not None and plan.token_ids:
+                kept = len(req.output_ids) - plan.rollback
+                room = req.params.max_new_tokens - kept - len(plan.token_ids)
+                close = req.grammar.close_tokens(within=room + 1) if room >= 0 else None
+                if close is not None and len(close) <= room:
+                    req.close_prev = close
+                    return self._apply_plan(req, plan)
+                self._undo_plan(req, plan)
+        room = req.params.max_new_tokens - len(req.output_ids)
+        close = req.grammar.close_tokens(within=room + 1)
+        if close is None or len(close) > room:  # a shorter one before overruling the model
+            close = req.grammar.close_tokens(within=room + 1, thorough=True)
+        if close is not None and len(close) <= room:
+            req.close_prev = close
+            return room == 0 and self._at_length(req)  # (close == [] then)
+        req.grammar.rollback(1)
+        self._drop_last_token(req)
+        close = self._previous_close(req)
+        if close is None or len(close) > room + 1:
+            self._cannot_close(req)
+        else:
+            self._force_close(req, close)
+        return True
+
+    @staticmethod
+    def _undo_plan(req: Req, plan) -> None:
+        """Take a jump-forward plan back off the grammar (its state after the output's
+        last token again)."""
+        req.grammar.rollback(len(plan.token_ids))
+        for token in req.output_ids[len(req.output_ids) - plan.rollback:]:
+            if not req.grammar.accept_token(token):
+                raise RuntimeError("jump-forward could not restore the grammar state")
+
+    @staticmethod
+    def _previous_close(req: Req) -> list[int] | None:
+        """The close that fit at the state the grammar is back at (a search from there
+        may find a longer one: the close kept is the one that was checked)."""
+        return req.close_prev if req.close_prev is not None else req.grammar.close_tokens()
+
+    def _drop_last_token(self, req: Req) -> None:
+        """Take back the token appended last (it has no K/V yet)."""
+        req.output_ids.pop()
+        self.stats["generation_tokens_total"] -= 1
+        del req.output_token_logprobs[len(req.output_ids):]
+        del req.output_top_logprobs[len(req.output_ids):]
+
+    def _force_close(self, req: Req, close: list[int]) -> None:
+        """Write ``close`` (each token accepted by the grammar) and finish with ``length``."""
+        req.closed_at = len(req.output_ids)
+        for token in close:
+            if not req.grammar.accept_token(token):
+                raise RuntimeError(f"the grammar refused token {token} of its own close")
+        req.output_ids.extend(close)
+        req.forced_tokens += len(close)
+        self.stats["forced_tokens_total"] += len(close)
+        self._detok_and_check(req)
+        if not req.finished:
+            self.finish(req, {"type": "length", "length": len(req.output_ids)})
+
+    def _cannot_close(self, req: Req) -> None:
+        """The grammar found no close where it had one: a bug, never a loop."""
+        name = type(req.grammar).__name__
+        logger.error("request %s: grammar %s found no way to close its document", req.rid,
+                     name)
+        self.finish(req, {"type": "abort", "message": f"complete_within_max_tokens: the "
+                          f"grammar ({name}) found no way to close the document"})
 
     def _detok_and_check(self, req: Req) -> None:
         before = len(req.detok.text)
@@ -194,6 +286,11 @@ class Postprocessor:
         plan = req.grammar.jump_forward(req.output_ids)
         if plan is None or not plan.token_ids:
             return False
+        return self._apply_plan(req, plan)
+
+    def _apply_plan(self, req: Req, plan) -> bool:
+        """Write a jump-forward plan the grammar has taken (up to the length limit); True
+        if the request finished."""
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
             keep = len(req.output_ids)
