@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from radixlm.formats.tool_parsers import TOOL_CALL_PARSERS
 from radixlm.runtime.server_args import IGNORED, warn_ignored
-from radixlm.runtime.tool_parsers import TOOL_CALL_PARSERS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 IGNORED_PREFIX = "ignored_"

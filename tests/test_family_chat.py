@@ -181,8 +181,8 @@ def test_templates_without_tools_get_the_family_documented_format(chat_engine, f
     turn markers), the functions are listed in the family's documented system text, earlier
     calls are written in the family's form and results in its result turn; a required call
     generated under it reads back."""
-    from radixlm.runtime.tool_parsers import parse_tools
-    from radixlm.runtime.tool_parsers.grammar import token_lookup, tool_sampling
+    from radixlm.formats.tool_parsers import parse_tools
+    from radixlm.formats.tool_parsers.grammar import token_lookup, tool_sampling
     from radixlm.server.protocol import ChatMessage
     from radixlm.server.tool_calls import (
         message_dicts,

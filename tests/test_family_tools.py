@@ -20,9 +20,9 @@ from server_fakes import ThreadServer
 from test_family_chat import tiny_llama_dir
 
 import radixlm.lang as sgl
+from radixlm.formats.tool_parsers import get_parser, parse_tools
 from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
 from radixlm.lang.backend.runtime_engine import Runtime
-from radixlm.runtime.tool_parsers import get_parser, parse_tools
 from radixlm.server.app import create_app
 
 QWEN25 = (

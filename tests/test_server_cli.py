@@ -167,7 +167,7 @@ def test_engine_keywords_take_sglang_names(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_chat_template_by_name_or_file(tmp_path) -> None:
-    from radixlm.runtime.chat_templates import NAMED, load_chat_template
+    from radixlm.formats.chat_templates import NAMED, load_chat_template
 
     assert load_chat_template("chatml") == NAMED["chatml"]
     jinja = tmp_path / "t.jinja"

@@ -212,7 +212,7 @@ def test_bad_tool_definitions_are_400(client: openai.OpenAI, kwargs: dict, needl
 
 
 def test_generic_format_round_trip_without_a_model() -> None:
-    from radixlm.runtime.tool_parsers import ToolCallStream, get_parser, parse_tools
+    from radixlm.formats.tool_parsers import ToolCallStream, get_parser, parse_tools
     from radixlm.server.tool_calls import render_messages
 
     parser = get_parser("qwen25")

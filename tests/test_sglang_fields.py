@@ -86,7 +86,7 @@ def test_chat_template_override_reaches_the_tokenizer(engine) -> None:
 
 
 def test_named_chatml_matches_smollm2s_own_template(tokenizer) -> None:
-    from radixlm.runtime.chat_templates import NAMED
+    from radixlm.formats.chat_templates import NAMED
 
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
             {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}]

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("radixlm.cli", "radixlm.launch_server", "radixlm.chat", "radixlm"),
     ("radixlm.lang", "radixlm.server"),
     ("radixlm.runtime",),
-    ("radixlm.constraints", "radixlm.native", "radixlm.kernels"),
+    ("radixlm.constraints", "radixlm.native", "radixlm.kernels", "radixlm.formats"),
     ("radixlm.radix",),
     ("radixlm.envs", "radixlm.hostinfo"),
 ]
@@ -188,6 +188,17 @@ def test_runtime_and_server_load_no_dsl_module(module):
     """The engine and server processes do not load the frontend language."""
     code = (f"import sys; import {module}; "
             "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['radixlm', 'lang']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_formats_load_no_torch_runtime_server_or_dsl():
+    """The formats (tool-call parsers, chat templates) are plain Python below the runtime."""
+    code = ("import sys; import radixlm.formats.tool_parsers, radixlm.formats.chat_templates; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or "
+            "m.split('.')[:2] in (['radixlm', 'runtime'], ['radixlm', 'server'], "
+            "['radixlm', 'lang'])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PKG.parent)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

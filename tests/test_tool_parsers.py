@@ -1,4 +1,4 @@
-"""Tool-call formats by family (radixlm.runtime.tool_parsers), without a model.
+"""Tool-call formats by family (radixlm.formats.tool_parsers), without a model.
 
 Each parser reads its family's real output format (several calls, nested JSON arguments,
 unicode, text around the calls); a stream of the same text cut at every byte gives deltas
@@ -18,7 +18,7 @@ import llguidance.hf
 import pytest
 from tokenizers import AddedToken
 
-from radixlm.runtime.tool_parsers import (
+from radixlm.formats.tool_parsers import (
     TOOL_CALL_PARSERS,
     ToolCallStream,
     detect_parser,
@@ -26,7 +26,7 @@ from radixlm.runtime.tool_parsers import (
     parse_tools,
     resolve_parser,
 )
-from radixlm.runtime.tool_parsers.grammar import build, token_lookup, tool_sampling
+from radixlm.formats.tool_parsers.grammar import build, token_lookup, tool_sampling
 
 WEATHER_PARAMS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 20},

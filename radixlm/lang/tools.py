@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from radixlm.runtime.tool_parsers import get_parser, parse_tools
-from radixlm.runtime.tool_parsers.grammar import check_functions, token_lookup, tool_sampling
-from radixlm.runtime.tool_parsers.setup import ToolSetup
+from radixlm.formats.tool_parsers import get_parser, parse_tools
+from radixlm.formats.tool_parsers.grammar import check_functions, token_lookup, tool_sampling
+from radixlm.formats.tool_parsers.setup import ToolSetup
 
 
 def tool_calls_var(name: str | None) -> str:

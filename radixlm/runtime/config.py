@@ -132,7 +132,7 @@ class EngineConfig:
     # json_whitespace): a regex between tokens, or none at all
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
-    # Tool-call format of the model (runtime/tool_parsers; SGLang's --tool-call-parser
+    # Tool-call format of the model (formats/tool_parsers; SGLang's --tool-call-parser
     # names); None: the one its chat template shows, else qwen25's <tool_call> blocks
     tool_call_parser: str | None = None
     # Speculative decoding (SGLang's names): NGRAM drafts continuations from n-gram
@@ -222,7 +222,7 @@ class EngineConfig:
 
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
         if self.tool_call_parser is not None:
-            from radixlm.runtime.tool_parsers import check_parser_name
+            from radixlm.formats.tool_parsers import check_parser_name
 
             check_parser_name(self.tool_call_parser)
         self._check_reasoning()

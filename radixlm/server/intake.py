@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.formats.tool_parsers import ToolCallStream, ToolSetup
+from radixlm.formats.tool_parsers.setup import strict_schema
 from radixlm.runtime.request_rules import fan_out_samples
-from radixlm.runtime.tool_parsers import ToolCallStream, ToolSetup
-from radixlm.runtime.tool_parsers.setup import strict_schema
 from radixlm.server.errors import ApiError
 from radixlm.server.generation import GenCall, admit, merge_streams
 from radixlm.server.protocol import OPENAI_SAMPLING, ChatCompletionRequest

@@ -1,5 +1,5 @@
 """OpenAI tool calling for /v1/chat/completions over the formats of
-`radixlm.runtime.tool_parsers` (one per model family; the server's is `--tool-call-parser`,
+`radixlm.formats.tool_parsers` (one per model family; the server's is `--tool-call-parser`,
 else the one its chat template shows, else `qwen25`'s `<tool_call>` blocks).
 
 Messages are checked as the OpenAI API checks them (`message_dicts`: 400 naming the
@@ -23,8 +23,8 @@ import json
 from typing import Any
 
 from radixlm.constraints.specs import ConstraintSpec
-from radixlm.runtime.tool_parsers import ToolCallParser, ToolSetup, parse_tools, resolve_parser
-from radixlm.runtime.tool_parsers.grammar import check_functions, token_lookup, tool_sampling
+from radixlm.formats.tool_parsers import ToolCallParser, ToolSetup, parse_tools, resolve_parser
+from radixlm.formats.tool_parsers.grammar import check_functions, token_lookup, tool_sampling
 from radixlm.server.protocol import ChatMessage
 
 # extra (non-schema) message fields OpenAI takes, per role; all go to the chat template

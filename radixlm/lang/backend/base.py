@@ -17,8 +17,8 @@ from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 
 if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports backends
+    from radixlm.formats.tool_parsers import ToolCallParser
     from radixlm.lang.gen_args import GenArgs
-    from radixlm.runtime.tool_parsers import ToolCallParser
 
 DEFAULT_TIMEOUT_S = 300.0
 

@@ -14,6 +14,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
+from radixlm.formats.tool_parsers import ToolCallParser, resolve_parser
 from radixlm.lang.backend.base import (
     DEFAULT_TIMEOUT_S,
     Backend,
@@ -23,7 +24,6 @@ from radixlm.lang.backend.base import (
 )
 from radixlm.lang.chat_template import ChatTemplate, ChatTemplateError
 from radixlm.lang.gen_args import GenArgs
-from radixlm.runtime.tool_parsers import ToolCallParser, resolve_parser
 
 _CONNECT_TIMEOUT_S = 5.0
 

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from radixlm.formats.tool_parsers import ToolCallParser, resolve_parser
 from radixlm.lang.backend.base import (
     DEFAULT_TIMEOUT_S,
     Backend,
@@ -17,7 +18,6 @@ from radixlm.lang.backend.base import (
     iter_with_timeout,
 )
 from radixlm.lang.chat_template import ChatTemplate
-from radixlm.runtime.tool_parsers import ToolCallParser, resolve_parser
 
 if TYPE_CHECKING:  # annotations only: gen_args reads global_config, which imports this
     from radixlm.lang.gen_args import GenArgs

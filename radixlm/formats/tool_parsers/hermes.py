@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import (
+from radixlm.formats.tool_parsers.base import (
     Section,
     ToolCallParser,
     call_json_text,
@@ -20,7 +20,7 @@ from radixlm.runtime.tool_parsers.base import (
     json_call,
     public_function,
 )
-from radixlm.runtime.tool_parsers.text import literal_at, read_call, skip_ws
+from radixlm.formats.tool_parsers.text import literal_at, read_call, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from radixlm.runtime.tool_parsers.text import ParsedCall, held_back
+from radixlm.formats.tool_parsers.text import ParsedCall, held_back
 
 
 @dataclass

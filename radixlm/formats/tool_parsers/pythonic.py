@@ -18,9 +18,9 @@ import math
 import re
 from typing import Any
 
-from radixlm.runtime.tool_parsers import base
-from radixlm.runtime.tool_parsers.grammar import grammar_schema
-from radixlm.runtime.tool_parsers.text import ParsedCall, python_end, skip_ws
+from radixlm.formats.tool_parsers import base
+from radixlm.formats.tool_parsers.grammar import grammar_schema
+from radixlm.formats.tool_parsers.text import ParsedCall, python_end, skip_ws
 
 _NEVER = re.compile(r"(?!)")
 _CALL_OPEN = re.compile(r"([A-Za-z_]\w*)\(")

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import ToolCallParser
-from radixlm.runtime.tool_parsers.text import ParsedCall
+from radixlm.formats.tool_parsers.base import ToolCallParser
+from radixlm.formats.tool_parsers.text import ParsedCall
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")

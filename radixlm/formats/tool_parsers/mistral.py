@@ -12,8 +12,8 @@ import random
 import string
 from typing import Any
 
-from radixlm.runtime.tool_parsers import base
-from radixlm.runtime.tool_parsers.text import ParsedCall, read_call, skip_ws
+from radixlm.formats.tool_parsers import base
+from radixlm.formats.tool_parsers.text import ParsedCall, read_call, skip_ws
 
 TAG = "[TOOL_CALLS]"
 _ID_CHARS = string.ascii_letters + string.digits

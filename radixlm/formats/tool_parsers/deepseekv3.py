@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
-from radixlm.runtime.tool_parsers import base
-from radixlm.runtime.tool_parsers.text import ParsedCall, literal_at, skip_ws, value_end
+from radixlm.formats.tool_parsers import base
+from radixlm.formats.tool_parsers.text import ParsedCall, literal_at, skip_ws, value_end
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

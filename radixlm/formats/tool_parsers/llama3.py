@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from radixlm.runtime.tool_parsers.base import (
+from radixlm.formats.tool_parsers.base import (
     BAD_OPEN,
     Section,
     ToolCallParser,
@@ -23,7 +23,7 @@ from radixlm.runtime.tool_parsers.base import (
     lit,
     public_function,
 )
-from radixlm.runtime.tool_parsers.text import ParsedCall, read_call, skip_ws
+from radixlm.formats.tool_parsers.text import ParsedCall, read_call, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 _START = re.compile(re.escape(PYTHON_TAG) + r'|\{\s*"name"\s*:')

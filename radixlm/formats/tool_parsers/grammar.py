@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.constraints.specs import DEFAULT_SEPARATORS
-from radixlm.runtime.tool_parsers.base import LarkText, lit
-from radixlm.runtime.tool_parsers.setup import ToolSetup, strict_schema
+from radixlm.formats.tool_parsers.base import LarkText, lit
+from radixlm.formats.tool_parsers.setup import ToolSetup, strict_schema
 
 TokenOf = Callable[[str], "int | None"]
 

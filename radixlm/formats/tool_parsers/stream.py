@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.runtime.tool_parsers.setup import ToolSetup
+from radixlm.formats.tool_parsers.setup import ToolSetup
 
 
 class ToolCallStream:

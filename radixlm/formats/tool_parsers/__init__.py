@@ -10,14 +10,14 @@ the one its chat template shows (``detect_parser``), else ``qwen25``'s (the gene
 
 from __future__ import annotations
 
-from radixlm.runtime.tool_parsers.base import ToolCallParser
-from radixlm.runtime.tool_parsers.deepseekv3 import DeepSeekV3Parser
-from radixlm.runtime.tool_parsers.hermes import HermesParser, NousHermesParser
-from radixlm.runtime.tool_parsers.llama3 import Llama3Parser
-from radixlm.runtime.tool_parsers.mistral import MistralParser
-from radixlm.runtime.tool_parsers.pythonic import PythonicParser
-from radixlm.runtime.tool_parsers.setup import ToolSetup, parse_tools
-from radixlm.runtime.tool_parsers.stream import ToolCallStream
+from radixlm.formats.tool_parsers.base import ToolCallParser
+from radixlm.formats.tool_parsers.deepseekv3 import DeepSeekV3Parser
+from radixlm.formats.tool_parsers.hermes import HermesParser, NousHermesParser
+from radixlm.formats.tool_parsers.llama3 import Llama3Parser
+from radixlm.formats.tool_parsers.mistral import MistralParser
+from radixlm.formats.tool_parsers.pythonic import PythonicParser
+from radixlm.formats.tool_parsers.setup import ToolSetup, parse_tools
+from radixlm.formats.tool_parsers.stream import ToolCallStream
 
 PARSERS: dict[str, type[ToolCallParser]] = {
     "qwen25": HermesParser, "hermes": NousHermesParser, "llama3": Llama3Parser,
