@@ -236,3 +236,25 @@ def test_openai_completion_model_against_server(backend):
     assert state.error() is None, state.error()
     assert state["city"].strip() == "Paris"
     assert state["yn"] == " yes"
+
+
+@sgl.function
+def cat_card(s):
+    s += sgl.user("Describe a cat as JSON with a name, many tags and an age.")
+    s += sgl.assistant(sgl.gen("card", max_tokens=20, json_schema={
+        "type": "object", "properties": {
+            "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+            "age": {"type": "integer"}}, "required": ["name", "tags", "age"]},
+        complete_within_max_tokens=True))
+
+
+def test_gen_closes_its_document_within_max_tokens(backend):
+    """`gen(complete_within_max_tokens=True)`: the JSON parses within 20 tokens, where the
+    model alone runs past them (sampled at temperature 1, three times)."""
+    for _ in range(3):
+        state = cat_card.run(backend=backend, temperature=1.0)
+        assert state.error() is None, state.error()
+        card = json.loads(state["card"])
+        assert set(card) == {"name", "tags", "age"} and isinstance(card["age"], int)
+    with pytest.raises(ValueError, match="complete_within_max_tokens needs a constraint"):
+        sgl.gen("x", max_tokens=8, complete_within_max_tokens=True)

@@ -87,6 +87,7 @@ def gen(
     tool_choice: Any = None,
     parallel_tool_calls: bool | None = None,
     thinking_budget: int | None = None,
+    complete_within_max_tokens: bool | None = None,
 ) -> Expr:
     """Generate text into variable `name`. Unset parameters take the run-level defaults.
 
@@ -96,8 +97,10 @@ def gen(
     `parallel_tool_calls`, the output follows the backend's tool-call format, lang/tools.py,
     its calls parsed into `<name>_tool_calls` in OpenAI's shape; `name` keeps the text).
     `thinking_budget`: the most tokens a reasoning model may think before its answer (the
-    reasoning parser enforces it; a constraint starts after the thinking). Bad values raise
-    ValueError here, where the program is written.
+    reasoning parser enforces it; a constraint starts after the thinking).
+    `complete_within_max_tokens`: a constrained output closes a valid document within
+    `max_tokens` (the engine steers onto the grammar's shortest close when the room left
+    reaches it). Bad values raise ValueError here, where the program is written.
     """
     if _placeholder(max_tokens, min_tokens, stop, temperature, regex, json_schema, dtype,
                     choices):
@@ -117,7 +120,8 @@ def gen(
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
         json_schema=json_schema, tools=tools, tool_choice=tool_choice,
-        parallel_tool_calls=parallel_tool_calls, thinking_budget=thinking_budget).checked())
+        parallel_tool_calls=parallel_tool_calls, thinking_budget=thinking_budget,
+        complete_within_max_tokens=complete_within_max_tokens).checked())
 
 
 def _check_one_constraint(**given: Any) -> None:

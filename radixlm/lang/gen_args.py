@@ -33,6 +33,7 @@ _SAMPLING_FIELDS = (
     "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "ignore_eos", "dtype", "regex", "json_schema", "ebnf", "thinking_budget",
+    "complete_within_max_tokens",
 )
 
 
@@ -72,6 +73,8 @@ class GenArgs:
     skip_special_tokens: bool | None = None
     # tokens the model may think before its answer (a server / engine reasoning parser)
     thinking_budget: int | None = None
+    # a constrained output closes a valid document within max_new_tokens
+    complete_within_max_tokens: bool | None = None
 
     def merged_over(self, defaults: GenArgs) -> GenArgs:
         """Return a copy where every field left `None` here takes the value from `defaults`."""
@@ -90,6 +93,13 @@ class GenArgs:
         _check_int("min_tokens", self.min_new_tokens, 0)
         _check_int("n", self.n, 1)
         _check_int("thinking_budget", self.thinking_budget, 0)
+        close = self.complete_within_max_tokens
+        if close is not None and not isinstance(close, bool):
+            raise TypeError(f"gen: complete_within_max_tokens must be a bool, got {close!r}")
+        if close and self.regex is None and self.json_schema is None and self.dtype is None \
+                and self.ebnf is None and self.tools is None:
+            raise ValueError("gen: complete_within_max_tokens needs a constraint (regex, "
+                             "json_schema or dtype): without one there is no document to close")
         stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         for pattern in stop_regex or ():
             validate_regex(pattern)

@@ -191,6 +191,8 @@ def openai_request(model: str, wire: dict[str, Any]) -> dict[str, Any]:
         extra["ignore_eos"] = True
     if sp.get("thinking_budget") is not None:  # SGLang's field (a reasoning parser's)
         extra["thinking_budget"] = sp["thinking_budget"]
+    if sp.get("complete_within_max_tokens") is not None:  # radixlm's field
+        extra["complete_within_max_tokens"] = sp["complete_within_max_tokens"]
     if "json_schema" in sp:
         kw["response_format"] = {"type": "json_schema", "json_schema": {
             "name": "output", "schema": json.loads(sp["json_schema"])}}
