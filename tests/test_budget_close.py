@@ -294,3 +294,33 @@ def test_openai_400s_name_the_problem(client):
     with pytest.raises(openai.BadRequestError, match="complete_within_max_tokens"):
         client.completions.create(model="m", prompt="x", max_tokens=4,
                                   extra_body={"complete_within_max_tokens": True})
+
+
+def test_drafts_are_cut_where_the_close_is_forced():
+    """Speculation on (NGRAM drafts copied from the prompt) and off: the same greedy tokens at
+    every budget (drafts accepted), the close forced below the natural length, the JSON valid."""
+    from radixlm.runtime.engine import Engine
+
+    record = ('{"name": "Ann Lee", "tags": ["red", "blue", "green", "yellow", "purple", '
+              '"orange"], "age": 31}')
+    prompt = f"Copy this JSON exactly, nothing else:\n{record}\n{record}\n"
+    outs, budgets = {}, (15, 17, 19, 40)
+    for algo in ("NGRAM", "none"):
+        with Engine(max_total_tokens=4096, log_level="warning", speculative_algorithm=algo,
+                    complete_within_max_tokens=True) as e:
+            outs[algo] = [e.generate(prompt, {"max_new_tokens": budget, "temperature": 0,
+                                              "json_schema": json.dumps(PERSON)})
+                          for budget in budgets]
+    accepted = 0
+    for spec, plain in zip(outs["NGRAM"], outs["none"]):
+        assert spec["output_ids"] == plain["output_ids"]
+        _valid(PERSON, spec["text"])
+        accepted += spec["meta_info"].get("spec_accept_token_num", 0)
+    natural = len(outs["none"][-1]["output_ids"])  # (40: room to spare, ends by itself)
+    assert natural < budgets[-1] and not outs["NGRAM"][-1]["meta_info"]["closed_by_budget"]
+    for budget, out in zip(budgets, outs["NGRAM"]):
+        meta = out["meta_info"]
+        if budget < natural:
+            assert meta["closed_by_budget"] and meta["finish_reason"]["type"] == "length"
+            assert meta["completion_tokens"] <= budget
+    assert accepted > 0
