@@ -97,11 +97,8 @@ def gen(
     `parallel_tool_calls`, the output follows the backend's tool-call format, lang/tools.py,
     its calls parsed into `<name>_tool_calls` in OpenAI's shape; `name` keeps the text).
     `thinking_budget`: the most tokens a reasoning model may think before its answer (the
-    reasoning parser enforces it; a constraint starts after the thinking).
-    `complete_within_max_tokens`: a constrained output closes a valid document within
-    `max_tokens` (the engine steers onto the grammar's shortest close when the room left
-    reaches it). Bad values raise ValueError here, where the program is written.
-    """
+    reasoning parser enforces it). `complete_within_max_tokens`: a constrained output closes
+    a valid document within `max_tokens`. Bad values raise ValueError here."""
     if _placeholder(max_tokens, min_tokens, stop, temperature, regex, json_schema, dtype,
                     choices):
         return Gen(name)  # tracing with placeholder arguments: the trace stops here anyway
