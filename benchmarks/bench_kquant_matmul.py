@@ -43,7 +43,7 @@ def time_matmul(lib, w, tokens: int, threads: int, rounds: int) -> float:
     from radixlm.native.build import ACT_INT8
 
     keep: list = []
-    mat = ops.qmat(w, keep)
+    mat = ops.qmat(w, keep, lib)  # (Q4_K rows repacked where the engine's are)
     x = torch.randn(tokens, w.k)
     out = torch.empty(tokens, w.n)
     ws = torch.empty(lib.rlm_matmul_workspace_floats(tokens, w.k, threads))

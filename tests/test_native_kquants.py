@@ -108,6 +108,37 @@ def test_int8_rows_are_the_same_bits_at_every_step_size(lib, type_name):  # noqa
         assert torch.equal(together, alone), t
 
 
+def test_repacked_q4_k_rows_are_the_files_rows(lib):  # noqa: F811
+    """Q4_K rows repacked 16 side by side (the 512-bit int8 kernel's layout, ``QMat.qx``)
+    hold the file's numbers: every row unpacks to the same bytes and scales as from the
+    file's super-blocks (what the AMX int8 tiles read), and the matmul gives the same bits
+    read either way at every step size, the rows past the last whole group of 16 from the
+    file's rows."""
+    if not lib.rlm_kx_rows():
+        pytest.skip("this build's int8 kernel reads the file's rows (no 512-bit int8 path)")
+    w = kquant_weight("Q4_K", 45, 768, seed=11)
+    keep: list = []
+    mat = ops.qmat(w, keep, lib)
+    assert mat.qx
+    def aligned(count: int, dtype) -> np.ndarray:  # (the unpacking stores whole vectors)
+        raw = np.empty(count * np.dtype(dtype).itemsize + 64, np.uint8)
+        start = -raw.ctypes.data % 64
+        return raw[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+
+    for n in range(32):
+        got, want = ([aligned(768, np.uint8), aligned(24, np.float32), aligned(24, np.float32)]
+                     for _ in range(2))
+        for repacked, out in ((1, got), (0, want)):
+            lib.rlm_kq_unpack_row(ops.ctypes.byref(mat), n, repacked,
+                                  *[a.ctypes.data for a in out])
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b), n
+    x = torch.randn(40, 768)
+    for t in (1, 2, 7, 8, 9, 40):
+        assert torch.equal(ops.norm_matmul(lib, x[:t], w, act="int8"),
+                           ops.norm_matmul(lib, x[:t], w, act="int8", repack=False)), t
+
+
 def test_avx512_without_vnni_gives_this_hosts_bits(tmp_path):
     """An AVX-512 build without VNNI (maddubs pairs instead of dpbusd) sums the same
     integers: the same bits as this host's own build."""
@@ -213,7 +244,10 @@ def test_a_kquant_file_runs_in_its_own_super_blocks(kquant_gguf, act, tol):
         assert {"q4_k", "q5_k", "q6_k", "q8_0"} <= set(weights.replace(",", " ").split())
         assert "(from Q" not in weights and engine.runner.native.max_rows is None  # as is
         arena = engine.runner.native.arena  # K-quant rows read where the file map has them
-        assert arena.held_bytes > 4 * arena.copied_bytes > 0  # (the Q8_0 matrices: copied)
+        kx = engine.runner.native.lib.rlm_kx_rows()  # (Q4_K rows repacked for int8 steps)
+        assert (arena.repacked_bytes > 0) == bool(kx)
+        assert (arena.held_bytes + arena.repacked_bytes
+                > 4 * (arena.copied_bytes - arena.repacked_bytes) > 0)  # (Q8_0: copied)
         outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                          "ignore_eos": True})
     _chosen_are_argmax(kquant_gguf, prompts, outs, tol)

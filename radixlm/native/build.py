@@ -147,7 +147,8 @@ def load() -> ctypes.CDLL | None:
 
 class QMat(ctypes.Structure):
     _fields_ = [("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
-                ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p)]
+                ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("qx", ctypes.c_void_p)]
 
 
 class QCat(ctypes.Structure):
@@ -204,6 +205,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_norm_head.restype = None
     lib.rlm_silu_mul.argtypes = [p, p, i32, p]
     lib.rlm_silu_mul.restype = None
+    lib.rlm_kx_rows.restype = i32
+    lib.rlm_kx_bytes.argtypes = [i32, i32]
+    lib.rlm_kx_bytes.restype = i64
+    lib.rlm_repack_q4k.argtypes = [p, i32, i32, p, i32]
+    lib.rlm_repack_q4k.restype = None
+    lib.rlm_kq_unpack_row.argtypes = [ctypes.POINTER(QMat), i64, i32, p, p, p]
+    lib.rlm_kq_unpack_row.restype = None
     lib.rlm_dequant_rows.argtypes = [ctypes.POINTER(QMat), p, i32, p]
     lib.rlm_dequant_rows.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]

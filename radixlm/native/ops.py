@@ -11,7 +11,7 @@ import torch
 
 from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
-from radixlm.native.qweights import FMT_Q4, KQUANTS, QWeight
+from radixlm.native.qweights import FMT_Q4, FMT_Q4_K, KQUANTS, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
 
@@ -25,14 +25,24 @@ class Arena:
     K-quant rows that lie in a file map (a GGUF's own, contiguous) are used where they lie
     (``in_place``): the map is held, its pages populated once, nothing copied. A 1B decode
     step measured the same on the map's 4 KB pages as on the arena's (42.1-42.3 vs 42.6-45.5
-    ms, 2-core Xeon), and the copy was most of a load (0.4 s a GiB)."""
+    ms, 2-core Xeon), and the copy was most of a load (0.4 s a GiB).
+
+    Where the library's int8 kernel reads Q4_K rows 16 side by side (``lib.rlm_kx_rows()``,
+    512-bit builds), a Q4_K matrix's rows are repacked into the arena (``repacked``: 2.8%
+    more bytes than the file's) and the file's pages given back (``pages.release``): the
+    int8 steps read the repacked rows, the other paths (fp32 / bf16 activations, the
+    embedding lookup) the file's, faulting in only what they touch."""
 
     ALIGN, HUGE = 64, 2 << 20
 
-    def __init__(self, weights: list[QWeight]) -> None:
+    def __init__(self, weights: list[QWeight], lib=None, threads: int = 1) -> None:
         self._held: list[np.ndarray] = []  # file-map arrays the C views point into
+        self._lib, self._threads, self._in_place_bytes, self.repacked_bytes = lib, threads, 0, 0
+        self._kx = lib is not None and bool(lib.rlm_kx_rows())
         size = sum(self._padded(a.nbytes) for w in weights if not self.in_place(w)
                    for a in self.arrays(w))
+        size += sum(self._padded(lib.rlm_kx_bytes(w.n, w.k)) for w in weights
+                    if self.repacked(w))
         self._map = mmap.mmap(-1, size + self.HUGE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
@@ -59,10 +69,15 @@ class Arena:
     @property
     def held_bytes(self) -> int:
         """Bytes of weights read in place (not copied into the arena)."""
-        return sum(a.nbytes for a in self._held)
+        return self._in_place_bytes
+
+    def repacked(self, w: QWeight) -> bool:
+        """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
+        return self._kx and w.fmt == FMT_Q4_K and w.n >= 16 and w.qs.flags.c_contiguous
 
     @property
     def copied_bytes(self) -> int:
+        """Bytes written into the arena (copies and repacked rows: ``repacked_bytes``)."""
         return self._used
 
     @staticmethod
@@ -80,9 +95,21 @@ class Arena:
     def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays)."""
+        if self.repacked(w):
+            pages.populate_read(w.qs)
+            nbytes = int(self._lib.rlm_kx_bytes(w.n, w.k))
+            dst = self._buf[self._used:self._used + nbytes]
+            self._lib.rlm_repack_q4k(w.qs.ctypes.data, w.n, w.k, dst.ctypes.data,
+                                     self._threads)
+            self._used += self._padded(nbytes)
+            self.repacked_bytes += nbytes
+            pages.release(w.qs)  # (read again only by the paths that need the file's rows)
+            self._held.append(w.qs)
+            return _qmat(w, [w.qs], dst), [w.qs]
         if self.in_place(w):
             pages.populate_read(w.qs)  # (the first step would fault each page in)
             self._held.append(w.qs)
+            self._in_place_bytes += w.qs.nbytes
             return _qmat(w, [w.qs]), [w.qs]
         copies = []
         for a in self.arrays(w):
@@ -94,17 +121,24 @@ class Arena:
         return _qmat(w, copies), copies
 
 
-def _qmat(w: QWeight, arrays: list[np.ndarray]) -> QMat:
+def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = None) -> QMat:
     ptrs = [a.ctypes.data for a in arrays] + [None, None]
-    return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2])
+    return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2],
+                None if repacked is None else repacked.ctypes.data)
 
 
-def qmat(w: QWeight, keep: list) -> QMat:
+def qmat(w: QWeight, keep: list, lib=None) -> QMat:
     """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
-    ``Arena``); ``keep`` holds the arrays it points into."""
+    ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, Q4_K rows are also
+    repacked for its int8 kernel where it reads them so (as the ``Arena`` does)."""
     arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
-    return _qmat(w, arrays)
+    if lib is None or not lib.rlm_kx_rows() or w.fmt != FMT_Q4_K or w.n < 16:
+        return _qmat(w, arrays)
+    repacked = np.empty(int(lib.rlm_kx_bytes(w.n, w.k)), dtype=np.uint8)
+    lib.rlm_repack_q4k(arrays[0].ctypes.data, w.n, w.k, repacked.ctypes.data, 1)
+    keep.append(repacked)
+    return _qmat(w, arrays, repacked)
 
 
 ACT_MODES = {"int8": ACT_INT8, "fp32": ACT_F32, "bf16": ACT_BF16}
@@ -112,12 +146,13 @@ ACT_MODES = {"int8": ACT_INT8, "fp32": ACT_F32, "bf16": ACT_BF16}
 
 def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
                 norm: torch.Tensor | None = None, eps: float = 1e-5,
-                threads: int | None = None) -> torch.Tensor:
+                threads: int | None = None, repack: bool = True) -> torch.Tensor:
     """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32, with the
     activations read as ``act`` (fp32 | int8 | bf16; the twin: ``qmatmul`` of
-    tests/native_ref.py)."""
+    tests/native_ref.py); ``repack``: Q4_K rows also repacked where the engine's would be
+    (``qmat``)."""
     keep: list = []
-    m = qmat(w, keep)
+    m = qmat(w, keep, lib if repack else None)
     x = x.float().contiguous()
     t = x.shape[0]
     threads = threads or torch.get_num_threads()

@@ -200,7 +200,8 @@ static void rows_tile_i8(const QMat *w, int n, int8_t *wbuf, float *sbuf, float 
     float *ds = sbuf, *dm = sbuf + ns;
     for (int r = 0; r < 16; r++) {
         uint8_t *q = (uint8_t *)wbuf + (int64_t)r * k;
-        kq_unpack_row(w, w->qs + (int64_t)(n + r) * rb, q, ds, dm);
+        if (w->qx && n + r < w->n / 16 * 16) kx_unpack_row(w, n + r, q, ds, dm);
+        else kq_unpack_row(w, w->qs + (int64_t)(n + r) * rb, q, ds, dm);
         if (w->fmt == FMT_Q6_K)
             for (int e = 0; e < k; e += 64)
                 _mm512_store_si512(q + e, _mm512_sub_epi8(_mm512_load_si512(q + e),

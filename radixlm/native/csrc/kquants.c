@@ -165,6 +165,66 @@ static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
     }
 }
 
+/* ------------------------------------------------------------------ Q4_K, 16 rows side by side
+ * QMat.qx: a Q4_K matrix's rows 0 .. n / 16 * 16 repacked in groups of 16 rows for the
+ * 512-bit int8 kernel (kx_rows); group g's super-block s is KX_BYTES bytes at qx + (g nsb
+ * + s) KX_BYTES:
+ *   d[16], dmin[16] fp16 (row r's, as the file has them); sc[8][16], mn[8][16] bytes (row
+ *   r's 6-bit scale and min of sub-block j, kq_scale_bytes' values); then per sub-block j 4
+ *   vectors of 64 bytes, vector v's byte 4 r + e = element 4 v + e of row r's sub-block j
+ *   in its low nibble, element 16 + 4 v + e in its high.
+ * One u8 x s8 dot instruction of a vector's nibbles against 4 activations broadcast adds up
+ * 4 products of each of the 16 rows, a row a lane: a sub-block's integer sums after 8
+ * instructions with no sums across lanes, and the scales of 16 rows are one vector. 2.8%
+ * more bytes than the file's rows (the scales as bytes). */
+#define KX_BYTES 2368
+
+/* Rows src [16, nsb * 144] (row stride rb) as one repacked group at dst. */
+static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+    for (int s = 0; s < nsb; s++) {
+        uint8_t *o = dst + (int64_t)s * KX_BYTES;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = src + r * rb + (int64_t)s * 144;
+            uint8_t sc[8], mn[8];
+            memcpy(o + 2 * r, p, 2);
+            memcpy(o + 32 + 2 * r, p + 2, 2);
+            kq_scale_bytes(p + 4, sc, mn);
+            for (int j = 0; j < 8; j++) {
+                o[64 + 16 * j + r] = sc[j];
+                o[192 + 16 * j + r] = mn[j];
+                const uint8_t *qs = p + 16 + 32 * (j / 2);
+                const int sh = 4 * (j & 1);
+                uint8_t *v = o + 320 + 256 * j + 4 * r;
+                for (int e = 0; e < 16; e++)
+                    v[64 * (e / 4) + e % 4] =
+                        (uint8_t)(((qs[e] >> sh) & 15) | ((qs[16 + e] >> sh) & 15) << 4);
+            }
+        }
+    }
+}
+
+/* Row n (< n / 16 * 16) of a repacked Q4_K matrix unpacked as kq_unpack_row does it from
+ * the file's rows: the same bytes q and the same products ds, dm. */
+static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm) {
+    const int nsb = w->k / 256, r = (int)(n % 16);
+    const uint8_t *g = w->qx + n / 16 * nsb * (int64_t)KX_BYTES;
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * KX_BYTES;
+        const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
+        const float dmin = H((f16)(o[32 + 2 * r] | o[33 + 2 * r] << 8));
+        for (int j = 0; j < 8; j++) {
+            ds[8 * s + j] = d * (float)o[64 + 16 * j + r];
+            dm[8 * s + j] = dmin * (float)o[192 + 16 * j + r];
+            const uint8_t *v = o + 320 + 256 * j + 4 * r;
+            for (int e = 0; e < 16; e++) {
+                const uint8_t b = v[64 * (e / 4) + e % 4];
+                q[256 * s + 32 * j + e] = b & 15;
+                q[256 * s + 32 * j + 16 + e] = b >> 4;
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ int8 activations */
 /* One token's sum over a row unpacked (q, ds, dm) against its int8 blocks (x, xd, xs): the
  * AVX2 and plain-C builds (512-bit builds run the super-blocks in registers, below). */
@@ -401,9 +461,109 @@ static void kq_rows_fmt(const int fmt, const QMat *w, int n0, int n1, int T, con
     }
 }
 
+/* 4 activations (bytes p[0..3]) in every 32-bit lane */
+static inline __m512i kx_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* G tokens (from token t) against repacked group qx (16 rows from row n): per super-block s
+ * and sub-block j, the 16 rows' integer sums (8 dot instructions), then per token acc[L]
+ * (L = 8 (s % 2) + j) += sums (d sc_j dx_j) and accm[j] += (dmin m_j) (dx_j sum a): lane r of
+ * acc[L] is lane L of kq_rows_group's accumulator for row n + r, the same operations in the
+ * same order; kq_lanes_sum's tree, a row a lane, then 16 rows stored at once. */
+static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, int nsb,
+                                                           const Act *a, int t, const int G,
+                                                           int k, float *y, int64_t ldy,
+                                                           int n) {
+    const int nb = k / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[G][16], accm[G][8];
+    for (int i = 0; i < G; i++) {
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) accm[i][j] = _mm512_setzero_ps();
+    }
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX_BYTES;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+        for (int j = 0; j < 8; j++) {
+            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)))));
+            const __m512 dm = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                     _mm_loadu_si128((const __m128i *)(o + 192 + 16 * j)))));
+            __m512i st[8];
+            for (int v = 0; v < 4; v++) {
+                const __m512i b = _mm512_loadu_si512((const void *)(o + 320 + 256 * j + 64 * v));
+                st[v] = _mm512_and_si512(b, m4);
+                st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+            }
+            const int L = 8 * (s & 1) + j;
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+                __m512i p0 = dot_u8s8_512(st[0], kx_bcast4(x));
+                __m512i p1 = dot_u8s8_512(st[4], kx_bcast4(x + 16));
+                for (int v = 1; v < 4; v++) {
+                    p0 = dot_acc_512(p0, st[v], kx_bcast4(x + 4 * v));
+                    p1 = dot_acc_512(p1, st[v + 4], kx_bcast4(x + 16 + 4 * v));
+                }
+                const int64_t b = ti * nb + 8 * s + j;
+                acc[i][L] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                            _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[b])),
+                                            acc[i][L]);
+                accm[i][j] = _mm512_fmadd_ps(dm, _mm512_set1_ps(a->xs[b]), accm[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 *c = acc[i], *m = accm[i];
+        __m512 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+        const __m512 msum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
+            _mm512_add_ps(_mm512_add_ps(m[4], m[6]), _mm512_add_ps(m[5], m[7])));
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, _mm512_sub_ps(sum, msum));
+    }
+}
+
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens. */
+static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                    int64_t ldy) {
+    const int k = w->k, nsb = k / 256;
+    for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */
+        const int t1 = T - t0 < 64 ? T : t0 + 64;
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * KX_BYTES;
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                switch (G) {
+#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+                }
+                t += G;
+            }
+        }
+    }
+}
+
 /* y[t, n] (row stride ldy) for K-quant rows n in [n0, n1), all T tokens, int8 blocks. */
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy) {
+    if (w->qx) { /* Q4_K: whole repacked groups of 16 rows there, the rest from the file's */
+        const int g0 = (n0 + 15) / 16, g1 = n1 / 16 < w->n / 16 ? n1 / 16 : w->n / 16;
+        if (g0 < g1) {
+            if (n0 < 16 * g0) kq_rows_fmt(FMT_Q4_K, w, n0, 16 * g0, T, a, y, ldy);
+            kx_rows(w, g0, g1, T, a, y, ldy);
+            if (16 * g1 < n1) kq_rows_fmt(FMT_Q4_K, w, 16 * g1, n1, T, a, y, ldy);
+            return;
+        }
+    }
     switch (w->fmt) {
     case FMT_Q4_K: kq_rows_fmt(FMT_Q4_K, w, n0, n1, T, a, y, ldy); break;
     case FMT_Q5_K: kq_rows_fmt(FMT_Q5_K, w, n0, n1, T, a, y, ldy); break;

@@ -384,6 +384,47 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     }
 }
 
+/* Whether this build's int8 kernel reads Q4_K rows repacked (QMat.qx), and the repacking:
+ * rows 0 .. n / 16 * 16 of a Q4_K matrix src [n, k / 256 * 144] into dst (n / 16 * (k /
+ * 256) * 2368 bytes), in groups of 16 rows over the team of nthreads. */
+int32_t rlm_kx_rows(void) {
+#ifdef RLM_I8_ZMM
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int64_t rlm_kx_bytes(int32_t n, int32_t k) { return (int64_t)(n / 16) * (k / 256) * KX_BYTES; }
+
+typedef struct {
+    const uint8_t *src;
+    int32_t n, k;
+    uint8_t *dst;
+} RepackJob;
+
+static void repack_job(void *ctx, int tid, int nth) {
+    const RepackJob *j = (const RepackJob *)ctx;
+    const int groups = j->n / 16, nsb = j->k / 256;
+    const int64_t rb = (int64_t)nsb * 144;
+    for (int g = tid; g < groups; g += nth)
+        kx_repack_group(j->src + (int64_t)g * 16 * rb, rb, nsb,
+                        j->dst + (int64_t)g * nsb * KX_BYTES);
+}
+
+void rlm_repack_q4k(const uint8_t *src, int32_t n, int32_t k, uint8_t *dst, int32_t nthreads) {
+    RepackJob j = {src, n, k, dst};
+    run_parallel(repack_job, &j, nthreads < 1 ? 1 : nthreads);
+}
+
+/* Row n of a K-quant matrix unpacked (kq_unpack_row: bytes q [k], scales ds, dm), from the
+ * file's rows (repacked = 0) or from QMat.qx (1): the two must agree. */
+void rlm_kq_unpack_row(const QMat *w, int64_t n, int32_t repacked, uint8_t *q, float *ds,
+                       float *dm) {
+    if (repacked) kx_unpack_row(w, n, q, ds, dm);
+    else kq_unpack_row(w, w->qs + n * row_bytes_of(w), q, ds, dm);
+}
+
 /* Kernel-test entry points: one op each, the same code the layer runs. */
 void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *dx, float *sx) {
     for (int t = 0; t < T; t++)

@@ -146,9 +146,10 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
     }
 }
 
-/* Split [0, n) into nthreads contiguous chunks (multiples of 4 rows). */
+/* Split [0, n) into nthreads contiguous chunks (multiples of 16 rows: whole groups of
+ * repacked Q4_K rows, see kquants.c). */
 static inline void chunk(int n, int tid, int nth, int *lo, int *hi) {
-    int per = ((n + nth - 1) / nth + 3) & ~3;
+    int per = ((n + nth - 1) / nth + 15) & ~15;
     *lo = tid * per < n ? tid * per : n;
     *hi = (tid + 1) * per < n ? (tid + 1) * per : n;
 }

@@ -100,6 +100,9 @@ typedef struct {
     const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own); NULL for dense rows and
                              K-quants (their scales are in their super-blocks) */
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
+    const uint8_t *qx;    /* Q4_K on 512-bit int8 builds: rows 0 .. n / 16 * 16 repacked 16 rows
+                             side by side (kx_repack in kquants.c) for the int8 kernel; the
+                             other paths read qs. NULL: read qs only */
 } QMat;
 
 static inline int is_dense(const QMat *w) { return w->fmt == FMT_BF16 || w->fmt == FMT_F32; }
@@ -345,6 +348,7 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
 
 /* kquants.c */
 static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out);
+static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm);
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy);
 
