@@ -108,25 +108,26 @@ def test_int8_rows_are_the_same_bits_at_every_step_size(lib, type_name):  # noqa
         assert torch.equal(together, alone), t
 
 
-def test_repacked_q4_k_rows_are_the_files_rows(lib):  # noqa: F811
-    """Q4_K rows repacked 16 side by side (the 512-bit int8 kernel's layout, ``QMat.qx``)
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_repacked_rows_are_the_files_rows(lib, type_name):  # noqa: F811
+    """Q4_K / Q6_K rows repacked 16 side by side (the 512-bit int8 kernel's layout, QMat.qx)
     hold the file's numbers: every row unpacks to the same bytes and scales as from the
     file's super-blocks (what the AMX int8 tiles read), and the matmul gives the same bits
     read either way at every step size, the rows past the last whole group of 16 from the
     file's rows."""
     if not lib.rlm_kx_rows():
         pytest.skip("this build's int8 kernel reads the file's rows (no 512-bit int8 path)")
-    w = kquant_weight("Q4_K", 45, 768, seed=11)
+    w = kquant_weight(type_name, 45, 768, seed=11)
     keep: list = []
     mat = ops.qmat(w, keep, lib)
     assert mat.qx
     def aligned(count: int, dtype) -> np.ndarray:  # (the unpacking stores whole vectors)
-        raw = np.empty(count * np.dtype(dtype).itemsize + 64, np.uint8)
+        raw = np.zeros(count * np.dtype(dtype).itemsize + 64, np.uint8)
         start = -raw.ctypes.data % 64
         return raw[start:start + count * np.dtype(dtype).itemsize].view(dtype)
 
     for n in range(32):
-        got, want = ([aligned(768, np.uint8), aligned(24, np.float32), aligned(24, np.float32)]
+        got, want = ([aligned(768, np.uint8), aligned(48, np.float32), aligned(24, np.float32)]
                      for _ in range(2))
         for repacked, out in ((1, got), (0, want)):
             lib.rlm_kq_unpack_row(ops.ctypes.byref(mat), n, repacked,

@@ -206,10 +206,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_silu_mul.argtypes = [p, p, i32, p]
     lib.rlm_silu_mul.restype = None
     lib.rlm_kx_rows.restype = i32
-    lib.rlm_kx_bytes.argtypes = [i32, i32]
+    lib.rlm_kx_bytes.argtypes = [i32, i32, i32]
     lib.rlm_kx_bytes.restype = i64
-    lib.rlm_repack_q4k.argtypes = [p, i32, i32, p, i32]
-    lib.rlm_repack_q4k.restype = None
+    lib.rlm_repack_kx.argtypes = [p, i32, i32, i32, p, i32]
+    lib.rlm_repack_kx.restype = None
     lib.rlm_kq_unpack_row.argtypes = [ctypes.POINTER(QMat), i64, i32, p, p, p]
     lib.rlm_kq_unpack_row.restype = None
     lib.rlm_dequant_rows.argtypes = [ctypes.POINTER(QMat), p, i32, p]

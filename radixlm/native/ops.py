@@ -11,9 +11,10 @@ import torch
 
 from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
-from radixlm.native.qweights import FMT_Q4, FMT_Q4_K, KQUANTS, QWeight
+from radixlm.native.qweights import FMT_Q4, FMT_Q4_K, FMT_Q6_K, KQUANTS, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
+REPACKED = (FMT_Q4_K, FMT_Q6_K)  # read 16 rows side by side by the 512-bit int8 kernel
 
 
 class Arena:
@@ -27,11 +28,12 @@ class Arena:
     step measured the same on the map's 4 KB pages as on the arena's (42.1-42.3 vs 42.6-45.5
     ms, 2-core Xeon), and the copy was most of a load (0.4 s a GiB).
 
-    Where the library's int8 kernel reads Q4_K rows 16 side by side (``lib.rlm_kx_rows()``,
-    512-bit builds), a Q4_K matrix's rows are repacked into the arena (``repacked``: 2.8%
-    more bytes than the file's) and the file's pages given back (``pages.release``): the
-    int8 steps read the repacked rows, the other paths (fp32 / bf16 activations, the
-    embedding lookup) the file's, faulting in only what they touch."""
+    Where the library's int8 kernel reads Q4_K / Q6_K rows 16 side by side
+    (``lib.rlm_kx_rows()``, 512-bit builds), such a matrix's rows are repacked into the arena
+    (``repacked``: Q4_K 2.8% more bytes than the file's, Q6_K the same) and the file's
+    pages given back (``pages.release``): the int8 steps read the repacked rows, the other
+    paths (fp32 / bf16 activations, the embedding lookup) the file's, faulting in only what
+    they touch."""
 
     ALIGN, HUGE = 64, 2 << 20
 
@@ -41,7 +43,7 @@ class Arena:
         self._kx = lib is not None and bool(lib.rlm_kx_rows())
         size = sum(self._padded(a.nbytes) for w in weights if not self.in_place(w)
                    for a in self.arrays(w))
-        size += sum(self._padded(lib.rlm_kx_bytes(w.n, w.k)) for w in weights
+        size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
         self._map = mmap.mmap(-1, size + self.HUGE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -73,7 +75,7 @@ class Arena:
 
     def repacked(self, w: QWeight) -> bool:
         """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
-        return self._kx and w.fmt == FMT_Q4_K and w.n >= 16 and w.qs.flags.c_contiguous
+        return self._kx and w.fmt in REPACKED and w.n >= 16 and w.qs.flags.c_contiguous
 
     @property
     def copied_bytes(self) -> int:
@@ -97,10 +99,10 @@ class Arena:
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays)."""
         if self.repacked(w):
             pages.populate_read(w.qs)
-            nbytes = int(self._lib.rlm_kx_bytes(w.n, w.k))
+            nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
             dst = self._buf[self._used:self._used + nbytes]
-            self._lib.rlm_repack_q4k(w.qs.ctypes.data, w.n, w.k, dst.ctypes.data,
-                                     self._threads)
+            self._lib.rlm_repack_kx(w.qs.ctypes.data, w.fmt, w.n, w.k, dst.ctypes.data,
+                                    self._threads)
             self._used += self._padded(nbytes)
             self.repacked_bytes += nbytes
             pages.release(w.qs)  # (read again only by the paths that need the file's rows)
@@ -129,14 +131,14 @@ def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = No
 
 def qmat(w: QWeight, keep: list, lib=None) -> QMat:
     """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
-    ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, Q4_K rows are also
+    ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, Q4_K / Q6_K rows are
     repacked for its int8 kernel where it reads them so (as the ``Arena`` does)."""
     arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
-    if lib is None or not lib.rlm_kx_rows() or w.fmt != FMT_Q4_K or w.n < 16:
+    if lib is None or not lib.rlm_kx_rows() or w.fmt not in REPACKED or w.n < 16:
         return _qmat(w, arrays)
-    repacked = np.empty(int(lib.rlm_kx_bytes(w.n, w.k)), dtype=np.uint8)
-    lib.rlm_repack_q4k(arrays[0].ctypes.data, w.n, w.k, repacked.ctypes.data, 1)
+    repacked = np.empty(int(lib.rlm_kx_bytes(w.fmt, w.n, w.k)), dtype=np.uint8)
+    lib.rlm_repack_kx(arrays[0].ctypes.data, w.fmt, w.n, w.k, repacked.ctypes.data, 1)
     keep.append(repacked)
     return _qmat(w, arrays, repacked)
 
@@ -149,7 +151,7 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
                 threads: int | None = None, repack: bool = True) -> torch.Tensor:
     """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32, with the
     activations read as ``act`` (fp32 | int8 | bf16; the twin: ``qmatmul`` of
-    tests/native_ref.py); ``repack``: Q4_K rows also repacked where the engine's would be
+    tests/native_ref.py); ``repack``: Q4_K / Q6_K rows also repacked where the engine's are
     (``qmat``)."""
     keep: list = []
     m = qmat(w, keep, lib if repack else None)

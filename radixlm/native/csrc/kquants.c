@@ -176,10 +176,42 @@ static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
  * One u8 x s8 dot instruction of a vector's nibbles against 4 activations broadcast adds up
  * 4 products of each of the 16 rows, a row a lane: a sub-block's integer sums after 8
  * instructions with no sums across lanes, and the scales of 16 rows are one vector. 2.8%
- * more bytes than the file's rows (the scales as bytes). */
+ * more bytes than the file's rows (the scales as bytes).
+ * Q6_K alike, KX6_BYTES (the file's own size) a group's super-block: d[16] fp16, sc[16][16]
+ * (row r's int8 scale of group i of 16 weights), then per group i 3 vectors: two of low
+ * nibbles (vector v's byte 4 r + e: element 4 v + e of row r's group in its low nibble, 8 + 4 v
+ * + e in its high) and one of high bits (byte 4 r + e, bits 2 t and 2 t + 1: element 4 t + e's
+ * top two). */
 #define KX_BYTES 2368
+#define KX6_BYTES 3360
+static inline int64_t kx_sb_bytes(int fmt) { return fmt == FMT_Q6_K ? KX6_BYTES : KX_BYTES; }
 
-/* Rows src [16, nsb * 144] (row stride rb) as one repacked group at dst. */
+/* Q6_K rows src [16, nsb * 210] (row stride rb) as one repacked group at dst. */
+static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+    uint8_t q[256] __attribute__((aligned(64)));
+    float ds[16], dm[8];
+    for (int s = 0; s < nsb; s++) {
+        uint8_t *o = dst + (int64_t)s * KX6_BYTES;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = src + r * rb + (int64_t)s * 210;
+            kq_unpack_sb(FMT_Q6_K, p, q, ds, dm);
+            memcpy(o + 2 * r, p + 208, 2);
+            for (int i = 0; i < 16; i++) {
+                o[32 + 16 * i + r] = p[192 + i];
+                const uint8_t *e16 = q + 16 * i;
+                uint8_t *v = o + 288 + 192 * i + 4 * r;
+                for (int e = 0; e < 4; e++) {
+                    v[e] = (uint8_t)((e16[e] & 15) | (e16[8 + e] & 15) << 4);
+                    v[64 + e] = (uint8_t)((e16[4 + e] & 15) | (e16[12 + e] & 15) << 4);
+                    v[128 + e] = (uint8_t)((e16[e] >> 4) | (e16[4 + e] >> 4) << 2 |
+                                           (e16[8 + e] >> 4) << 4 | (e16[12 + e] >> 4) << 6);
+                }
+            }
+        }
+    }
+}
+
+/* Q4_K rows src [16, nsb * 144] (row stride rb) as one repacked group at dst. */
 static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
     for (int s = 0; s < nsb; s++) {
         uint8_t *o = dst + (int64_t)s * KX_BYTES;
@@ -207,8 +239,21 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
  * the file's rows: the same bytes q and the same products ds, dm. */
 static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm) {
     const int nsb = w->k / 256, r = (int)(n % 16);
-    const uint8_t *g = w->qx + n / 16 * nsb * (int64_t)KX_BYTES;
-    for (int s = 0; s < nsb; s++) {
+    const uint8_t *g = w->qx + n / 16 * nsb * kx_sb_bytes(w->fmt);
+    for (int s = 0; w->fmt == FMT_Q6_K && s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * KX6_BYTES;
+        const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
+        for (int i = 0; i < 16; i++) {
+            ds[16 * s + i] = d * (float)(int8_t)o[32 + 16 * i + r];
+            const uint8_t *v = o + 288 + 192 * i + 4 * r;
+            uint8_t *e16 = q + 256 * s + 16 * i;
+            for (int e = 0; e < 4; e++)
+                for (int t = 0; t < 4; t++)
+                    e16[4 * t + e] = (uint8_t)(((v[64 * (t & 1) + e] >> (4 * (t >> 1))) & 15) |
+                                               ((v[128 + e] >> (2 * t)) & 3) << 4);
+        }
+    }
+    for (int s = 0; w->fmt == FMT_Q4_K && s < nsb; s++) {
         const uint8_t *o = g + (int64_t)s * KX_BYTES;
         const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
         const float dmin = H((f16)(o[32 + 2 * r] | o[33 + 2 * r] << 8));
@@ -531,18 +576,81 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
     }
 }
 
+/* Q6_K's kx_group: per super-block s and group i of 16 weights the 16 rows' sums of q a (4
+ * dot instructions) less 32 sum a (c32: the token's, made once per tile), then acc[i] += sums
+ * (d sc_i dx_{i/2}): lane r of acc[i] is lane i of kq_rows_group's accumulator for row n +
+ * r, the same operations in the same order; the same tree, less its m terms' zeros. */
+static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, int nsb,
+                                                            const Act *a, int t, const int G,
+                                                            int k, const int32_t *c32,
+                                                            float *y, int64_t ldy, int n) {
+    const int nb = k / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[G][16];
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX6_BYTES;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        for (int l = 0; l < 16; l++) {
+            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)))));
+            const uint8_t *v = o + 288 + 192 * l;
+            const __m512i l0 = _mm512_loadu_si512((const void *)v);
+            const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
+            const __m512i h = _mm512_loadu_si512((const void *)(v + 128));
+            const __m512i st[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(h, m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
+                __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
+                for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
+                p = _mm512_sub_epi32(p, _mm512_set1_epi32(c32[(int64_t)i * (k / 16) + 16 * s + l]));
+                acc[i][l] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(p),
+                    _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 *c = acc[i];
+        __m512 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, _mm512_sub_ps(sum, _mm512_setzero_ps()));
+    }
+}
+
 /* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens. */
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                     int64_t ldy) {
-    const int k = w->k, nsb = k / 256;
+    const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
+    const int64_t sb = kx_sb_bytes(w->fmt);
+    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)(k / 16)) : NULL;
+    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
     for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */
         const int t1 = T - t0 < 64 ? T : t0 + 64;
+        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
+            for (int i = 0; i < k / 16; i++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
+                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
+            }
         for (int g = g0; g < g1; g++) {
-            const uint8_t *qx = w->qx + (int64_t)g * nsb * KX_BYTES;
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
-                switch (G) {
-#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+                const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
+                switch (G + 16 * six) {
+#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
+                 case G + 16: kx6_group(qx, nsb, a, t, G, k, c, y, ldy, 16 * g); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }
@@ -550,17 +658,20 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
             }
         }
     }
+    free(c32);
 }
 
 /* y[t, n] (row stride ldy) for K-quant rows n in [n0, n1), all T tokens, int8 blocks. */
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy) {
-    if (w->qx) { /* Q4_K: whole repacked groups of 16 rows there, the rest from the file's */
+    if (w->qx) { /* whole repacked groups of 16 rows there, the rest from the file's */
         const int g0 = (n0 + 15) / 16, g1 = n1 / 16 < w->n / 16 ? n1 / 16 : w->n / 16;
         if (g0 < g1) {
-            if (n0 < 16 * g0) kq_rows_fmt(FMT_Q4_K, w, n0, 16 * g0, T, a, y, ldy);
+            if (n0 < 16 * g0) kq_rows_i8(&(QMat){w->fmt, w->n, w->k, w->qs, NULL, NULL, NULL},
+                                         n0, 16 * g0, T, a, y, ldy);
             kx_rows(w, g0, g1, T, a, y, ldy);
-            if (16 * g1 < n1) kq_rows_fmt(FMT_Q4_K, w, 16 * g1, n1, T, a, y, ldy);
+            if (16 * g1 < n1) kq_rows_i8(&(QMat){w->fmt, w->n, w->k, w->qs, NULL, NULL, NULL},
+                                         16 * g1, n1, T, a, y, ldy);
             return;
         }
     }

@@ -384,9 +384,9 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     }
 }
 
-/* Whether this build's int8 kernel reads Q4_K rows repacked (QMat.qx), and the repacking:
- * rows 0 .. n / 16 * 16 of a Q4_K matrix src [n, k / 256 * 144] into dst (n / 16 * (k /
- * 256) * 2368 bytes), in groups of 16 rows over the team of nthreads. */
+/* Whether this build's int8 kernel reads Q4_K / Q6_K rows repacked (QMat.qx), and the
+ * repacking: rows 0 .. n / 16 * 16 of such a matrix src (the file's rows) into dst
+ * (rlm_kx_bytes), in groups of 16 rows over the team of nthreads. */
 int32_t rlm_kx_rows(void) {
 #ifdef RLM_I8_ZMM
     return 1;
@@ -395,25 +395,31 @@ int32_t rlm_kx_rows(void) {
 #endif
 }
 
-int64_t rlm_kx_bytes(int32_t n, int32_t k) { return (int64_t)(n / 16) * (k / 256) * KX_BYTES; }
+int64_t rlm_kx_bytes(int32_t fmt, int32_t n, int32_t k) {
+    return (int64_t)(n / 16) * (k / 256) * kx_sb_bytes(fmt);
+}
 
 typedef struct {
     const uint8_t *src;
-    int32_t n, k;
+    int32_t fmt, n, k;
     uint8_t *dst;
 } RepackJob;
 
 static void repack_job(void *ctx, int tid, int nth) {
     const RepackJob *j = (const RepackJob *)ctx;
-    const int groups = j->n / 16, nsb = j->k / 256;
-    const int64_t rb = (int64_t)nsb * 144;
-    for (int g = tid; g < groups; g += nth)
-        kx_repack_group(j->src + (int64_t)g * 16 * rb, rb, nsb,
-                        j->dst + (int64_t)g * nsb * KX_BYTES);
+    const int groups = j->n / 16, nsb = j->k / 256, six = j->fmt == FMT_Q6_K;
+    const int64_t rb = (int64_t)nsb * (six ? 210 : 144), sb = kx_sb_bytes(j->fmt);
+    for (int g = tid; g < groups; g += nth) {
+        const uint8_t *src = j->src + (int64_t)g * 16 * rb;
+        uint8_t *dst = j->dst + (int64_t)g * nsb * sb;
+        if (six) kx6_repack_group(src, rb, nsb, dst);
+        else kx_repack_group(src, rb, nsb, dst);
+    }
 }
 
-void rlm_repack_q4k(const uint8_t *src, int32_t n, int32_t k, uint8_t *dst, int32_t nthreads) {
-    RepackJob j = {src, n, k, dst};
+void rlm_repack_kx(const uint8_t *src, int32_t fmt, int32_t n, int32_t k, uint8_t *dst,
+                   int32_t nthreads) {
+    RepackJob j = {src, fmt, n, k, dst};
     run_parallel(repack_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
