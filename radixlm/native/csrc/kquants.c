@@ -200,6 +200,24 @@ static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *d
                 o[32 + 16 * i + r] = p[192 + i];
                 const uint8_t *e16 = q + 16 * i;
                 uint8_t *v = o + 288 + 192 * i + 4 * r;
+#ifdef RLM_AVX2
+                /* bytes 0-3: elements e | 8 + e << 4; 4-7: 4 + e | 12 + e << 4; the top bits
+                 * of e, 4 + e, 8 + e, 12 + e two by two */
+                const __m128i x = _mm_load_si128((const __m128i *)e16);
+                const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
+                const __m128i hb = _mm_srli_epi16(_mm_andnot_si128(_mm_set1_epi8(15), x), 4);
+                const __m128i t = _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_si128(lo, 8), 4));
+                const __m128i u = _mm_or_si128(
+                    _mm_or_si128(hb, _mm_slli_epi16(_mm_srli_si128(hb, 4), 2)),
+                    _mm_or_si128(_mm_slli_epi16(_mm_srli_si128(hb, 8), 4),
+                                 _mm_slli_epi16(_mm_srli_si128(hb, 12), 6)));
+                const int32_t w0 = _mm_cvtsi128_si32(t), w1 = _mm_extract_epi32(t, 1),
+                              w2 = _mm_cvtsi128_si32(u);
+                memcpy(v, &w0, 4);
+                memcpy(v + 64, &w1, 4);
+                memcpy(v + 128, &w2, 4);
+                continue;
+#endif
                 for (int e = 0; e < 4; e++) {
                     v[e] = (uint8_t)((e16[e] & 15) | (e16[8 + e] & 15) << 4);
                     v[64 + e] = (uint8_t)((e16[4 + e] & 15) | (e16[12 + e] & 15) << 4);
@@ -227,6 +245,20 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
                 const uint8_t *qs = p + 16 + 32 * (j / 2);
                 const int sh = 4 * (j & 1);
                 uint8_t *v = o + 320 + 256 * j + 4 * r;
+#ifdef RLM_AVX2
+                /* 16 bytes: element e's nibble low, 16 + e's high; 4 bytes to a vector */
+                const __m128i a = _mm_loadu_si128((const __m128i *)qs);
+                const __m128i b = _mm_loadu_si128((const __m128i *)(qs + 16));
+                const __m128i m = _mm_set1_epi8(15);
+                const __m128i t = sh ? _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m),
+                                                    _mm_andnot_si128(m, b))
+                                     : _mm_or_si128(_mm_and_si128(a, m),
+                                                    _mm_slli_epi16(_mm_and_si128(b, m), 4));
+                const int32_t w[4] = {_mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1),
+                                      _mm_extract_epi32(t, 2), _mm_extract_epi32(t, 3)};
+                for (int e = 0; e < 4; e++) memcpy(v + 64 * e, &w[e], 4);
+                continue;
+#endif
                 for (int e = 0; e < 16; e++)
                     v[64 * (e / 4) + e % 4] =
                         (uint8_t)(((qs[e] >> sh) & 15) | ((qs[16 + e] >> sh) & 15) << 4);
