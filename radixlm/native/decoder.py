@@ -205,6 +205,8 @@ class NativeDecoder:
     gives its pages back; weights the arena reads in place are not copied or released).
     ``deterministic``: one activation mode for every step (``activation_modes``)."""
 
+    STEP_SLICE = 256  # tokens a step-invariant mode runs at once (see forward)
+
     def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
                  max_rows: int | None, quant: str = "auto", act: str = "auto",
                  release=None, deterministic: bool = False) -> None:
@@ -423,15 +425,22 @@ class NativeDecoder:
         max_ctx = max(batch.seq_lens_cpu)
         act_rows = getattr(batch, "act_rows", None)
         mode = self._mode(act_rows or T)
-        ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], T, max_ctx,
-                                                             nthreads))
+        # a step-invariant mode gives a token the same numbers at every step size, so a big
+        # step runs as slices in order (each one's K/V written before the next attends to
+        # it): the workspace is a slice's (~145 KB a token at 1B), not the whole chunk's
+        size = self.STEP_SLICE if mode in STEP_INVARIANT_MODES else T
+        ws = self._workspace("_ws", lib.rlm_workspace_floats(self.layers[0], min(T, size),
+                                                             max_ctx, nthreads))
         table = pool.req_to_token
-        step = Step(T, self.kv_dtype, nthreads, max_ctx, mode, cos.data_ptr(),
-                    sin.data_ptr(), batch.out_cache_loc.data_ptr(), rows.data_ptr(),
-                    batch.positions.data_ptr(), table.data_ptr(), table.stride(0),
-                    ws.data_ptr(), *self._scale_ptrs)
-        lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
-                       ctypes.byref(step), res.data_ptr())
+        rows = rows.contiguous()
+        for a in range(0, T, size):
+            n = min(size, T - a)
+            step = Step(n, self.kv_dtype, nthreads, max_ctx, mode, cos[a:].data_ptr(),
+                        sin[a:].data_ptr(), batch.out_cache_loc[a:].data_ptr(),
+                        rows[a:].data_ptr(), batch.positions[a:].data_ptr(), table.data_ptr(),
+                        table.stride(0), ws.data_ptr(), *self._scale_ptrs)
+            lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
+                           ctypes.byref(step), res[a:].data_ptr())
         hidden_indices = getattr(batch, "hidden_indices", None)
         if hidden_indices is not None:  # rows whose last hidden state is asked for
             batch.hidden = res[hidden_indices]
