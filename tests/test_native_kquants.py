@@ -141,6 +141,19 @@ def test_repacked_rows_are_the_files_rows(lib, type_name):  # noqa: F811
                            ops.norm_matmul(lib, x[:t], w, act="int8", repack=False)), t
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+def test_int8_rows_are_the_same_bits_on_every_build(lib, type_name):  # noqa: F811
+    """Every build (512-bit, AVX2 with its repacked rows, plain C) sums a token's products
+    with a K-quant row in one order: the same bits as this host's native build, repacked
+    rows and the file's rows past the last group of 16 alike."""
+    native = build.load()
+    w = kquant_weight(type_name, 45, 768, seed=13)
+    x = torch.randn(40, 768)
+    for t in (1, 5, 40):
+        assert torch.equal(ops.norm_matmul(lib, x[:t], w, act="int8"),
+                           ops.norm_matmul(native, x[:t], w, act="int8")), t
+
+
 def test_avx512_without_vnni_gives_this_hosts_bits(tmp_path):
     """An AVX-512 build without VNNI (maddubs pairs instead of dpbusd) sums the same
     integers: the same bits as this host's own build."""

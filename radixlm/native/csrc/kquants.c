@@ -303,66 +303,201 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
 }
 
 /* ------------------------------------------------------------------ int8 activations */
-/* One token's sum over a row unpacked (q, ds, dm) against its int8 blocks (x, xd, xs): the
- * AVX2 and plain-C builds (512-bit builds run the super-blocks in registers, below). */
+/* One token's sum over a row unpacked (q, ds, dm) against its int8 blocks (x, xd, xs) where
+ * the 512-bit kernels do not run (AVX2's rows past the repacked groups, plain C): in the
+ * order every build's kernels share, so a token's bits are the same on every build. Per
+ * super-block s and scale group (Q4_K / Q5_K: sub-block j of 32; Q6_K: group i of 16) the
+ * exact integer sum (Q6_K: sum q a - 32 sum a), then lane L (8 (s % 2) + j; Q6_K: i) of 16
+ * accumulators += sum (d sc dx) and m lane j of 8 += (dmin m_j) (dx_j sum a), one rounded
+ * product and one fused multiply-add each; then kq_lanes_tree. */
+static inline float kq_lanes_tree(const float *a, const float *m) {
+    float s[4];
+    for (int j = 0; j < 4; j++) s[j] = (a[4 * j] + a[4 * j + 2]) + (a[4 * j + 1] + a[4 * j + 3]);
+    return ((s[0] + s[2]) + (s[1] + s[3])) - (((m[0] + m[2]) + (m[1] + m[3])) +
+                                              ((m[4] + m[6]) + (m[5] + m[7])));
+}
+
+/* sum_e q[e] x[e] over n bytes (n % 16 == 0; q unsigned < 64, x signed) */
+static inline int kq_isum(const uint8_t *q, const int8_t *x, int n) {
+#ifdef RLM_AVX2
+    __m128i acc = _mm_setzero_si128();
+    for (int e = 0; e < n; e += 16)
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(
+            _mm_maddubs_epi16(_mm_loadu_si128((const __m128i *)(q + e)),
+                              _mm_loadu_si128((const __m128i *)(x + e))), _mm_set1_epi16(1)));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(1, 0, 3, 2)));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(acc);
+#else
+    int sum = 0;
+    for (int e = 0; e < n; e++) sum += q[e] * x[e];
+    return sum;
+#endif
+}
+
 static inline float kq_dot(int fmt, int nsb, const uint8_t *q, const float *ds,
                            const float *dm, const int8_t *x, const float *xd,
                            const float *xs) {
-    const int six = fmt == FMT_Q6_K;
-#if defined(RLM_AVX2)
-    /* 32 weights (one activation block) a vector; Q6_K's two scales a half each */
-    const __m256i c32 = _mm256_set1_epi8(32);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float acc[16] = {0}, accm[8] = {0};
     for (int s = 0; s < nsb; s++) {
-        __m256 sv[2];
-        if (six) {
-            const __m256 dx = _mm256_loadu_ps(xd + 8 * s);
-            const __m256i lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-            sv[0] = _mm256_mul_ps(_mm256_loadu_ps(ds + 16 * s), _mm256_permutevar8x32_ps(dx, lo));
-            sv[1] = _mm256_mul_ps(_mm256_loadu_ps(ds + 16 * s + 8), _mm256_permutevar8x32_ps(
-                dx, _mm256_add_epi32(lo, _mm256_set1_epi32(4))));
-        } else {
-            sv[0] = _mm256_mul_ps(_mm256_loadu_ps(ds + 8 * s), _mm256_loadu_ps(xd + 8 * s));
-            accm = _mm256_fmadd_ps(_mm256_loadu_ps(dm + 8 * s), _mm256_loadu_ps(xs + 8 * s), accm);
+        if (fmt == FMT_Q6_K) {
+            for (int i = 0; i < 16; i++) {
+                const int o = 256 * s + 16 * i;
+                int sa = 0;
+                for (int e = 0; e < 16; e++) sa += x[o + e];
+                const float sv = ds[16 * s + i] * xd[8 * s + i / 2];
+                acc[i] = fmaf((float)(kq_isum(q + o, x + o, 16) - 32 * sa), sv, acc[i]);
+            }
+            continue;
         }
         for (int j = 0; j < 8; j++) {
-            const __m256i u = _mm256_load_si256((const __m256i *)(q + 256 * s + 32 * j));
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 256 * s + 32 * j));
-            __m256i d = dot_u8s8(u, xv);
-            __m256 sc;
-            if (six) {
-                d = _mm256_sub_epi32(d, dot_u8s8(c32, xv));
-                const int i = 2 * (j & 3);
-                sc = _mm256_permutevar8x32_ps(sv[j >> 2], _mm256_setr_epi32(i, i, i, i, i + 1, i + 1,
-                                                                            i + 1, i + 1));
-            } else {
-                sc = _mm256_permutevar8x32_ps(sv[0], _mm256_set1_epi32(j));
-            }
-            if (j & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, acc1);
-            else acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, acc0);
+            const int o = 256 * s + 32 * j, b = 8 * s + j, L = 8 * (s & 1) + j;
+            const float sv = ds[b] * xd[b];
+            acc[L] = fmaf((float)kq_isum(q + o, x + o, 32), sv, acc[L]);
+            accm[j] = fmaf(dm[b], xs[b], accm[j]);
         }
     }
-    return hsum256(_mm256_add_ps(acc0, acc1)) - hsum256(accm);
-#else
-    float acc = 0.f, accm = 0.f;
-    for (int b = 0; b < nsb * 8; b++) {
-        int is[2] = {0, 0};
-        for (int h = 0; h < 2; h++)
-            for (int e = 0; e < 16; e++) {
-                const int i = 32 * b + 16 * h + e;
-                is[h] += ((int)q[i] - (six ? 32 : 0)) * x[i];
-            }
-        if (six) {
-            const float *s = ds + b / 8 * 16 + b % 8 * 2;
-            acc += xd[b] * (s[0] * (float)is[0] + s[1] * (float)is[1]);
-        } else {
-            acc += ds[b] * xd[b] * (float)(is[0] + is[1]);
-            accm += dm[b] * xs[b];
-        }
-    }
-    return acc - accm;
-#endif
+    return kq_lanes_tree(acc, accm);
 }
+
+#if defined(RLM_AVX2) && !defined(RLM_I8_ZMM)
+/* ------------------------------------------------------------------ AVX2, repacked rows
+ * The repacked groups (kx_repack_group) 8 rows a 256-bit vector, the two halves of a group
+ * one after the other; the 512-bit kernels' operations per row (kx_group), so the same
+ * bits. Without VNNI a step's u8 x s8 pairs are summed in int16 over a sub-block's 8 steps
+ * (nibbles times |a| <= 128: at most 8 x 2 x 15 x 128 = 30720, no saturation), Q6_K's per
+ * step (6 bits: 2 x 63 x 128 = 16128), then widened. */
+static inline __m256i kx_bcast4_256(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
+                                                          int nsb, const Act *a, int t,
+                                                          const int G, int k,
+                                                          const int32_t *c32, float *y,
+                                                          int64_t ldy, int n, int h) {
+    const int nb = k / 32, six = fmt == FMT_Q6_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[G][16], accm[G][8];
+    for (int i = 0; i < G; i++) {
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) accm[i][j] = _mm256_setzero_ps();
+    }
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
+        if (six) {
+            for (int l = 0; l < 16; l++) {
+                const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                        _mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)))));
+                const uint8_t *v = o + 288 + 192 * l + 32 * h;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
+                const __m256i st[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+                for (int i = 0; i < G; i++) {
+                    const int64_t ti = t + i;
+                    const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
+                    __m256i p = _mm256_set1_epi32(-c32[(int64_t)i * (k / 16) + 16 * s + l]);
+                    for (int e = 0; e < 4; e++)
+                        p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
+                    acc[i][l] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(p),
+                        _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+                }
+            }
+            continue;
+        }
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
+        for (int j = 0; j < 8; j++) {
+            const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                    _mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)))));
+            const __m256 dm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                     _mm_loadl_epi64((const __m128i *)(o + 192 + 16 * j + 8 * h)))));
+            __m256i st[8];
+            for (int v = 0; v < 4; v++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(o + 320 + 256 * j + 64 * v + 32 * h));
+                st[v] = _mm256_and_si256(b, m4);
+                st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            }
+            const int L = 8 * (s & 1) + j;
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+                __m256i p = _mm256_setzero_si256();
+                for (int v = 0; v < 8; v++)
+                    p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
+#else
+                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
+                for (int v = 1; v < 8; v++)
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
+                const __m256i p = _mm256_madd_epi16(p16, ones);
+#endif
+                const int64_t b = ti * nb + 8 * s + j;
+                acc[i][L] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                            _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[b])), acc[i][L]);
+                accm[i][j] = _mm256_fmadd_ps(dm, _mm256_set1_ps(a->xs[b]), accm[i][j]);
+            }
+        }
+    }
+    (void)ones;
+    for (int i = 0; i < G; i++) {
+        const __m256 *c = acc[i], *m = accm[i];
+        __m256 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_add_ps(_mm256_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm256_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3]));
+        const __m256 msum = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])),
+            _mm256_add_ps(_mm256_add_ps(m[4], m[6]), _mm256_add_ps(m[5], m[7])));
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, _mm256_sub_ps(sum, msum));
+    }
+}
+
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time. */
+static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                    int64_t ldy) {
+    const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
+    const int64_t sb = kx_sb_bytes(w->fmt);
+    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 32 * (size_t)(k / 16)) : NULL;
+    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
+    for (int t0 = 0; t0 < T; t0 += 32) { /* a tile of tokens' activations stays in L2 */
+        const int t1 = T - t0 < 32 ? T : t0 + 32;
+        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
+            for (int i = 0; i < k / 16; i++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
+                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
+            }
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
+            for (int h = 0; h < 2; h++)
+                for (int t = t0; t < t1;) {
+                    const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
+                    const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
+                    switch (G + 8 * six) {
+#define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
+                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break;
+                    RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
+#undef RLM_G
+                    }
+                    t += G;
+                }
+        }
+    }
+    free(c32);
+}
+#endif
 
 #ifdef RLM_I8_ZMM
 /* ------------------------------------------------------------------ 512-bit, in registers
@@ -720,6 +855,19 @@ static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float
 /* y[t, n] (row stride ldy) for K-quant rows n in [n0, n1), all T tokens, int8 blocks. */
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy) {
+#ifdef RLM_AVX2
+    if (w->qx) { /* whole repacked groups of 16 rows there, the rest from the file's */
+        const int g0 = (n0 + 15) / 16, g1 = n1 / 16 < w->n / 16 ? n1 / 16 : w->n / 16;
+        if (g0 < g1) {
+            if (n0 < 16 * g0) kq_rows_i8(&(QMat){w->fmt, w->n, w->k, w->qs, NULL, NULL, NULL},
+                                         n0, 16 * g0, T, a, y, ldy);
+            kx_rows(w, g0, g1, T, a, y, ldy);
+            if (16 * g1 < n1) kq_rows_i8(&(QMat){w->fmt, w->n, w->k, w->qs, NULL, NULL, NULL},
+                                         16 * g1, n1, T, a, y, ldy);
+            return;
+        }
+    }
+#endif
     const int k = w->k, nb = k / 32, nsb = k / 256;
     const int64_t row_bytes = row_bytes_of(w);
     uint8_t q[k] __attribute__((aligned(64)));

@@ -388,7 +388,7 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
  * repacking: rows 0 .. n / 16 * 16 of such a matrix src (the file's rows) into dst
  * (rlm_kx_bytes), in groups of 16 rows over the team of nthreads. */
 int32_t rlm_kx_rows(void) {
-#ifdef RLM_I8_ZMM
+#ifdef RLM_AVX2
     return 1;
 #else
     return 0;
