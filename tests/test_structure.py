@@ -193,6 +193,19 @@ def test_runtime_and_server_load_no_dsl_module(module):
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_constraints_do_not_import_the_formats():
+    """Within their layer the formats sit above the constraints: a tool-call grammar or a
+    template may use the constraint builders, never the other way round (one direction, no
+    cycle through the sibling)."""
+    graph = import_graph()
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items()
+                    if name.startswith("radixlm.constraints") for target in targets
+                    if target.startswith("radixlm.formats"))
+    assert not upward, upward
+    assert any(t.startswith("radixlm.constraints") for name, targets in graph.items()
+               if name.startswith("radixlm.formats") for t in targets)  # (the direction used)
+
+
 def test_formats_load_no_torch_runtime_server_or_dsl():
     """The formats (tool-call parsers, chat templates) are plain Python below the runtime."""
     code = ("import sys; import radixlm.formats.tool_parsers, radixlm.formats.chat_templates; "

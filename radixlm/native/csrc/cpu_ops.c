@@ -10,6 +10,7 @@
 #include "amx.c"
 #include "matmul_i8.c"
 #include "kquants.c"
+#include "kx.c"
 #include "amx_i8.c"
 #include "matmul.c"
 #include "vmath.c"

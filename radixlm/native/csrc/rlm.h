@@ -28,6 +28,7 @@
  *   amx_i8.c       int8 activation blocks x Q8 rows on AMX int8 tiles (the 512-bit path's bits)
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
  *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
+ *   kx.c           K-quant rows repacked 16 side by side, and their int8 kernels
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
  *   attention.c    attention through req_to_token
@@ -101,7 +102,7 @@ typedef struct {
                              K-quants (their scales are in their super-blocks) */
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
     const uint8_t *qx;    /* Q4_K / Q6_K on 512-bit int8 builds: rows 0 .. n / 16 * 16 repacked 16 rows
-                             side by side (kx_repack in kquants.c) for the int8 kernel; the
+                             side by side (kx.c) for the int8 kernel; the
                              other paths read qs. NULL: read qs only */
 } QMat;
 
@@ -348,7 +349,11 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
 
 /* kquants.c */
 static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out);
+/* kx.c */
 static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm);
+#ifdef RLM_AVX2
+static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y, int64_t ldy);
+#endif
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy);
 

@@ -1,0 +1,438 @@
+/* GGUF K-quant rows repacked 16 side by side (QMat.qx) for the int8 kernels, and those
+ * kernels: the 512-bit one (16 rows a vector) and the AVX2 one (8 rows a vector, a group's
+ * two halves in turn). kquants.c's kq_rows_i8 sends the whole groups of a row range here.
+ * Each row's products and sums are the same operations in the same order as kquants.c's
+ * (bits equal: tests/test_native_kquants.py). */
+#include "rlm.h"
+/* ------------------------------------------------------------------ Q4_K, 16 rows side by side
+ * QMat.qx: a Q4_K matrix's rows 0 .. n / 16 * 16 repacked in groups of 16 rows for the
+ * int8 kernels (kx_rows: 16 rows a 512-bit vector, or 8 a 256-bit one); group g's
+ * super-block s is KX_BYTES bytes at qx + (g nsb + s) KX_BYTES:
+ *   d[16], dmin[16] fp16 (row r's, as the file has them); sc[8][16], mn[8][16] bytes (row
+ *   r's 6-bit scale and min of sub-block j, kq_scale_bytes' values); then per sub-block j 4
+ *   vectors of 64 bytes, vector v's byte 4 r + e = element 4 v + e of row r's sub-block j
+ *   in its low nibble, element 16 + 4 v + e in its high.
+ * One u8 x s8 dot instruction of a vector's nibbles against 4 activations broadcast adds up
+ * 4 products of each of the 16 rows, a row a lane: a sub-block's integer sums after 8
+ * instructions with no sums across lanes, and the scales of 16 rows are one vector. 2.8%
+ * more bytes than the file's rows (the scales as bytes).
+ * Q6_K alike, KX6_BYTES (the file's own size) a group's super-block: d[16] fp16, sc[16][16]
+ * (row r's int8 scale of group i of 16 weights), then per group i 3 vectors: two of low
+ * nibbles (vector v's byte 4 r + e: element 4 v + e of row r's group in its low nibble, 8 + 4 v
+ * + e in its high) and one of high bits (byte 4 r + e, bits 2 t and 2 t + 1: element 4 t + e's
+ * top two). */
+#define KX_BYTES 2368
+#define KX6_BYTES 3360
+static inline int64_t kx_sb_bytes(int fmt) { return fmt == FMT_Q6_K ? KX6_BYTES : KX_BYTES; }
+
+/* Q6_K rows src [16, nsb * 210] (row stride rb) as one repacked group at dst. */
+static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+    uint8_t q[256] __attribute__((aligned(64)));
+    float ds[16], dm[8];
+    for (int s = 0; s < nsb; s++) {
+        uint8_t *o = dst + (int64_t)s * KX6_BYTES;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = src + r * rb + (int64_t)s * 210;
+            kq_unpack_sb(FMT_Q6_K, p, q, ds, dm);
+            memcpy(o + 2 * r, p + 208, 2);
+            for (int i = 0; i < 16; i++) {
+                o[32 + 16 * i + r] = p[192 + i];
+                const uint8_t *e16 = q + 16 * i;
+                uint8_t *v = o + 288 + 192 * i + 4 * r;
+#ifdef RLM_AVX2
+                /* bytes 0-3: elements e | 8 + e << 4; 4-7: 4 + e | 12 + e << 4; the top bits
+                 * of e, 4 + e, 8 + e, 12 + e two by two */
+                const __m128i x = _mm_load_si128((const __m128i *)e16);
+                const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
+                const __m128i hb = _mm_srli_epi16(_mm_andnot_si128(_mm_set1_epi8(15), x), 4);
+                const __m128i t = _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_si128(lo, 8), 4));
+                const __m128i u = _mm_or_si128(
+                    _mm_or_si128(hb, _mm_slli_epi16(_mm_srli_si128(hb, 4), 2)),
+                    _mm_or_si128(_mm_slli_epi16(_mm_srli_si128(hb, 8), 4),
+                                 _mm_slli_epi16(_mm_srli_si128(hb, 12), 6)));
+                const int32_t w0 = _mm_cvtsi128_si32(t), w1 = _mm_extract_epi32(t, 1),
+                              w2 = _mm_cvtsi128_si32(u);
+                memcpy(v, &w0, 4);
+                memcpy(v + 64, &w1, 4);
+                memcpy(v + 128, &w2, 4);
+                continue;
+#endif
+                for (int e = 0; e < 4; e++) {
+                    v[e] = (uint8_t)((e16[e] & 15) | (e16[8 + e] & 15) << 4);
+                    v[64 + e] = (uint8_t)((e16[4 + e] & 15) | (e16[12 + e] & 15) << 4);
+                    v[128 + e] = (uint8_t)((e16[e] >> 4) | (e16[4 + e] >> 4) << 2 |
+                                           (e16[8 + e] >> 4) << 4 | (e16[12 + e] >> 4) << 6);
+                }
+            }
+        }
+    }
+}
+
+/* Q4_K rows src [16, nsb * 144] (row stride rb) as one repacked group at dst. */
+static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+    for (int s = 0; s < nsb; s++) {
+        uint8_t *o = dst + (int64_t)s * KX_BYTES;
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = src + r * rb + (int64_t)s * 144;
+            uint8_t sc[8], mn[8];
+            memcpy(o + 2 * r, p, 2);
+            memcpy(o + 32 + 2 * r, p + 2, 2);
+            kq_scale_bytes(p + 4, sc, mn);
+            for (int j = 0; j < 8; j++) {
+                o[64 + 16 * j + r] = sc[j];
+                o[192 + 16 * j + r] = mn[j];
+                const uint8_t *qs = p + 16 + 32 * (j / 2);
+                const int sh = 4 * (j & 1);
+                uint8_t *v = o + 320 + 256 * j + 4 * r;
+#ifdef RLM_AVX2
+                /* 16 bytes: element e's nibble low, 16 + e's high; 4 bytes to a vector */
+                const __m128i a = _mm_loadu_si128((const __m128i *)qs);
+                const __m128i b = _mm_loadu_si128((const __m128i *)(qs + 16));
+                const __m128i m = _mm_set1_epi8(15);
+                const __m128i t = sh ? _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m),
+                                                    _mm_andnot_si128(m, b))
+                                     : _mm_or_si128(_mm_and_si128(a, m),
+                                                    _mm_slli_epi16(_mm_and_si128(b, m), 4));
+                const int32_t w[4] = {_mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1),
+                                      _mm_extract_epi32(t, 2), _mm_extract_epi32(t, 3)};
+                for (int e = 0; e < 4; e++) memcpy(v + 64 * e, &w[e], 4);
+                continue;
+#endif
+                for (int e = 0; e < 16; e++)
+                    v[64 * (e / 4) + e % 4] =
+                        (uint8_t)(((qs[e] >> sh) & 15) | ((qs[16 + e] >> sh) & 15) << 4);
+            }
+        }
+    }
+}
+
+/* Row n (< n / 16 * 16) of a repacked Q4_K matrix unpacked as kq_unpack_row does it from
+ * the file's rows: the same bytes q and the same products ds, dm. */
+static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm) {
+    const int nsb = w->k / 256, r = (int)(n % 16);
+    const uint8_t *g = w->qx + n / 16 * nsb * kx_sb_bytes(w->fmt);
+    for (int s = 0; w->fmt == FMT_Q6_K && s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * KX6_BYTES;
+        const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
+        for (int i = 0; i < 16; i++) {
+            ds[16 * s + i] = d * (float)(int8_t)o[32 + 16 * i + r];
+            const uint8_t *v = o + 288 + 192 * i + 4 * r;
+            uint8_t *e16 = q + 256 * s + 16 * i;
+            for (int e = 0; e < 4; e++)
+                for (int t = 0; t < 4; t++)
+                    e16[4 * t + e] = (uint8_t)(((v[64 * (t & 1) + e] >> (4 * (t >> 1))) & 15) |
+                                               ((v[128 + e] >> (2 * t)) & 3) << 4);
+        }
+    }
+    for (int s = 0; w->fmt == FMT_Q4_K && s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * KX_BYTES;
+        const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
+        const float dmin = H((f16)(o[32 + 2 * r] | o[33 + 2 * r] << 8));
+        for (int j = 0; j < 8; j++) {
+            ds[8 * s + j] = d * (float)o[64 + 16 * j + r];
+            dm[8 * s + j] = dmin * (float)o[192 + 16 * j + r];
+            const uint8_t *v = o + 320 + 256 * j + 4 * r;
+            for (int e = 0; e < 16; e++) {
+                const uint8_t b = v[64 * (e / 4) + e % 4];
+                q[256 * s + 32 * j + e] = b & 15;
+                q[256 * s + 32 * j + 16 + e] = b >> 4;
+            }
+        }
+    }
+}
+
+#if defined(RLM_AVX2) && !defined(RLM_I8_ZMM)
+/* ------------------------------------------------------------------ AVX2, repacked rows
+ * The repacked groups (kx_repack_group) 8 rows a 256-bit vector, the two halves of a group
+ * one after the other; the 512-bit kernels' operations per row (kx_group), so the same
+ * bits. Without VNNI a step's u8 x s8 pairs are summed in int16 over a sub-block's 8 steps
+ * (nibbles times |a| <= 128: at most 8 x 2 x 15 x 128 = 30720, no saturation), Q6_K's per
+ * step (6 bits: 2 x 63 x 128 = 16128), then widened. */
+static inline __m256i kx_bcast4_256(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
+                                                          int nsb, const Act *a, int t,
+                                                          const int G, int k,
+                                                          const int32_t *c32, float *y,
+                                                          int64_t ldy, int n, int h) {
+    const int nb = k / 32, six = fmt == FMT_Q6_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[G][16], accm[G][8];
+    for (int i = 0; i < G; i++) {
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) accm[i][j] = _mm256_setzero_ps();
+    }
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
+        if (six) {
+            for (int l = 0; l < 16; l++) {
+                const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                        _mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)))));
+                const uint8_t *v = o + 288 + 192 * l + 32 * h;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
+                const __m256i st[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+                for (int i = 0; i < G; i++) {
+                    const int64_t ti = t + i;
+                    const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
+                    __m256i p = _mm256_set1_epi32(-c32[(int64_t)i * (k / 16) + 16 * s + l]);
+                    for (int e = 0; e < 4; e++)
+                        p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
+                    acc[i][l] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(p),
+                        _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+                }
+            }
+            continue;
+        }
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
+        for (int j = 0; j < 8; j++) {
+            const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                    _mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)))));
+            const __m256 dm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                     _mm_loadl_epi64((const __m128i *)(o + 192 + 16 * j + 8 * h)))));
+            __m256i st[8];
+            for (int v = 0; v < 4; v++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(o + 320 + 256 * j + 64 * v + 32 * h));
+                st[v] = _mm256_and_si256(b, m4);
+                st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            }
+            const int L = 8 * (s & 1) + j;
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+                __m256i p = _mm256_setzero_si256();
+                for (int v = 0; v < 8; v++)
+                    p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
+#else
+                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
+                for (int v = 1; v < 8; v++)
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
+                const __m256i p = _mm256_madd_epi16(p16, ones);
+#endif
+                const int64_t b = ti * nb + 8 * s + j;
+                acc[i][L] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                            _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[b])), acc[i][L]);
+                accm[i][j] = _mm256_fmadd_ps(dm, _mm256_set1_ps(a->xs[b]), accm[i][j]);
+            }
+        }
+    }
+    (void)ones;
+    for (int i = 0; i < G; i++) {
+        const __m256 *c = acc[i], *m = accm[i];
+        __m256 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_add_ps(_mm256_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm256_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3]));
+        const __m256 msum = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])),
+            _mm256_add_ps(_mm256_add_ps(m[4], m[6]), _mm256_add_ps(m[5], m[7])));
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, _mm256_sub_ps(sum, msum));
+    }
+}
+
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time. */
+static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                    int64_t ldy) {
+    const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
+    const int64_t sb = kx_sb_bytes(w->fmt);
+    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 32 * (size_t)(k / 16)) : NULL;
+    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
+    for (int t0 = 0; t0 < T; t0 += 32) { /* a tile of tokens' activations stays in L2 */
+        const int t1 = T - t0 < 32 ? T : t0 + 32;
+        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
+            for (int i = 0; i < k / 16; i++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
+                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
+            }
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
+            for (int h = 0; h < 2; h++)
+                for (int t = t0; t < t1;) {
+                    const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
+                    const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
+                    switch (G + 8 * six) {
+#define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
+                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break;
+                    RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
+#undef RLM_G
+                    }
+                    t += G;
+                }
+        }
+    }
+    free(c32);
+}
+#endif
+
+#ifdef RLM_I8_ZMM
+/* 4 activations (bytes p[0..3]) in every 32-bit lane */
+static inline __m512i kx_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* G tokens (from token t) against repacked group qx (16 rows from row n): per super-block s
+ * and sub-block j, the 16 rows' integer sums (8 dot instructions), then per token acc[L]
+ * (L = 8 (s % 2) + j) += sums (d sc_j dx_j) and accm[j] += (dmin m_j) (dx_j sum a): lane r of
+ * acc[L] is lane L of kq_rows_group's accumulator for row n + r, the same operations in the
+ * same order; kq_lanes_sum's tree, a row a lane, then 16 rows stored at once. */
+static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, int nsb,
+                                                           const Act *a, int t, const int G,
+                                                           int k, float *y, int64_t ldy,
+                                                           int n) {
+    const int nb = k / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[G][16], accm[G][8];
+    for (int i = 0; i < G; i++) {
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) accm[i][j] = _mm512_setzero_ps();
+    }
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX_BYTES;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+        for (int j = 0; j < 8; j++) {
+            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)))));
+            const __m512 dm = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                     _mm_loadu_si128((const __m128i *)(o + 192 + 16 * j)))));
+            __m512i st[8];
+            for (int v = 0; v < 4; v++) {
+                const __m512i b = _mm512_loadu_si512((const void *)(o + 320 + 256 * j + 64 * v));
+                st[v] = _mm512_and_si512(b, m4);
+                st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+            }
+            const int L = 8 * (s & 1) + j;
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+                __m512i p0 = dot_u8s8_512(st[0], kx_bcast4(x));
+                __m512i p1 = dot_u8s8_512(st[4], kx_bcast4(x + 16));
+                for (int v = 1; v < 4; v++) {
+                    p0 = dot_acc_512(p0, st[v], kx_bcast4(x + 4 * v));
+                    p1 = dot_acc_512(p1, st[v + 4], kx_bcast4(x + 16 + 4 * v));
+                }
+                const int64_t b = ti * nb + 8 * s + j;
+                acc[i][L] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                            _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[b])),
+                                            acc[i][L]);
+                accm[i][j] = _mm512_fmadd_ps(dm, _mm512_set1_ps(a->xs[b]), accm[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 *c = acc[i], *m = accm[i];
+        __m512 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+        const __m512 msum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
+            _mm512_add_ps(_mm512_add_ps(m[4], m[6]), _mm512_add_ps(m[5], m[7])));
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, _mm512_sub_ps(sum, msum));
+    }
+}
+
+/* Q6_K's kx_group: per super-block s and group i of 16 weights the 16 rows' sums of q a (4
+ * dot instructions) less 32 sum a (c32: the token's, made once per tile), then acc[i] += sums
+ * (d sc_i dx_{i/2}): lane r of acc[i] is lane i of kq_rows_group's accumulator for row n +
+ * r, the same operations in the same order; the same tree, less its m terms' zeros. */
+static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, int nsb,
+                                                            const Act *a, int t, const int G,
+                                                            int k, const int32_t *c32,
+                                                            float *y, int64_t ldy, int n) {
+    const int nb = k / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[G][16];
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX6_BYTES;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        for (int l = 0; l < 16; l++) {
+            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)))));
+            const uint8_t *v = o + 288 + 192 * l;
+            const __m512i l0 = _mm512_loadu_si512((const void *)v);
+            const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
+            const __m512i h = _mm512_loadu_si512((const void *)(v + 128));
+            const __m512i st[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(h, m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+            for (int i = 0; i < G; i++) {
+                const int64_t ti = t + i;
+                const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
+                __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
+                for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
+                p = _mm512_sub_epi32(p, _mm512_set1_epi32(c32[(int64_t)i * (k / 16) + 16 * s + l]));
+                acc[i][l] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(p),
+                    _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 *c = acc[i];
+        __m512 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
+                                 _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, _mm512_sub_ps(sum, _mm512_setzero_ps()));
+    }
+}
+
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens. */
+static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                    int64_t ldy) {
+    const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
+    const int64_t sb = kx_sb_bytes(w->fmt);
+    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)(k / 16)) : NULL;
+    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
+    for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */
+        const int t1 = T - t0 < 64 ? T : t0 + 64;
+        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
+            for (int i = 0; i < k / 16; i++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
+                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
+            }
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
+                switch (G + 16 * six) {
+#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
+                 case G + 16: kx6_group(qx, nsb, a, t, G, k, c, y, ldy, 16 * g); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+                }
+                t += G;
+            }
+        }
+    }
+    free(c32);
+}
+#endif
