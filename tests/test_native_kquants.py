@@ -108,9 +108,9 @@ def test_int8_rows_are_the_same_bits_at_every_step_size(lib, type_name):  # noqa
         assert torch.equal(together, alone), t
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", TYPES)
 def test_repacked_rows_are_the_files_rows(lib, type_name):  # noqa: F811
-    """Q4_K / Q6_K rows repacked 16 side by side (the 512-bit int8 kernel's layout, QMat.qx)
+    """K-quant rows repacked 16 side by side (the 512-bit int8 kernel's layout, QMat.qx)
     hold the file's numbers: every row unpacks to the same bytes and scales as from the
     file's super-blocks (what the AMX int8 tiles read), and the matmul gives the same bits
     read either way at every step size, the rows past the last whole group of 16 from the

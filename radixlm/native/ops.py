@@ -11,10 +11,10 @@ import torch
 
 from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
-from radixlm.native.qweights import FMT_Q4, FMT_Q4_K, FMT_Q6_K, KQUANTS, QWeight
+from radixlm.native.qweights import FMT_Q4, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K, KQUANTS, QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
-REPACKED = (FMT_Q4_K, FMT_Q6_K)  # read 16 rows side by side by the 512-bit int8 kernel
+REPACKED = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)  # read 16 rows side by side by the int8 kernels
 
 
 class Arena:
@@ -28,9 +28,9 @@ class Arena:
     step measured the same on the map's 4 KB pages as on the arena's (42.1-42.3 vs 42.6-45.5
     ms, 2-core Xeon), and the copy was most of a load (0.4 s a GiB).
 
-    Where the library's int8 kernel reads Q4_K / Q6_K rows 16 side by side
+    Where the library's int8 kernel reads K-quant rows 16 side by side
     (``lib.rlm_kx_rows()``, 512-bit builds), such a matrix's rows are repacked into the arena
-    (``repacked``: Q4_K 2.8% more bytes than the file's, Q6_K the same) and the file's
+    (``repacked``: Q4_K 2.8% and Q5_K 2.3% more bytes than the file's, Q6_K the same) and the file's
     pages given back (``pages.release``): the int8 steps read the repacked rows, the other
     paths (fp32 / bf16 activations, the embedding lookup) the file's, faulting in only what
     they touch."""
@@ -131,7 +131,7 @@ def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = No
 
 def qmat(w: QWeight, keep: list, lib=None) -> QMat:
     """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
-    ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, Q4_K / Q6_K rows are
+    ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, K-quant rows are
     repacked for its int8 kernel where it reads them so (as the ``Arena`` does)."""
     arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
@@ -151,7 +151,7 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
                 threads: int | None = None, repack: bool = True) -> torch.Tensor:
     """``rmsnorm(x) @ W.T`` (no norm when ``norm`` is None) for ``x [T, k]`` fp32, with the
     activations read as ``act`` (fp32 | int8 | bf16; the twin: ``qmatmul`` of
-    tests/native_ref.py); ``repack``: Q4_K / Q6_K rows also repacked where the engine's are
+    tests/native_ref.py); ``repack``: K-quant rows also repacked where the engine's are
     (``qmat``)."""
     keep: list = []
     m = qmat(w, keep, lib if repack else None)

@@ -22,8 +22,12 @@
  * + e in its high) and one of high bits (byte 4 r + e, bits 2 t and 2 t + 1: element 4 t + e's
  * top two). */
 #define KX_BYTES 2368
+#define KX5_BYTES 2880 /* Q5_K: Q4_K's, then per sub-block j 64 bytes of fifth bits at
+                          KX_BYTES + 64 j: byte 4 r + e, bit t = element 4 t + e's */
 #define KX6_BYTES 3360
-static inline int64_t kx_sb_bytes(int fmt) { return fmt == FMT_Q6_K ? KX6_BYTES : KX_BYTES; }
+static inline int64_t kx_sb_bytes(int fmt) {
+    return fmt == FMT_Q6_K ? KX6_BYTES : fmt == FMT_Q5_K ? KX5_BYTES : KX_BYTES;
+}
 
 /* Q6_K rows src [16, nsb * 210] (row stride rb) as one repacked group at dst. */
 static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
@@ -68,12 +72,19 @@ static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *d
     }
 }
 
-/* Q4_K rows src [16, nsb * 144] (row stride rb) as one repacked group at dst. */
-static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+/* Q4_K (five = 0) or Q5_K rows src [16, nsb * 144 | 176] (row stride rb) as one repacked
+ * group at dst. */
+static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst, int five) {
     for (int s = 0; s < nsb; s++) {
-        uint8_t *o = dst + (int64_t)s * KX_BYTES;
+        uint8_t *o = dst + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
         for (int r = 0; r < 16; r++) {
-            const uint8_t *p = src + r * rb + (int64_t)s * 144;
+            const uint8_t *p = src + r * rb + (int64_t)s * (five ? 176 : 144);
+            for (int j = 0; five && j < 8; j++) /* bit j of qh byte e: element e of j */
+                for (int e = 0; e < 4; e++) {
+                    uint8_t b = 0;
+                    for (int t = 0; t < 8; t++) b |= (uint8_t)(((p[16 + 4 * t + e] >> j) & 1) << t);
+                    o[KX_BYTES + 64 * j + 4 * r + e] = b;
+                }
             uint8_t sc[8], mn[8];
             memcpy(o + 2 * r, p, 2);
             memcpy(o + 32 + 2 * r, p + 2, 2);
@@ -81,7 +92,7 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
             for (int j = 0; j < 8; j++) {
                 o[64 + 16 * j + r] = sc[j];
                 o[192 + 16 * j + r] = mn[j];
-                const uint8_t *qs = p + 16 + 32 * (j / 2);
+                const uint8_t *qs = p + (five ? 48 : 16) + 32 * (j / 2);
                 const int sh = 4 * (j & 1);
                 uint8_t *v = o + 320 + 256 * j + 4 * r;
 #ifdef RLM_AVX2
@@ -124,8 +135,9 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
                                                ((v[128 + e] >> (2 * t)) & 3) << 4);
         }
     }
-    for (int s = 0; w->fmt == FMT_Q4_K && s < nsb; s++) {
-        const uint8_t *o = g + (int64_t)s * KX_BYTES;
+    const int five = w->fmt == FMT_Q5_K;
+    for (int s = 0; w->fmt != FMT_Q6_K && s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * kx_sb_bytes(w->fmt);
         const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
         const float dmin = H((f16)(o[32 + 2 * r] | o[33 + 2 * r] << 8));
         for (int j = 0; j < 8; j++) {
@@ -137,6 +149,9 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
                 q[256 * s + 32 * j + e] = b & 15;
                 q[256 * s + 32 * j + 16 + e] = b >> 4;
             }
+            for (int e = 0; five && e < 32; e++)
+                q[256 * s + 32 * j + e] |=
+                    (uint8_t)(((o[KX_BYTES + 64 * j + 4 * r + e % 4] >> (e / 4)) & 1) << 4);
         }
     }
 }
@@ -161,6 +176,8 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                                                           int64_t ldy, int n, int h) {
     const int nb = k / 32, six = fmt == FMT_Q6_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m10 = _mm256_set1_epi8(0x10);
+    const int five = fmt == FMT_Q5_K;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[G][16], accm[G][8];
     for (int i = 0; i < G; i++) {
@@ -209,6 +226,14 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                 st[v] = _mm256_and_si256(b, m4);
                 st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
             }
+            if (five) { /* step v's fifth bits (bit v of the plane) to bit 4 */
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + KX_BYTES + 64 * j + 32 * h));
+                const __m256i u[8] = {_mm256_slli_epi16(hb, 4), _mm256_slli_epi16(hb, 3),
+                                      _mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb,
+                                      _mm256_srli_epi16(hb, 1), _mm256_srli_epi16(hb, 2),
+                                      _mm256_srli_epi16(hb, 3)};
+                for (int v = 0; v < 8; v++) st[v] = _mm256_or_si256(st[v], _mm256_and_si256(u[v], m10));
+            }
             const int L = 8 * (s & 1) + j;
             for (int i = 0; i < G; i++) {
                 const int64_t ti = t + i;
@@ -218,10 +243,16 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                 for (int v = 0; v < 8; v++)
                     p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
 #else
-                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
-                for (int v = 1; v < 8; v++)
+                /* (Q5_K's 5 bits: int16 sums over 4 steps at most, 4 x 2 x 31 x 128 = 31744) */
+                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x)), p = _mm256_setzero_si256();
+                for (int v = 1; v < 8; v++) {
+                    if (five && v == 4) {
+                        p = _mm256_madd_epi16(p16, ones);
+                        p16 = _mm256_setzero_si256();
+                    }
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
-                const __m256i p = _mm256_madd_epi16(p16, ones);
+                }
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(p16, ones));
 #endif
                 const int64_t b = ti * nb + 8 * s + j;
                 acc[i][L] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
@@ -266,9 +297,10 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
                 for (int t = t0; t < t1;) {
                     const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
                     const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
-                    switch (G + 8 * six) {
+                    switch (G + 8 * six + 16 * (w->fmt == FMT_Q5_K)) {
 #define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
-                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break;
+                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
+                 case G + 16: kx_half(FMT_Q5_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break;
                     RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
 #undef RLM_G
                     }
@@ -296,16 +328,16 @@ static inline __m512i kx_bcast4(const int8_t *p) {
 static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, int nsb,
                                                            const Act *a, int t, const int G,
                                                            int k, float *y, int64_t ldy,
-                                                           int n) {
+                                                           int n, const int five) {
     const int nb = k / 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[G][16], accm[G][8];
     for (int i = 0; i < G; i++) {
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) accm[i][j] = _mm512_setzero_ps();
     }
     for (int s = 0; s < nsb; s++) {
-        const uint8_t *o = qx + (int64_t)s * KX_BYTES;
+        const uint8_t *o = qx + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
         const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
         for (int j = 0; j < 8; j++) {
@@ -318,6 +350,14 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
                 const __m512i b = _mm512_loadu_si512((const void *)(o + 320 + 256 * j + 64 * v));
                 st[v] = _mm512_and_si512(b, m4);
                 st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+            }
+            if (five) { /* step v's fifth bits (bit v of the plane) to bit 4: st | (h & 0x10) */
+                const __m512i h = _mm512_loadu_si512((const void *)(o + KX_BYTES + 64 * j));
+                const __m512i u[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
+                                      _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1), h,
+                                      _mm512_srli_epi16(h, 1), _mm512_srli_epi16(h, 2),
+                                      _mm512_srli_epi16(h, 3)};
+                for (int v = 0; v < 8; v++) st[v] = _mm512_ternarylogic_epi32(st[v], u[v], m10, 0xF8);
             }
             const int L = 8 * (s & 1) + j;
             for (int i = 0; i < G; i++) {
@@ -423,9 +463,10 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
                 const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
-                switch (G + 16 * six) {
-#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
-                 case G + 16: kx6_group(qx, nsb, a, t, G, k, c, y, ldy, 16 * g); break;
+                switch (G + 16 * six + 32 * (w->fmt == FMT_Q5_K)) {
+#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 0); break; \
+                 case G + 16: kx6_group(qx, nsb, a, t, G, k, c, y, ldy, 16 * g); break; \
+                 case G + 32: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 1); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }

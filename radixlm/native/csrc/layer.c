@@ -384,7 +384,7 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     }
 }
 
-/* Whether this build's int8 kernel reads Q4_K / Q6_K rows repacked (QMat.qx), and the
+/* Whether this build's int8 kernel reads K-quant rows repacked (QMat.qx), and the
  * repacking: rows 0 .. n / 16 * 16 of such a matrix src (the file's rows) into dst
  * (rlm_kx_bytes), in groups of 16 rows over the team of nthreads. */
 int32_t rlm_kx_rows(void) {
@@ -408,12 +408,13 @@ typedef struct {
 static void repack_job(void *ctx, int tid, int nth) {
     const RepackJob *j = (const RepackJob *)ctx;
     const int groups = j->n / 16, nsb = j->k / 256, six = j->fmt == FMT_Q6_K;
-    const int64_t rb = (int64_t)nsb * (six ? 210 : 144), sb = kx_sb_bytes(j->fmt);
+    const int five = j->fmt == FMT_Q5_K;
+    const int64_t rb = (int64_t)nsb * (six ? 210 : five ? 176 : 144), sb = kx_sb_bytes(j->fmt);
     for (int g = tid; g < groups; g += nth) {
         const uint8_t *src = j->src + (int64_t)g * 16 * rb;
         uint8_t *dst = j->dst + (int64_t)g * nsb * sb;
         if (six) kx6_repack_group(src, rb, nsb, dst);
-        else kx_repack_group(src, rb, nsb, dst);
+        else kx_repack_group(src, rb, nsb, dst, five);
     }
 }
 

@@ -101,8 +101,8 @@ typedef struct {
     const uint16_t *d;    /* [n, k/32] fp16 block scales (GGUF's own); NULL for dense rows and
                              K-quants (their scales are in their super-blocks) */
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
-    const uint8_t *qx;    /* Q4_K / Q6_K on 512-bit int8 builds: rows 0 .. n / 16 * 16 repacked 16 rows
-                             side by side (kx.c) for the int8 kernel; the
+    const uint8_t *qx;    /* K-quants on AVX2 / 512-bit builds: rows 0 .. n / 16 * 16
+                             repacked 16 side by side (kx.c) for the int8 kernels; the
                              other paths read qs. NULL: read qs only */
 } QMat;
 
