@@ -79,12 +79,22 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
         uint8_t *o = dst + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
         for (int r = 0; r < 16; r++) {
             const uint8_t *p = src + r * rb + (int64_t)s * (five ? 176 : 144);
-            for (int j = 0; five && j < 8; j++) /* bit j of qh byte e: element e of j */
+            for (int j = 0; five && j < 8; j++) { /* bit j of qh byte e: element e of j */
+#if defined(RLM_AVX2) && defined(__BMI2__)
+                /* the 32 elements' bits in a mask (bit el), then every 4th from e */
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+                const uint32_t m = (uint32_t)_mm256_movemask_epi8(
+                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j))), 7 - j));
+                for (int e = 0; e < 4; e++)
+                    o[KX_BYTES + 64 * j + 4 * r + e] = (uint8_t)_pext_u32(m, 0x11111111u << e);
+                continue;
+#endif
                 for (int e = 0; e < 4; e++) {
                     uint8_t b = 0;
                     for (int t = 0; t < 8; t++) b |= (uint8_t)(((p[16 + 4 * t + e] >> j) & 1) << t);
                     o[KX_BYTES + 64 * j + 4 * r + e] = b;
                 }
+            }
             uint8_t sc[8], mn[8];
             memcpy(o + 2 * r, p, 2);
             memcpy(o + 32 + 2 * r, p + 2, 2);
