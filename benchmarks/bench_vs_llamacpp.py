@@ -40,6 +40,7 @@ except ImportError:  # the llama.cpp worker runs in llama.cpp's own venv
     pass
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -231,6 +232,14 @@ class MemoryGuard(threading.Thread):
 # ---------------------------------------------------------------- memory estimates
 def kv_bytes(gguf: str, ctx: int) -> int:
     """An f16 K and V cache of ``ctx`` tokens for the GGUF's shape."""
+    st = os.stat(gguf)
+    return _kv_bytes_per_token(str(Path(gguf).resolve()), st.st_mtime_ns, st.st_size) * ctx
+
+
+@functools.lru_cache(maxsize=16)
+def _kv_bytes_per_token(gguf: str, mtime_ns: int, size: int) -> int:
+    """An f16 K and V token's bytes, read once per file version: gguf's reader parses the
+    whole vocabulary, seconds a call, and ``plan`` asks once per system."""
     import gguf as gguf_py
 
     reader = gguf_py.GGUFReader(gguf)
@@ -240,7 +249,7 @@ def kv_bytes(gguf: str, ctx: int) -> int:
         return int(reader.fields[f"{arch}.{key}"].contents())
 
     head_dim = field("embedding_length") // field("attention.head_count")
-    return 2 * 2 * field("block_count") * field("attention.head_count_kv") * head_dim * ctx
+    return 2 * 2 * field("block_count") * field("attention.head_count_kv") * head_dim
 
 
 def memory_need(gguf: str, ctx: int, system: str) -> int:

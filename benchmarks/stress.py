@@ -570,8 +570,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", type=int, default=3000, help="schemathesis cases")
     p.add_argument("--schema-time", type=float, default=900.0, help="schemathesis time cap, s")
     p.add_argument("--clients", type=int, default=256)
-    p.add_argument("--duration", type=float, default=120.0, help="streaming phase, s")
-    p.add_argument("--overload-duration", type=float, default=60.0)
+    p.add_argument("--duration", type=float, help="streaming phase, s (120; --quick: 8)")
+    p.add_argument("--overload-duration", type=float, help="s (60; --quick: 6)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per streamed request")
     p.add_argument("--disconnect-rate", type=float, default=0.1)
     p.add_argument("--big-mb", type=float, default=5.0)
@@ -595,11 +595,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hicache-ratio", type=float, default=2.0)
     p.add_argument("--hicache-storage-size", type=float, default=2.0, help="GB of disk tier")
     args = p.parse_args(argv)
+    given = {"duration": args.duration, "overload_duration": args.overload_duration}
+    args.duration, args.overload_duration = 120.0, 60.0
     if args.quick:
         args.cases, args.clients, args.duration = min(args.cases, 120), 16, 8.0
         args.overload_duration, args.schema_time = 6.0, 60.0
         args.sigterm_streams, args.max_tokens = 4, 8
         args.disconnect_rate = max(args.disconnect_rate, 0.3)  # some disconnect, surely
+    for name, value in given.items():  # durations given on the command line win
+        if value is not None:
+            setattr(args, name, value)
     return args
 
 

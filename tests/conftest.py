@@ -9,6 +9,8 @@ from __future__ import annotations
 # first, this process's engines ran with libgomp's ~300k-iteration spin at every barrier.
 import radixlm  # noqa: F401  # isort: skip
 
+import copy
+import ctypes
 import json
 import os
 import subprocess
@@ -16,10 +18,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
-from server_fakes import free_port, wait_until
+from server_fakes import STARTUP_POLL_S, free_port, health_ok, wait_until
 
 from radixlm.runtime.weights import hf_dir_from_gguf, load_tokenizer, resolve_model
 
@@ -54,6 +55,103 @@ def _parse_each_gguf_once():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(qweights, "gguf_blocks", parse_once)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _build_each_native_variant_once():
+    """``radixlm.native.build.load_variant`` compiles the whole library for explicit flags
+    (1-15 s a build on 2 cores) into the directory it is given: test_native's ``lib``
+    fixture (module scope, imported by two other modules too) and the AVX-512-without-VNNI
+    tests asked for the same flags eight times a session. Here each set of flags is built
+    once per version of the sources, as ``build.load()`` builds the host's own: into the
+    cache dir, under the host build's key (every source file, the compiler, the CPU flags),
+    and the loaded library is shared for the session."""
+    import hashlib
+    import subprocess
+
+    from radixlm import envs
+    from radixlm.native import build
+
+    compile_, built = build.load_variant, {}
+    declare = getattr(build, "_declare", None)
+
+    def build_once(arch, directory):
+        key = tuple(arch)
+        if key not in built:
+            cc = build._compiler()
+            if cc is None or declare is None:
+                built[key] = compile_(arch, directory)
+                return built[key]
+            version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                     timeout=30).stdout.splitlines()[:1]
+            cached = envs.cache_dir() / "native" / f"variants-{build.build_key(cc, version)}"
+            tag = hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8]
+            if (cached / f"cpu_ops-{tag}.so").exists():  # (load_variant's name for it)
+                lib = ctypes.CDLL(str(cached / f"cpu_ops-{tag}.so"))
+                declare(lib)
+                built[key] = lib
+            else:
+                built[key] = compile_(arch, cached)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(build, "load_variant", build_once)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _convert_each_tokenizer_once_for_llguidance():
+    """Every llguidance grammar backend, so every Engine (well over a hundred a session,
+    nearly all on one vocabulary), converts its tokenizer with
+    ``llguidance.hf.from_tokenizer`` (~0.4 s for 49k tokens; "the result should be cached",
+    says its docstring). Here a conversion is made once per tokenizer (the Rust tokenizer's
+    JSON, which holds the added tokens too), n_vocab, EOS and slices, and shared: the
+    LLTokenizer is immutable, as a server's backends would share it."""
+    import hashlib
+
+    import llguidance.hf
+    import transformers
+
+    convert, made = llguidance.hf.from_tokenizer, {}
+
+    def convert_once(hf_tokenizer, n_vocab=None, eos_token=None, slices=None):
+        if not isinstance(hf_tokenizer, transformers.PreTrainedTokenizerFast):
+            return convert(hf_tokenizer, n_vocab, eos_token, slices)
+        text = hf_tokenizer.backend_tokenizer.to_str()
+        key = (hashlib.sha256(text.encode()).hexdigest(), n_vocab, repr(eos_token),
+               hf_tokenizer.eos_token_id, repr(slices))
+        if key not in made:
+            made[key] = convert(hf_tokenizer, n_vocab, eos_token, slices)
+        return made[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llguidance.hf, "from_tokenizer", convert_once)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _read_each_gguf_header_once_for_transformers():
+    """transformers' GGUF support reads a file's metadata with gguf's reader (~3 s of Python
+    for a 49k-token vocabulary) for the config, again for the tokenizer's, at every
+    ``from_pretrained(..., gguf_file=...)``; the K-quant reference tests load each file for
+    every activation mode. Metadata-only reads (``return_tensors=False``) are parsed once per
+    file (path, mtime, size) and handed out as deep copies; reads of tensors are not cached."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    load, parsed = gguf_utils.load_gguf_checkpoint, {}
+
+    def load_once(path, return_tensors=False, *args, **kwargs):
+        if return_tensors or args or kwargs:
+            return load(path, return_tensors, *args, **kwargs)
+        st = os.stat(path)
+        key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+        if key not in parsed:
+            parsed[key] = load(path, return_tensors=False)
+        return copy.deepcopy(parsed[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_utils, "load_gguf_checkpoint", load_once)
         yield
 
 
@@ -137,13 +235,10 @@ class RealServer:
                 log.seek(0)
                 raise AssertionError(f"server exited with {proc.returncode}:\n"
                                      f"{log.read()[-3000:]}")
-            try:
-                return httpx.get(self.url + "/health", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
+            return health_ok(self.url)
 
         try:
-            wait_until(up, "the server to start", limit_s=300)
+            wait_until(up, "the server to start", limit_s=300, interval=STARTUP_POLL_S)
         except BaseException:
             self.stop()
             raise
@@ -157,6 +252,17 @@ class RealServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+# Tests that stop the shared real server: they run after every other test of the session, so
+# that the server starts once (a restart for the modules after them costs ~10-30 s).
+STOPS_THE_REAL_SERVER = ("tests/test_server_e2e.py::test_sigterm_drains_and_exits_0",)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    last = [item for item in items if item.nodeid in STOPS_THE_REAL_SERVER]
+    if last:
+        items[:] = [item for item in items if item not in last] + last
 
 
 @pytest.fixture(scope="session")

@@ -410,15 +410,36 @@ class ThreadServer:
         self.thread.join(timeout=10)
 
 
-def wait_until(predicate: Any, what: str, limit_s: float = 10.0) -> None:
-    """Poll `predicate` until true; fail after `limit_s` (a hang guard, not a timing test)."""
+def wait_until(predicate: Any, what: str, limit_s: float = 10.0,
+               interval: float = 0.01) -> None:
+    """Poll `predicate` every `interval` seconds until true; fail after `limit_s` (a hang
+    guard, not a timing test)."""
     import time
 
     end = time.monotonic() + limit_s
     while not predicate():
         if time.monotonic() > end:
             raise AssertionError(f"gave up waiting for: {what}")
-        time.sleep(0.01)
+        time.sleep(interval)
+
+
+# A server that is starting shares 2 cores with the test polling it: polls go through one
+# client (a new httpx client per poll builds an SSL context, ~20 ms of CPU) 10 times a second.
+STARTUP_POLL_S = 0.1
+_health_client = None
+
+
+def health_ok(url: str, timeout: float = 5) -> bool:
+    """Whether ``url``'s /health answers 200 (False while nothing listens there)."""
+    global _health_client
+    import httpx
+
+    if _health_client is None:
+        _health_client = httpx.Client()
+    try:
+        return _health_client.get(url + "/health", timeout=timeout).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 _SERVE_SCRIPT = """
@@ -442,8 +463,6 @@ def fake_server_process(engine: str = "FakeEngine()", settings: str = "",
     it; `settings` is extra ServerSettings keywords, e.g. ", shutdown_timeout=1"). Yields
     (process, url) once /health answers (failing with the child's stderr if it exits
     first); the process is killed on the way out if still running."""
-    import httpx
-
     port = free_port()
     code = _SERVE_SCRIPT.format(tests=str(Path(__file__).parent), port=port, engine=engine,
                                 settings=settings, log_level=log_level, preamble=preamble)
@@ -453,13 +472,12 @@ def fake_server_process(engine: str = "FakeEngine()", settings: str = "",
     url = f"http://127.0.0.1:{port}"
     try:
         def up() -> bool:
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                return False
+            if health_ok(url):
+                return True
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            return False
 
-        wait_until(up, "the server to start", limit_s=60)
+        wait_until(up, "the server to start", limit_s=60, interval=STARTUP_POLL_S)
         yield proc, url
     finally:
         if proc.poll() is None:

@@ -210,13 +210,14 @@ class Tmux:
         return subprocess.run(["tmux", "has-session", "-t", self.name],
                               capture_output=True).returncode == 0
 
-    def wait_for(self, predicate, what: str, limit_s: float = 300) -> str:
+    def wait_for(self, predicate, what: str, limit_s: float = 300,
+                 interval: float = 0.02) -> str:
         deadline = time.time() + limit_s  # a hang guard, not a timing test
         while time.time() < deadline:
             screen = self.screen()
             if predicate(screen):
                 return screen
-            time.sleep(0.02)
+            time.sleep(interval)
         raise AssertionError(f"waited {limit_s} s for {what}; the pane:\n{self.screen()}")
 
     def kill(self) -> None:
@@ -235,7 +236,8 @@ def test_run_in_a_terminal_streams_and_obeys_commands(real_server, tmp_path: Pat
     tmux = Tmux(f"cd {ROOT} && {sys.executable} -m radixlm.cli run --max-tokens 40 "
                 f"--context-length 512 --max-total-tokens 4096 --native-activations fp32 2>{log}")
     try:
-        tmux.wait_for(lambda s: prompts(s) == 1, "the first prompt")
+        # (the program loads its engine meanwhile: polls 10 times a second leave it the CPU)
+        tmux.wait_for(lambda s: prompts(s) == 1, "the first prompt", interval=0.1)
         tmux.keys("/set temperature 0", "Enter")
         tmux.wait_for(lambda s: "Set temperature to 0.0." in s and prompts(s) == 2, "/set")
         tmux.keys(question, "Enter")

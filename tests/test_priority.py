@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_fakes import free_port, wait_until
+from server_fakes import STARTUP_POLL_S, free_port, health_ok, wait_until
 
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.request import LogprobOptions, Req
@@ -152,12 +152,9 @@ def test_priority_order_through_launch_server(tiny_model_dir) -> None:
         try:
             def up() -> bool:
                 assert proc.poll() is None, log_path.read_text()[-3000:]
-                try:
-                    return httpx.get(url + "/health", timeout=5).status_code == 200
-                except httpx.TransportError:
-                    return False
+                return health_ok(url)
 
-            wait_until(up, "the server to start", limit_s=120)
+            wait_until(up, "the server to start", limit_s=120, interval=STARTUP_POLL_S)
             assert "ignored (no meaning in radixlm): trust_remote_code" in log_path.read_text()
             _check_server_priority_order(url)
         finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_fakes import free_port, pid_alive, wait_until
+from server_fakes import STARTUP_POLL_S, free_port, pid_alive, wait_until
 
 import radixlm as sgl
 from radixlm.server.data_parallel import replica_command, router_available
@@ -73,7 +73,7 @@ def dp() -> Iterator[DPServer]:
         return "serving with dp_size=2" in log.read_text()
 
     try:
-        wait_until(up, "replicas and router to start", limit_s=300)
+        wait_until(up, "replicas and router to start", limit_s=300, interval=STARTUP_POLL_S)
         yield server
     finally:
         if proc.poll() is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_fakes import free_port, pid_alive, wait_until
+from server_fakes import STARTUP_POLL_S, free_port, health_ok, pid_alive, wait_until
 
 from radixlm.cli import main as cli_main
 from radixlm.runtime.config import EngineConfig
@@ -122,10 +122,11 @@ class TwoNodes:
     """`radixlm serve --tp-size 2 --nnodes 2` as node 0 (HTTP on `url`) and node 1, each
     its own process group, meeting on 127.0.0.1."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, model: Path | None = None) -> None:
         rendezvous, self.port = f"127.0.0.1:{free_port()}", free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", rendezvous,
+                  *(["--model", str(model)] if model is not None else []),
                   "--dtype", "float32", "--context-length", "512", "--max-total-tokens", "2048",
                   "--log-level", "info"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -151,12 +152,10 @@ class TwoNodes:
                 if p.poll() is not None:
                     raise AssertionError(f"node {rank} exited {p.returncode}:\n"
                                          f"{self.log(rank)[-3000:]}")
-            try:
-                return httpx.get(self.url + "/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
+            return health_ok(self.url, timeout=2)
 
-        wait_until(up, "node 0 to serve with node 1's rank", limit_s=240)
+        wait_until(up, "node 0 to serve with node 1's rank", limit_s=240,
+                   interval=STARTUP_POLL_S)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs] + self.node1_rank_pids()
@@ -169,16 +168,28 @@ class TwoNodes:
             p.wait(timeout=30)
 
 
-@pytest.fixture
-def two_nodes(tmp_path) -> Iterator[TwoNodes]:
+def _serving(tmp: Path, model: Path | None = None) -> Iterator[TwoNodes]:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("two tensor-parallel nodes need 2 CPU cores")
-    nodes = TwoNodes(tmp_path)
+    nodes = TwoNodes(tmp, model)
     try:
         nodes.wait_serving()
         yield nodes
     finally:
         nodes.kill_all()
+
+
+@pytest.fixture
+def two_nodes(tmp_path) -> Iterator[TwoNodes]:
+    """Two nodes on the embedded model (its text compared with tp=1's)."""
+    yield from _serving(tmp_path)
+
+
+@pytest.fixture
+def two_tiny_nodes(tmp_path, tiny_model_dir) -> Iterator[TwoNodes]:
+    """Two nodes on conftest's tiny random model, for the tests of a node's failure (they
+    need a cluster, not its text; it starts in ~2/3 of the embedded model's time)."""
+    yield from _serving(tmp_path, tiny_model_dir)
 
 
 def _generate(url: str, text: str, max_new_tokens: int = 12) -> dict:
@@ -207,7 +218,8 @@ def test_two_nodes_match_tp1_and_node0_stopping_ends_node1(two_nodes, engine_fp3
     wait_until(lambda: not any(pid_alive(p) for p in pids), "every process to end", limit_s=10)
 
 
-def test_node1_killed_fails_the_request_on_node0(two_nodes) -> None:
+def test_node1_killed_fails_the_request_on_node0(two_tiny_nodes) -> None:
+    two_nodes = two_tiny_nodes
     assert _generate(two_nodes.url, "Hello", 2)["meta_info"]["completion_tokens"] == 2
     (rank_pid,) = two_nodes.node1_rank_pids()
     node0, node1 = two_nodes.procs
@@ -226,7 +238,8 @@ def test_node1_killed_fails_the_request_on_node0(two_nodes) -> None:
     assert not any(pid_alive(p) for p in two_nodes.pids())
 
 
-def test_node0_killed_ends_node1(two_nodes) -> None:
+def test_node0_killed_ends_node1(two_tiny_nodes) -> None:
+    two_nodes = two_tiny_nodes
     pids = two_nodes.pids()
     node0, node1 = two_nodes.procs
     node0.kill()  # no goodbye: node 1's rank sees the connection close

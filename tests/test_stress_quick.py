@@ -18,8 +18,8 @@ ROOT = Path(__file__).parent.parent
 def test_stress_quick(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "stress.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "stress.py"), "--quick",
-           "--model", str(tiny_model_dir), "--cases", "50", "--duration", "5",
-           "--overload-duration", "3", "--request-timeout", "60", "--json", str(out),
+           "--model", str(tiny_model_dir), "--cases", "50", "--duration", "3",
+           "--overload-duration", "2", "--request-timeout", "60", "--json", str(out),
            "--server-log", str(tmp_path / "server.log")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
