@@ -22,7 +22,9 @@ import pytest
 
 from radixlm.native.gguf_file import read_gguf
 from radixlm.native.gguf_model import GGUFModelInfo
+from radixlm.native.llama_config import LlamaConfig as RadixLlamaConfig
 from radixlm.runtime.gguf_config import config_fixups
+from radixlm.runtime.gguf_load import gguf_hf_config, gguf_tokenizer
 from radixlm.runtime.weights import alias_paths
 
 EMBEDDED = alias_paths()["smollm2-135m-instruct"]
@@ -49,7 +51,10 @@ def _same_config(ours, theirs, rope_differs: bool = False) -> None:
 
     a, b = ours.to_dict(), theirs.to_dict()
     skip = {"_name_or_path"} | ({"rope_parameters"} if rope_differs else set())
-    assert type(ours) is type(theirs)
+    if ours.model_type == "llama":  # transformers' class declared in radixlm (light imports)
+        assert type(ours) is RadixLlamaConfig and type(theirs).__name__ == "LlamaConfig"
+    else:
+        assert type(ours) is type(theirs)
     assert {k: v for k, v in a.items() if k not in skip} == \
         {k: v for k, v in b.items() if k not in skip}
     assert ModelConfig.from_hf(ours) == ModelConfig.from_hf(theirs)
@@ -216,6 +221,73 @@ def test_the_embedded_model_equals_transformers_and_builds_fast():
     assert elapsed < 5.0, elapsed  # ~0.2 s on a 2-core host; transformers' path takes ~5 s
 
 
+def test_the_engine_path_equals_transformers_and_its_tokenizers_are_its_own():
+    """``load_tokenizer`` / ``load_hf_config`` (the engine's calls) give what transformers'
+    GGUF path gives; a tokenizer one caller edits is not another's."""
+    from radixlm.runtime.weights import load_hf_config, load_tokenizer
+
+    config, tokenizer = _reference(EMBEDDED)
+    first = load_tokenizer(EMBEDDED)
+    _same_tokenizer(first, tokenizer)
+    _same_config(load_hf_config(EMBEDDED), config)
+    first.chat_template = "edited"
+    first.add_tokens(["<radixlm-added>"])
+    second = load_tokenizer(EMBEDDED)
+    _same_tokenizer(second, tokenizer)
+    assert len(second) == len(first) - 1
+
+
+def test_radixlm_llama_config_is_transformers_own():
+    """The Llama config class declared in radixlm has transformers' fields (names, types,
+    defaults, order), class attributes, bases and checks, and builds equal configs."""
+    import dataclasses
+
+    from transformers.models.llama.configuration_llama import LlamaConfig
+
+    def fields(cls):
+        return [(f.name, f.type, f.default, f.default_factory, f.kw_only, f.init, f.repr,
+                 f.compare, sorted(f.metadata)) for f in dataclasses.fields(cls)]
+
+    assert fields(RadixLlamaConfig) == fields(LlamaConfig)
+    assert RadixLlamaConfig.__mro__[1:] == LlamaConfig.__mro__[1:]
+    assert RadixLlamaConfig.__name__ == LlamaConfig.__name__
+    mine, theirs = vars(RadixLlamaConfig), vars(LlamaConfig)
+    data = {k for k, v in theirs.items() if not callable(v) and not k.startswith("__")}
+    assert {k for k, v in mine.items() if not callable(v) and not k.startswith("__")} == data
+    assert all(mine[k] == theirs[k] for k in data - {"__dataclass_fields__"})
+    assert {k for k, v in mine.items() if callable(v)} == {k for k, v in theirs.items()
+                                                          if callable(v)}
+    for kwargs in ({}, dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                            rope_theta=5e5, tie_word_embeddings=True, head_dim=32),
+                   dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, eos_token_id=[1, 2])):
+        assert RadixLlamaConfig(**kwargs).to_dict() == LlamaConfig(**kwargs).to_dict()
+        assert RadixLlamaConfig(**kwargs).to_diff_dict() == LlamaConfig(**kwargs).to_diff_dict()
+    for bad in (dict(initializer_range=2.0), dict(hidden_size=100, num_attention_heads=3),
+                dict(hidden_size="x")):
+        with pytest.raises(Exception) as mine_error:
+            RadixLlamaConfig(**bad)
+        with pytest.raises(Exception) as their_error:
+            LlamaConfig(**bad)
+        assert type(mine_error.value) is type(their_error.value)
+        assert str(mine_error.value) == str(their_error.value)
+
+
+def test_a_llama_gguf_loads_without_transformers_modeling_imports():
+    """The point of ``llama_config``: reading a Llama GGUF's config and tokenizer imports
+    neither transformers' Llama config module nor what it pulls (torch.distributed.tensor)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from radixlm.runtime.weights import load_hf_config, load_tokenizer; "
+            f"load_tokenizer({str(EMBEDDED)!r}); from pathlib import Path; "
+            f"load_hf_config(Path({str(EMBEDDED)!r})); "
+            "print(sorted(m for m in sys.modules if m in ('transformers.activations', "
+            "'torch.distributed.tensor', 'transformers.models.llama.configuration_llama')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
 CASES = {
     "llama-tied": dict(arch="llama"),
     "llama-untied": dict(arch="llama", tied=False),
@@ -246,6 +318,12 @@ def test_small_files_equal_transformers(case, tmp_path):
     _same_config(info.config, config)
     _same_tokenizer(info.tokenizer, tokenizer)
     assert info.config.tie_word_embeddings == CASES[case].get("tied", True)
+    # what the engine calls: a tokenizer and a config of the caller's own, still equal
+    _same_config(gguf_hf_config(path), config)
+    own = gguf_tokenizer(path)
+    assert own is not info.tokenizer
+    assert own.backend_tokenizer is not info.tokenizer.backend_tokenizer
+    _same_tokenizer(own, tokenizer)
 
 
 def test_the_tokenizer_dict_is_transformers_own(tmp_path):

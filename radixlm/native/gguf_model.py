@@ -12,6 +12,7 @@ metadata this walk read, so it equals ``AutoTokenizer.from_pretrained(dir, gguf_
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,9 @@ class GGUFModelInfo:
     """A GGUF model as the engine loads it.
 
     ``config`` is a transformers ``PretrainedConfig`` (``LlamaConfig``, ``Qwen2Config``, ...)
-    for ``ModelConfig.from_hf`` and the rotary tables; ``tokenizer`` a transformers fast
-    tokenizer carrying the file's chat template; ``eos_token_ids`` the ids a turn ends with
+    for ``ModelConfig.from_hf`` and the rotary tables; ``tokenizer`` (built on first use from
+    ``tokenizer_parts``) a transformers fast tokenizer carrying the file's chat template;
+    ``eos_token_ids`` the ids a turn ends with
     (EOS, then end-of-turn and end-of-message where the file names them); ``tensors`` the
     file's tensors in file order, mapped (not read), every one the architecture needs
     present at the shape the config implies; ``weights_bytes`` their total size."""
@@ -53,7 +55,7 @@ class GGUFModelInfo:
     path: Path
     architecture: str  # general.architecture
     config: object  # transformers.PretrainedConfig
-    tokenizer: object  # transformers.PreTrainedTokenizerBase
+    tokenizer_parts: tuple  # (class, backend tokenizers.Tokenizer, keywords): new_tokenizer
     eos_token_ids: tuple[int, ...]
     tensors: tuple[GGUFTensor, ...]
     weights_bytes: int
@@ -66,6 +68,19 @@ class GGUFModelInfo:
     @property
     def chat_template(self) -> str | None:
         return self.tokenizer.chat_template
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The file's tokenizer, built on first use and shared (``new_tokenizer``: one to
+        edit)."""
+        return self.new_tokenizer()
+
+    def new_tokenizer(self):
+        """A transformers tokenizer of the caller's own: the class wraps a copy of the
+        backend this walk built (``TokenizersBackend`` deep-copies ``tokenizer_object``), so
+        no two share state and the walk's backend stays as built."""
+        cls, backend, kwargs = self.tokenizer_parts
+        return cls(tokenizer_object=backend, added_tokens_decoder={}, **kwargs)
 
     @classmethod
     def from_path(cls, path: str | Path) -> GGUFModelInfo:
@@ -83,12 +98,12 @@ class GGUFModelInfo:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         _check_tensors(path, config, arch, by_name)
-        tokenizer = _tokenizer(meta, arch, config, path)
-        n_tokens = len(meta.get("tokenizer.ggml.tokens") or ()) or len(tokenizer)
+        tokenizer_parts = _tokenizer_parts(meta, arch, config, path)
+        n_tokens = len(meta["tokenizer.ggml.tokens"])  # (_tokenizer_parts: there is one)
         if n_tokens != config.vocab_size:  # (added tokens beyond the list may be more)
             raise ValueError(f"{path}: the tokenizer has {n_tokens} tokens but "
                              f"token_embd.weight has {config.vocab_size} rows")
-        return cls(path, arch, config, tokenizer, _eos_ids(meta), tuple(tensors),
+        return cls(path, arch, config, tokenizer_parts, _eos_ids(meta), tuple(tensors),
                    sum(t.data.nbytes for t in tensors), meta)
 
 
@@ -105,8 +120,8 @@ def _wanted_keys() -> set[str]:
 
 def _config(meta: dict, arch: str, tensors: dict[str, GGUFTensor]):
     """The config ``AutoConfig.from_pretrained(dir, gguf_file=...)`` gives, with
-    ``_fixups`` and ``_rope_scaling`` applied."""
-    from transformers import AutoConfig
+    ``_fixups`` and ``_rope_scaling`` applied (a Llama's in ``llama_config.LlamaConfig``,
+    transformers' class declared where it costs no import)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     # transformers' rule: a "llama" file is Mistral only where general.name is "mistral"
@@ -127,7 +142,14 @@ def _config(meta: dict, arch: str, tensors: dict[str, GGUFTensor]):
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta:
         config["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     model_type = config.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, **config)
+    if model_type == "llama":  # transformers' class, without its module's imports
+        from radixlm.native.llama_config import LlamaConfig
+
+        cfg = LlamaConfig(**config)
+    else:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.for_model(model_type, **config)
     _fixups(cfg, meta, arch, tensors)
     _rope_scaling(cfg, meta, arch, tensors)
     return cfg
@@ -300,9 +322,10 @@ def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
     return tokenizer_dict, tokenizer_config
 
 
-def _tokenizer(meta: dict, arch: str, config, path: Path):
-    """transformers' GGUF tokenizer (``convert_gguf_tokenizer``, in the class
-    ``AutoTokenizer`` picks for the config) from this walk's metadata."""
+def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
+    """``(class, backend, keywords)`` of transformers' GGUF tokenizer from this walk's
+    metadata: the backend ``convert_gguf_tokenizer`` builds, the class ``AutoTokenizer``
+    picks for the config, the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.integrations.gguf import convert_gguf_tokenizer
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -310,8 +333,7 @@ def _tokenizer(meta: dict, arch: str, config, path: Path):
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
     backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
     cls = TOKENIZER_MAPPING.get(type(config), None) or TokenizersBackend
-    return cls(tokenizer_object=backend, name_or_path=str(path), added_tokens_decoder={},
-               **tokenizer_config, **extra)
+    return cls, backend, {"name_or_path": str(path), **tokenizer_config, **extra}
 
 
 def _eos_ids(meta: dict) -> tuple[int, ...]:

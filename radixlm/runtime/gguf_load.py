@@ -109,10 +109,9 @@ def gguf_hf_config(path):
 
 
 def gguf_tokenizer(path):
-    """The transformers tokenizer (with chat template) from the file's metadata (a copy)."""
-    import copy
-
-    return copy.deepcopy(gguf_info(path).tokenizer)
+    """The transformers tokenizer (with chat template) from the file's metadata (the
+    caller's own: built anew from the cached backend, no copy of a built one)."""
+    return gguf_info(path).new_tokenizer()
 
 
 def gguf_eos_ids(path) -> list[int]:

@@ -195,21 +195,21 @@ def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
 
 def load_tokenizer(model: str | Path = DEFAULT_MODEL):
     """The transformers tokenizer (with chat template) of ``model``."""
-    from transformers import AutoTokenizer
-
     path = model if isinstance(model, Path) else resolve_model(model)
     if is_gguf(path):
         return gguf_tokenizer(path)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path))
 
 
 def load_hf_config(model_dir: Path, text_only: bool = True):
     """The model's transformers config; with ``text_only``, a multimodal model's text config
     (keeping the outer config's EOS ids, where its instruct models list end-of-turn)."""
-    from transformers import AutoConfig
-
     if is_gguf(model_dir):
         return gguf_hf_config(model_dir)
+    from transformers import AutoConfig
+
     cfg = AutoConfig.from_pretrained(str(model_dir))
     if text_only and cfg.model_type in TEXT_ONLY_MULTIMODAL:
         text = cfg.text_config
