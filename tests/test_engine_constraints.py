@@ -134,3 +134,44 @@ def test_json_whitespace_default_style_and_none(engine_fp32, tokenizer, monkeypa
         jsonschema.validate(value, PERSON)
         assert out["text"] == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     assert runs[0]["text"] == runs[1]["text"]
+
+
+def test_grammar_backend_made_beside_the_weights_for_the_weights_vocabulary(tiny_model_dir,
+                                                                            monkeypatch):
+    """The backend is made in a thread while the weights load, for the config's vocabulary
+    size; weights holding another size remake it for theirs; a backend that cannot be made
+    leaves the engine serving unconstrained requests and refusing constrained ones by name."""
+    from radixlm.constraints import create_grammar_backend
+    from radixlm.runtime import engine as engine_mod
+
+    sizes = []
+
+    def spying(tokenizer, vocab_size, **kw):
+        sizes.append(vocab_size)
+        return create_grammar_backend(tokenizer, vocab_size=vocab_size, **kw)
+
+    monkeypatch.setattr("radixlm.constraints.create_grammar_backend", spying)
+
+    class PaddedRunner(engine_mod.ModelRunner):  # weights with a head of 64 more rows
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.vocab_size += 64
+
+    monkeypatch.setattr(engine_mod, "ModelRunner", PaddedRunner)
+    with engine_mod.Engine(str(tiny_model_dir), log_level="warning", dtype="float32",
+                           max_total_tokens=1024) as engine:
+        assert sizes == [engine.hf_config.vocab_size, engine.hf_config.vocab_size + 64]
+        assert engine.grammar_backend.vocab_size == engine.runner.vocab_size
+    monkeypatch.undo()
+
+    def failing(tokenizer, vocab_size, **kw):
+        raise ValueError("tokenizer larger than the model's vocabulary (test)")
+
+    monkeypatch.setattr("radixlm.constraints.create_grammar_backend", failing)
+    with engine_mod.Engine(str(tiny_model_dir), log_level="warning", dtype="float32",
+                           max_total_tokens=1024) as engine:
+        assert engine.grammar_backend is None
+        out = engine.generate("Hello", {"max_new_tokens": 2, "temperature": 0})
+        assert out["meta_info"]["completion_tokens"] == 2
+        with pytest.raises(ValueError, match="larger than the model's vocabulary"):
+            engine.generate("Hello", {"max_new_tokens": 2, "regex": "[ab]+"})

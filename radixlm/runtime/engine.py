@@ -9,8 +9,10 @@ import itertools
 import logging
 import queue
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from radixlm import envs
@@ -167,6 +169,20 @@ def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _in_background(fn, *args) -> Future:
+    """``fn(*args)`` run in a thread of its own; its result or exception in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001  # (handed to whoever takes the result)
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="radixlm-setup", daemon=True).start()
+    return future
+
+
 class Engine:
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """`model`: an alias, HF directory or .gguf file (default: the embedded model).
@@ -188,15 +204,22 @@ class Engine:
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
+        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
+        # the grammar backend (~0.5-1 s of vocabulary tables) is made while the weights load
+        # (C code, the GIL released), for the config's vocabulary size: remade below in the
+        # rare case the weights hold another
+        guess = getattr(self.hf_config, "vocab_size", None)
+        setup = _in_background(self._new_grammar_backend, guess) if guess else None
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
         self.grammar_backend = None
         self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
         self._grammar_error: Exception | None = None
         try:
+            if guess != self.runner.vocab_size:
+                setup = _in_background(self._new_grammar_backend, self.runner.vocab_size)
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
-                                       self._make_grammar_backend())
+                                       self._make_grammar_backend(setup))
         except BaseException:
             self.runner.shutdown()
             raise
@@ -206,18 +229,23 @@ class Engine:
         envs.freeze_gc()
         self.scheduler.start()
 
-    def _make_grammar_backend(self):
+    def _new_grammar_backend(self, vocab_size: int):
+        from radixlm.constraints import create_grammar_backend
+
+        return create_grammar_backend(
+            self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_ids,
+            backend=self.config.grammar_backend,
+            enable_jump_forward=self.config.enable_jump_forward,
+            max_workers=self.config.grammar_compile_workers)
+
+    def _make_grammar_backend(self, setup: Future):
+        """The grammar backend ``setup`` made (None, with ``_grammar_error`` set, where
+        constraints are unavailable for this model), with its reasoning wrappers."""
         try:
-            from radixlm.constraints import create_grammar_backend
+            self.grammar_backend = setup.result()
         except ImportError as e:  # constraints package not available
             self._grammar_error = e
             return None
-        try:
-            self.grammar_backend = create_grammar_backend(
-                self.tokenizer, vocab_size=self.runner.vocab_size, eos_token_ids=self.eos_ids,
-                backend=self.config.grammar_backend,
-                enable_jump_forward=self.config.enable_jump_forward,
-                max_workers=self.config.grammar_compile_workers)
         except ValueError as e:  # e.g. a tokenizer larger than the model's vocabulary
             logger.warning("constrained decoding unavailable for this model: %s", e)
             self._grammar_error = e
