@@ -82,7 +82,10 @@ static void run_parallel(rlm_job fn, void *ctx, int nth) {
     pthread_cond_broadcast(&P.park);
     pthread_mutex_unlock(&P.park_lock);
     fn(ctx, 0, nth);
-    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0) cpu_relax();
+    for (unsigned spins = 0; atomic_load_explicit(&P.pending, memory_order_acquire) > 0;) {
+        cpu_relax();
+        if (++spins % 4096 == 0) sched_yield(); /* a worker not on a CPU: let it run */
+    }
     pthread_mutex_unlock(&P.job_lock);
 }
 
