@@ -43,7 +43,7 @@ from radixlm.constraints import reasoning as rs
 from radixlm.constraints.base import Grammar, JumpForward
 from radixlm.constraints.reasoning import ReasoningFormat, get_format, output_start, prompt_tail
 from radixlm.constraints.specs import ConstraintSpec
-from radixlm.constraints.vocab import TokenVocab
+from radixlm.constraints.vocab import TokenVocab, allows
 
 
 def _kmp_table(tag: bytes) -> list[int]:
@@ -66,6 +66,7 @@ class ThinkingVocab:
                  fmt: ReasoningFormat) -> None:
         self.tokenizer = tokenizer
         self.fmt = fmt
+        self.vocab = vocab
         self.id_to_bytes = vocab.id_to_bytes
         self.vocab_size = int(vocab_size)
         self.words = (self.vocab_size + 31) // 32
@@ -161,30 +162,64 @@ class ThinkingVocab:
 
     def close_tokens(self, state: int) -> tuple[int, ...]:
         """Tokens that finish the end tag from automaton state ``state`` (its remainder, else
-        the whole tag), each ending the match no earlier than the last; ValueError when the
-        tokenizer cannot write it."""
+        the whole tag), each allowed by the block's mask where it is written and ending the
+        match no earlier than the last; ValueError when the tokenizer cannot write it."""
         cached = self._close.get(state)
         if cached is not None:
             return cached
         for text in (self.end[state:], self.end):
-            ids = self._spell(text)
+            ids = self._spell_end(state, text)
             if ids is not None and self._closes(state, ids):
                 self._close[state] = ids
                 return ids
         raise ValueError(f"the tokenizer cannot write the end of thinking {self.fmt.end!r}")
 
-    def _spell(self, text: bytes) -> tuple[int, ...] | None:
-        """Token ids spelling exactly ``text``: the tokenizer's own, else one token a byte."""
+    def _spell_end(self, state: int, text: bytes) -> tuple[int, ...] | None:
+        """``text`` in tokens from end-tag state ``state``, each allowed by the block's
+        strictest mask (strict thinking's exclusions, no token running past the tag) in the
+        state it is written at: the tokenizer's own tokens, else ``TokenVocab.spell``'s."""
+        at = [state]
+
+        def mask() -> np.ndarray:
+            return self.reasoning_row(at[0], False, True, True)
+
+        def take(token: int) -> bool:
+            at[0] = self.advance(at[0], self.id_to_bytes[token])[0]
+            return True
+
+        return self._spell(text, mask, take, lambda: at.__setitem__(0, state))
+
+    def spell_start(self, matched: int) -> tuple[int, ...] | None:
+        """The start tag's rest after ``matched`` bytes of it, each token allowed by the
+        opening mask where it is written (``start_row``)."""
+        at = [matched]
+
+        def take(token: int) -> bool:
+            at[0] += len(self.id_to_bytes[token])
+            return True
+
+        return self._spell(self.start[matched:], lambda: self.start_row(at[0]), take,
+                           lambda: at.__setitem__(0, matched))
+
+    def _spell(self, text: bytes, mask, take, reset) -> tuple[int, ...] | None:
+        """``text`` in tokens ``mask()`` allows one by one, ``take`` advancing the state
+        (``reset`` puts it back): the tokenizer's own tokens when they spell ``text``
+        exactly and pass, else ``TokenVocab.spell``'s (with the same mask check)."""
         try:
-            ids = self.tokenizer.encode(text.decode("utf-8"), add_special_tokens=False)
+            own = self.tokenizer.encode(text.decode("utf-8"), add_special_tokens=False)
         except UnicodeDecodeError:
-            ids = None
-        if ids and b"".join(self.id_to_bytes.get(t, b"\x00\xff") for t in ids) == text:
-            return tuple(int(t) for t in ids)
-        singles = {b: t for t, b in self.id_to_bytes.items() if len(b) == 1}
-        if all(bytes([c]) in singles for c in text):
-            return tuple(singles[bytes([c])] for c in text)
-        return None
+            own = []
+        if own and b"".join(self.id_to_bytes.get(t, b"\x00\xff") for t in own) == text:
+            ok = True
+            for t in own:
+                if not allows(mask(), t) or not take(t):
+                    ok = False
+                    break
+            if ok:
+                return tuple(int(t) for t in own)
+        reset()
+        ids = self.vocab.spell(text, mask, take)
+        return None if ids is None else tuple(ids)
 
     def _closes(self, state: int, ids: tuple[int, ...]) -> bool:
         for i, t in enumerate(ids):
@@ -428,12 +463,16 @@ class AfterReasoningGrammar(Grammar):
             self.answer_len += 1
         return plan
 
-    def close_tokens(self, within: int | None = None,
-                     thorough: bool = False) -> list[int] | None:
+    def close_fits(self, room: int) -> bool:
+        if self.phase == self.ANSWER and self.inner is not None:
+            return self.inner.close_fits(room)
+        return super().close_fits(room)
+
+    def close_tokens(self) -> list[int] | None:
         """The answer's close; inside the thinking block the rest of the end tag (the start
         tag's rest first, once begun) and then the answer's close from its start."""
         if self.phase == self.ANSWER:
-            return self.inner.close_tokens(within, thorough) if self.inner is not None else []
+            return self.inner.close_tokens() if self.inner is not None else []
         if self.inner is None:
             return None
         inner = self.inner.close_tokens()  # the inner grammar has not started yet
@@ -445,7 +484,7 @@ class AfterReasoningGrammar(Grammar):
             return list(self.s.close_tokens(self.kmp)) + inner
         if not self.matched:  # OPENING: the answer may start right away
             return inner
-        rest = self.s._spell(self.s.start[self.matched:])
+        rest = self.s.spell_start(self.matched)
         return None if rest is None else list(rest) + list(self.s.close_tokens(0)) + inner
 
     def copy(self) -> AfterReasoningGrammar:

@@ -26,8 +26,10 @@ Life of a constrained request, as the runtime drives it:
 6. Closing within a budget (``complete_within_max_tokens``): ``grammar.close_tokens()`` is
    a short list of tokens that, accepted one by one from the current state, end in an
    accepting state (``[]`` when accepting already); its length bounds the fewest from
-   above; the same state gives the same close when no ``within`` is passed. None: the
-   grammar cannot compute one (the outlines backend) or found none.
+   above. None: the grammar cannot compute one (the outlines backend) or found none.
+   ``grammar.close_fits(room)`` after each token: whether a close of at most ``room``
+   tokens is known; the grammar keeps that close, so that after ``rollback(1)`` to this
+   state ``close_tokens()`` returns it (or another no longer).
 """
 
 from __future__ import annotations
@@ -94,13 +96,17 @@ class Grammar(ABC):
         """A forced continuation from the current state, or None (default: none)."""
         return None
 
-    def close_tokens(self, within: int | None = None,
-                     thorough: bool = False) -> list[int] | None:
+    def close_tokens(self) -> list[int] | None:
         """Tokens that finish a valid document from here (module docstring, 6); None when
-        this grammar cannot tell (default). ``within``: any valid close of fewer tokens
-        will do (a grammar may then skip its search); ``thorough``: search harder for one
-        of fewer tokens than ``within`` (slower: for the step that would otherwise force)."""
+        this grammar cannot tell (default)."""
         return None
+
+    def close_fits(self, room: int) -> bool:
+        """Whether a close of at most ``room`` tokens is known from here (module docstring,
+        6). Default: ``close_tokens()``'s length, for grammars whose close depends on the
+        state alone; a grammar that keeps closes across tokens overrides it (cheaper)."""
+        close = self.close_tokens()
+        return close is not None and len(close) <= room
 
     @abstractmethod
     def copy(self) -> Grammar:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from radixlm.constraints.base import Grammar
+from radixlm.constraints.closing import MAX_START_BYTES
 
 
 def fits_budget(grammar: Grammar, max_new_tokens: int) -> Grammar:
@@ -23,7 +24,7 @@ def fits_budget(grammar: Grammar, max_new_tokens: int) -> Grammar:
     if close is None:
         raise ValueError("complete_within_max_tokens: no valid completion of this grammar "
                          "was found (the search is bounded: a shortest document longer than "
-                         "2048 bytes, or an unanchored pattern it cannot steer, is not "
+                         f"{MAX_START_BYTES} bytes, or a pattern it cannot steer, is not "
                          "found; the outlines grammar backend cannot search at all)")
     if len(close) > max_new_tokens:
         raise ValueError(f"complete_within_max_tokens: the shortest valid output takes "

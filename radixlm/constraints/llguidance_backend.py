@@ -40,7 +40,13 @@ from llguidance.gbnf_to_lark import any_to_lark
 from radixlm.constraints import specs
 from radixlm.constraints.base import CompilingBackend, Grammar, JumpForward
 from radixlm.constraints.cache import LRUCache, cache_key
-from radixlm.constraints.closing import ByteTwin, bfs_close, byte_matcher, close_bytes
+from radixlm.constraints.closing import (
+    ByteTwin,
+    bfs_close,
+    byte_matcher,
+    close_bytes,
+    grammar_hints,
+)
 from radixlm.constraints.jump_forward import retokenize, utf8_prefix
 from radixlm.constraints.schema.llg_rewrite import (
     UNREPORTED_KEYWORDS,
@@ -102,27 +108,25 @@ def ebnf_grammar(text: Any) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
-def _allowed(row: np.ndarray, token: int) -> bool:
-    """Whether mask ``row`` (int32 words) allows ``token``."""
-    return token < row.size * 32 and bool((int(row[token >> 5]) >> (token & 31)) & 1)
-
-
 class Compiled:
     """One compiled grammar, shared by the requests of its key: the token-level matcher
     template, the grammar text it was built from (after a fallback to the regex translator),
     and, made on first use (by requests that must close within their budget), the
-    byte-level template of ``closing`` and the close of the start state."""
+    byte-level template of ``closing`` with the grammar's search hints, and the close of the
+    start state (searched once, with a larger bound than a close mid-document)."""
 
     def __init__(self, matcher: llg.LLMatcher, grammar: str) -> None:
         self.matcher = matcher
         self.grammar = grammar
         self._lock = threading.RLock()
         self._byte: llg.LLMatcher | None = None
+        self.hints: tuple[bytes, ...] = ()
         self._initial: tuple[bytes, list[int]] | None = None
 
     def byte_template(self, backend: LLGuidanceBackend) -> llg.LLMatcher:
         with self._lock:
             if self._byte is None:
+                self.hints = grammar_hints(self.grammar)
                 self._byte = byte_matcher(self.grammar, backend.limits)
             return self._byte
 
@@ -130,7 +134,8 @@ class Compiled:
         """The close of the start state: (its bytes, its tokens), or None when none."""
         with self._lock:
             if self._initial is None:
-                data = close_bytes(self.byte_template(backend).deep_copy())
+                data = close_bytes(self.byte_template(backend).deep_copy(), self.hints,
+                                   long=True)
                 ids = (None if data is None else
                        backend.spell_close(self.matcher.deep_copy(), data))
                 self._initial = (b"", None) if ids is None else (data, ids)
@@ -150,7 +155,9 @@ class LLGuidanceGrammar(Grammar):
         self.tokens: list[int] = []  # accepted, EOS excluded
         self.eos_done = eos_done
         self._twin: ByteTwin | None = None
-        self._last: tuple[bytes, list[int]] | None = None  # the last close found
+        # the close close_fits kept last: (accepted tokens then, its bytes, its tokens or
+        # None when only its bytes were checked)
+        self._fit: tuple[int, bytes, list[int] | None] | None = None
 
     @property
     def accepted(self) -> int:
@@ -184,6 +191,12 @@ class LLGuidanceGrammar(Grammar):
         if num_tokens:
             self.m.rollback(num_tokens)
             del self.tokens[-num_tokens:]
+            self._forget_after(self.accepted)
+
+    def _forget_after(self, n: int) -> None:
+        """Drop the kept close if it was kept past ``n`` accepted tokens."""
+        if self._fit is not None and self._fit[0] > n:
+            self._fit = None
 
     def is_accepting(self) -> bool:
         return self.eos_done or self.m.is_accepting()
@@ -199,64 +212,94 @@ class LLGuidanceGrammar(Grammar):
         g = LLGuidanceGrammar(self.b, self.compiled, self.m.deep_copy(), self.eos_done)
         g.tokens = list(self.tokens)
         g._twin = self._twin.copy() if self._twin is not None else None
-        g._last = self._last
+        g._fit = self._fit
         return g
 
-    def close_tokens(self, within: int | None = None,
-                     thorough: bool = False) -> list[int] | None:
-        """A short valid close from here (``closing``'s search on the byte-level twin, spelt
-        in tokens this matcher takes); ``[]`` when accepting; None when none was found.
-        ``within``: a close of fewer tokens than this will do, so the last close found, or
-        what is left of it, is taken when it still holds (inside a string value it mostly
-        does) and no search is made. ``thorough``: when the greedy close is not that short,
-        the breadth-first pass is tried too and the shorter of the two kept."""
-        if self.eos_done or self.m.is_accepting() or self.m.is_stopped():
+    def close_tokens(self) -> list[int] | None:
+        """A short valid close from here, in tokens this matcher takes one by one (``[]``
+        when accepting; None when none was found): the close ``close_fits`` last kept when
+        it was kept at this very state, else ``closing``'s search on the byte-level twin."""
+        if self._done():
             return []
-        if not self.tokens:  # the grammar's start: the same for every request
+        n = self.accepted
+        if not n:  # the grammar's start: the same for every request
             found = self.compiled.initial_close(self.b)
-            self._last = found
             return None if found is None else list(found[1])
-        if self._twin is None:
-            self._twin = ByteTwin(self.compiled.byte_template(self.b), self.b.spell_token)
-        if not self._twin.sync(self.tokens):
-            return None
-        if within is not None and self._last is not None:
-            ids = self._reuse(within)
+        if self._fit is not None and self._fit[0] == n:
+            _, data, ids = self._fit
+            ids = ids if ids is not None else self.b.spell_close(self.m, data)
             if ids is not None:
-                return ids
+                return list(ids)
+        if not self._synced():
+            return None
         data = self._twin.close()
-        ids = None if data is None else self.b.spell_close(self.m, data)
-        if thorough and (ids is None or within is None or len(ids) >= within):
-            other = bfs_close(self._twin.m)
-            spelt = None if other is None else self.b.spell_close(self.m, other)
-            if spelt is not None and (ids is None or len(spelt) < len(ids)):
-                data, ids = other, spelt
-        self._last = None if ids is None else (data, ids)
-        return ids
+        return None if data is None else self.b.spell_close(self.m, data)
 
-    def _reuse(self, within: int) -> list[int] | None:
-        """The last close, or its rest after the last token's bytes, if it still closes
-        the document from here in fewer than ``within`` tokens."""
-        data, ids = self._last
-        last = self.b.spell_token(self.tokens[-1])
-        if ids and ids[0] == self.tokens[-1]:  # the close's first token was taken: the
-            rest = ids[1:]  # rest was checked from the very state the grammar is in now
-            if len(rest) < within:
-                self._last = (data[len(last):], rest)
-                return list(rest)
-        candidates = [(data[len(last):], None)] if last and data.startswith(last) else []
-        candidates.append((data, ids))
-        for rest, spelt in candidates:
-            if not self._twin.closes_with(rest):
-                continue
-            if spelt is None:
-                spelt = self.b.spell_close(self.m, rest)
-            elif not self.b.closes_with(self.m, spelt):
-                spelt = None
-            if spelt is not None and len(spelt) < within:
-                self._last = (rest, spelt)
-                return list(spelt)
-        return None
+    def close_fits(self, room: int) -> bool:
+        """Whether a close of at most ``room`` tokens is known from here; it is kept (for
+        ``close_tokens`` after a rollback to this state) only when it fits. Cheapest first:
+        the close kept one token ago, or its rest after that token, when it still closes
+        the document (checked on the twin, a few microseconds a byte); then a fresh greedy
+        close on the twin without the branch lookahead, if its bytes fit (about a
+        millisecond); then with it (tens); then the breadth-first pass. Each fits by its
+        bytes (which bound its tokens), else spelt in tokens (``_keep``)."""
+        if room < 0:
+            return False
+        if self._done():
+            return True
+        n = self.accepted
+        if not n:
+            found = self.compiled.initial_close(self.b)
+            if found is None or len(found[1]) > room:
+                return False
+            self._fit = (0, found[0], list(found[1]))
+            return True
+        if not self._synced():
+            return False
+        candidates: list[bytes] = []
+        if self._fit is not None and self._fit[0] == n - 1:
+            _, data, ids = self._fit
+            last = self.b.spell_token(self.tokens[-1])
+            if ids and ids[0] == self.tokens[-1]:
+                if len(ids) - 1 <= room:  # (its first token was taken: the rest was spelt
+                    self._fit = (n, data[len(last):], ids[1:])  # from this very state)
+                    return True
+            elif last and data.startswith(last):
+                candidates.append(data[len(last):])
+            candidates.append(data)
+            candidates = [c for c in candidates if self._twin.closes_with(c)]
+        if any(self._keep(n, data, room) for data in candidates):
+            return True
+        quick = self._twin.close(lookahead=False)  # (when no kept close fits)
+        if quick is not None and len(quick) <= room:
+            return self._keep(n, quick, room)
+        fresh = self._twin.close()
+        if fresh is not None and fresh not in candidates and self._keep(n, fresh, room):
+            return True
+        other = bfs_close(self._twin.m)
+        return other is not None and other != fresh and self._keep(n, other, room)
+
+    def _done(self) -> bool:
+        return self.eos_done or self.m.is_accepting() or self.m.is_stopped()
+
+    def _synced(self) -> bool:
+        """The byte-level twin brought to the accepted tokens (made on first use)."""
+        if self._twin is None:
+            self._twin = ByteTwin(self.compiled.byte_template(self.b), self.b.spell_token,
+                                  self.compiled.hints)
+        return self._twin.sync(self.tokens)
+
+    def _keep(self, n: int, data: bytes, room: int) -> bool:
+        """Keep close ``data`` (bytes the twin checked) at ``n`` tokens if it fits ``room``:
+        by its bytes, which bound its tokens, else spelt in tokens (full-vocabulary masks)."""
+        if len(data) <= room:
+            self._fit = (n, data, None)
+            return True
+        ids = self.b.spell_close(self.m, data)
+        if ids is None or len(ids) > room:
+            return False
+        self._fit = (n, data, ids)
+        return True
 
     def forced_text(self) -> str:
         if not self.b.enable_jump_forward or self.is_terminated():
@@ -278,6 +321,7 @@ class LLGuidanceGrammar(Grammar):
             if took == len(new_ids):
                 if rollback:
                     del self.tokens[-rollback:]
+                    self._forget_after(self.accepted)
                 self.tokens.extend(int(t) for t in new_ids)
                 text = b"".join(self.b.vocab.id_to_bytes[t] for t in new_ids)
                 return JumpForward(rollback, list(new_ids), text.decode("utf-8", "replace"))
@@ -315,8 +359,6 @@ class LLGuidanceBackend(CompilingBackend):
         self.limits = limits
         self._executor = llg.LLExecutor(max(1, mask_threads))
         self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
-        self._prefix_ids: dict[bytes, int] | None = None  # a token's bytes -> the token
-        self._longest = 1  # the most bytes of a token
 
     # ------------------------------------------------------------------- spec -> grammar
 
@@ -443,46 +485,24 @@ class LLGuidanceBackend(CompilingBackend):
 
     def spell_close(self, m: llg.LLMatcher, data: bytes) -> list[int] | None:
         """Tokens spelling ``data`` that ``m``'s mask allows one by one and after which it
-        accepts: at each state the longest allowed token that starts the bytes left (the
-        mask, not only what ``m`` would consume: where the grammar forces bytes, llguidance's
-        mask keeps only their canonical token). None when no allowed token starts what is
-        left, or ``m`` does not accept at the end. ``m`` is left where it was."""
-        if self._prefix_ids is None:
-            self._prefix_ids = {b: t for t, b in self.vocab.id_to_bytes.items() if b}
-            self._longest = max(map(len, self._prefix_ids), default=1)
-        ids: list[int] = []
-        pos = 0
-        try:
-            while pos < len(data):
-                row = self.mask_of(m)
-                token = None
-                for end in range(min(len(data), pos + self._longest), pos, -1):
-                    t = self._prefix_ids.get(data[pos:end])
-                    if t is not None and _allowed(row, t):
-                        token = t
-                        break
-                if token is None or m.try_consume_tokens([token]) != 1:
-                    return None
-                ids.append(token)
-                pos += len(self.vocab.id_to_bytes[token])
-            return ids if m.is_accepting() or m.is_stopped() else None
-        finally:
-            if ids:
-                m.rollback(len(ids))
+        accepts (``TokenVocab.spell``: the mask, not only what ``m`` would consume: where the
+        grammar forces bytes, llguidance's mask keeps only their canonical token). None when
+        no allowed token starts what is left, or ``m`` does not accept at the end. ``m`` is
+        left where it was."""
+        took: list[int] = []
 
-    def closes_with(self, m: llg.LLMatcher, ids: list[int]) -> bool:
-        """Whether ``m``'s mask allows ``ids`` one by one and ``m`` accepts after them
-        (``m`` is left where it was)."""
-        took = 0
+        def take(token: int) -> bool:
+            if m.try_consume_tokens([token]) != 1:
+                return False
+            took.append(token)
+            return True
+
         try:
-            for t in ids:
-                if not _allowed(self.mask_of(m), t) or m.try_consume_tokens([t]) != 1:
-                    return False
-                took += 1
-            return m.is_accepting() or m.is_stopped()
+            ids = self.vocab.spell(data, lambda: self.mask_of(m), take)
+            return ids if ids is not None and (m.is_accepting() or m.is_stopped()) else None
         finally:
             if took:
-                m.rollback(took)
+                m.rollback(len(took))
 
     def mask_of(self, m: llg.LLMatcher) -> np.ndarray:
         """``m``'s token mask now: int32 words, bit t of word t // 32 for token t."""

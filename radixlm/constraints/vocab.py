@@ -10,8 +10,11 @@ the index, and other special tokens are never allowed under a constraint.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+
+import numpy as np
 
 
 @lru_cache(maxsize=1)
@@ -75,3 +78,41 @@ class TokenVocab:
             h.update(tid.to_bytes(4, "little") + len(id_to_bytes[tid]).to_bytes(2, "little"))
             h.update(id_to_bytes[tid])
         return cls(id_to_bytes, frozenset(special), h.hexdigest()[:16])
+
+    @cached_property
+    def by_bytes(self) -> dict[bytes, int]:
+        """A token's bytes -> the token (the highest id where several spell the same)."""
+        return {b: t for t, b in self.id_to_bytes.items() if b}
+
+    @cached_property
+    def longest(self) -> int:
+        """The most bytes of a token."""
+        return max(map(len, self.by_bytes), default=1)
+
+    def spell(self, data: bytes, mask: Callable[[], np.ndarray],
+              take: Callable[[int], bool]) -> list[int] | None:
+        """``data`` in tokens a grammar state allows one by one: at each position the
+        longest token that starts the bytes left and that ``mask()`` (the state's bitmask
+        row now: int32 words, bit t of word t // 32 for token t) allows, which ``take``
+        then advances the state over (False: refused). None when no allowed token starts
+        what is left, or ``take`` refuses one; the caller undoes what was taken."""
+        ids: list[int] = []
+        pos = 0
+        while pos < len(data):
+            row = mask()
+            token = None
+            for end in range(min(len(data), pos + self.longest), pos, -1):
+                t = self.by_bytes.get(data[pos:end])
+                if t is not None and allows(row, t):
+                    token = t
+                    break
+            if token is None or not take(token):
+                return None
+            ids.append(token)
+            pos += len(self.id_to_bytes[token])
+        return ids
+
+
+def allows(row: np.ndarray, token: int) -> bool:
+    """Whether bitmask row ``row`` (int32 words) allows ``token``."""
+    return token < row.size * 32 and bool((int(row[token >> 5]) >> (token & 31)) & 1)

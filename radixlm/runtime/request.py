@@ -71,11 +71,8 @@ class Req:
     grammar: Any = None
     grammar_future: Any = None
     # complete_within_max_tokens: the output closes its document within max_new_tokens;
-    # closed_at: the output tokens written before the close was forced (None: not forced);
-    # close_prev: the close found for the grammar's state before the last token (None: the
-    # start state's, which the grammar keeps)
+    # closed_at: the output tokens written before the close was forced (None: not forced)
     close_within_budget: bool = False
-    close_prev: list[int] | None = None
     closed_at: int | None = None
     # logprobs: (logprob | None, token_id) and top lists of (logprob, token_id)
     input_token_logprobs: list = field(default_factory=list)

@@ -197,35 +197,30 @@ class Postprocessor:
     # of the grammar's state fits in the room left. The model writes on while its tokens
     # keep it so; a token after which the close no longer fits (the next one when the room
     # is down to the close, or one that opens an object with required keys and lengthens
-    # the close by many) is taken back, and the close of the state before it, which fit,
-    # is forced. A document that fits the budget is thus never changed.
+    # the close by many) is taken back, and the close of the state before it, which fit and
+    # which the grammar kept (``Grammar.close_fits``), is forced. A document that fits the
+    # budget is thus never changed.
 
     def _close_within_budget(self, req: Req) -> bool:
         """After the grammar took the last token: a jump-forward plan is applied if the
         close after it fits (it may retokenize a token the close alone would not fit
-        after); else the token is kept if the close from it fits in the room left, or taken
+        after); else the token is kept if a close from it fits in the room left, or taken
         back and the close that fit before it forced. True if the request finished (forced,
         or the budget spent on a complete document)."""
+        grammar = req.grammar
         if self.config.enable_jump_forward:
-            plan = req.grammar.jump_forward(req.output_ids)
+            plan = grammar.jump_forward(req.output_ids)
             if plan is not None and plan.token_ids:
                 kept = len(req.output_ids) - plan.rollback
-                room = req.params.max_new_tokens - kept - len(plan.token_ids)
-                close = req.grammar.close_tokens(within=room + 1) if room >= 0 else None
-                if close is not None and len(close) <= room:
-                    req.close_prev = close
+                if grammar.close_fits(req.params.max_new_tokens - kept - len(plan.token_ids)):
                     return self._apply_plan(req, plan)
                 self._undo_plan(req, plan)
         room = req.params.max_new_tokens - len(req.output_ids)
-        close = req.grammar.close_tokens(within=room + 1)
-        if close is None or len(close) > room:  # a shorter one before overruling the model
-            close = req.grammar.close_tokens(within=room + 1, thorough=True)
-        if close is not None and len(close) <= room:
-            req.close_prev = close
-            return room == 0 and self._at_length(req)  # (close == [] then)
-        req.grammar.rollback(1)
+        if grammar.close_fits(room):
+            return room == 0 and self._at_length(req)  # (the close is [] then)
+        grammar.rollback(1)
         self._drop_last_token(req)
-        close = self._previous_close(req)
+        close = grammar.close_tokens()  # (the one that fit here)
         if close is None or len(close) > room + 1:
             self._cannot_close(req)
         else:
@@ -240,12 +235,6 @@ class Postprocessor:
         for token in req.output_ids[len(req.output_ids) - plan.rollback:]:
             if not req.grammar.accept_token(token):
                 raise RuntimeError("jump-forward could not restore the grammar state")
-
-    @staticmethod
-    def _previous_close(req: Req) -> list[int] | None:
-        """The close that fit at the state the grammar is back at (a search from there
-        may find a longer one: the close kept is the one that was checked)."""
-        return req.close_prev if req.close_prev is not None else req.grammar.close_tokens()
 
     def _drop_last_token(self, req: Req) -> None:
         """Take back the token appended last (it has no K/V yet)."""
