@@ -169,6 +169,16 @@ def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _grammar_backend(tokenizer, config: EngineConfig, eos_ids, vocab_size: int):
+    """The config's grammar backend for ``tokenizer`` over ``vocab_size`` logits."""
+    from radixlm.constraints import create_grammar_backend
+
+    return create_grammar_backend(
+        tokenizer, vocab_size=vocab_size, eos_token_ids=eos_ids,
+        backend=config.grammar_backend, enable_jump_forward=config.enable_jump_forward,
+        max_workers=config.grammar_compile_workers)
+
+
 def _in_background(fn, *args) -> Future:
     """``fn(*args)`` run in a thread of its own; its result or exception in the future."""
     future: Future = Future()
@@ -209,7 +219,8 @@ class Engine:
         # (C code, the GIL released), for the config's vocabulary size: remade below in the
         # rare case the weights hold another
         guess = getattr(self.hf_config, "vocab_size", None)
-        setup = _in_background(self._new_grammar_backend, guess) if guess else None
+        setup = (_in_background(_grammar_backend, self.tokenizer, self.config, self.eos_ids,
+                                guess) if guess else None)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         self.grammar_backend = None
@@ -217,7 +228,8 @@ class Engine:
         self._grammar_error: Exception | None = None
         try:
             if guess != self.runner.vocab_size:
-                setup = _in_background(self._new_grammar_backend, self.runner.vocab_size)
+                setup = _in_background(_grammar_backend, self.tokenizer, self.config,
+                                       self.eos_ids, self.runner.vocab_size)
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
                                        self._make_grammar_backend(setup))
         except BaseException:
@@ -228,15 +240,6 @@ class Engine:
         self._closed = False
         envs.freeze_gc()
         self.scheduler.start()
-
-    def _new_grammar_backend(self, vocab_size: int):
-        from radixlm.constraints import create_grammar_backend
-
-        return create_grammar_backend(
-            self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_ids,
-            backend=self.config.grammar_backend,
-            enable_jump_forward=self.config.enable_jump_forward,
-            max_workers=self.config.grammar_compile_workers)
 
     def _make_grammar_backend(self, setup: Future):
         """The grammar backend ``setup`` made (None, with ``_grammar_error`` set, where
