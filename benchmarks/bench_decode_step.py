@@ -22,7 +22,6 @@ import argparse
 import ctypes
 import json
 import statistics
-import tempfile
 import time
 
 import torch
@@ -161,8 +160,7 @@ def main() -> None:
     native_engine, ref_engine = make_engines(args)
     lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"]
                                   if build.envs.cpu_isa() == "native"
-                                  else [*build._ARCH[build.envs.cpu_isa()], "-DRLM_PROFILE"],
-                                  tempfile.mkdtemp(prefix="radixlm-prof-"))
+                                  else [*build._ARCH[build.envs.cpu_isa()], "-DRLM_PROFILE"])
     assert lib_prof.rlm_profile(None, 1) == 1
     native = native_engine.runner.native
     default_modes = native.act_modes

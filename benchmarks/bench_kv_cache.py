@@ -26,7 +26,6 @@ import ctypes
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -192,8 +191,7 @@ def main() -> None:
     if any(e.runner.native is None for e in engines.values()):
         raise SystemExit("the native library is unavailable on this host: nothing to time")
     try:
-        lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"],
-                                      Path(tempfile.mkdtemp(prefix="radixlm-prof-")))
+        lib_prof = build.load_variant(["-march=native", "-DRLM_PROFILE"])
     except RuntimeError:
         lib_prof = None
     results = {"host": host, "batch": args.batch, "rounds": args.rounds,

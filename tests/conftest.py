@@ -10,7 +10,6 @@ from __future__ import annotations
 import radixlm  # noqa: F401  # isort: skip
 
 import copy
-import ctypes
 import json
 import os
 import subprocess
@@ -55,48 +54,6 @@ def _parse_each_gguf_once():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(qweights, "gguf_blocks", parse_once)
-        yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _build_each_native_variant_once():
-    """``radixlm.native.build.load_variant`` compiles the whole library for explicit flags
-    (1-15 s a build on 2 cores) into the directory it is given: test_native's ``lib``
-    fixture (module scope, imported by two other modules too) and the AVX-512-without-VNNI
-    tests asked for the same flags eight times a session. Here each set of flags is built
-    once per version of the sources, as ``build.load()`` builds the host's own: into the
-    cache dir, under the host build's key (every source file, the compiler, the CPU flags),
-    and the loaded library is shared for the session."""
-    import hashlib
-    import subprocess
-
-    from radixlm import envs
-    from radixlm.native import build
-
-    compile_, built = build.load_variant, {}
-    declare = getattr(build, "_declare", None)
-
-    def build_once(arch, directory):
-        key = tuple(arch)
-        if key not in built:
-            cc = build._compiler()
-            if cc is None or declare is None:
-                built[key] = compile_(arch, directory)
-                return built[key]
-            version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                     timeout=30).stdout.splitlines()[:1]
-            cached = envs.cache_dir() / "native" / f"variants-{build.build_key(cc, version)}"
-            tag = hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8]
-            if (cached / f"cpu_ops-{tag}.so").exists():  # (load_variant's name for it)
-                lib = ctypes.CDLL(str(cached / f"cpu_ops-{tag}.so"))
-                declare(lib)
-                built[key] = lib
-            else:
-                built[key] = compile_(arch, cached)
-        return built[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(build, "load_variant", build_once)
         yield
 
 

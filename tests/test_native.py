@@ -45,7 +45,7 @@ def lib(request, tmp_path_factory):
     flags = set(build.cpu_flags())
     if request.param == "avx2" and not {"avx2", "fma"} <= flags:
         pytest.skip("this host cannot execute AVX2")  # not an x86-64 AVX2 machine
-    lib = build.load_variant(VARIANTS[request.param], tmp_path_factory.mktemp("native"))
+    lib = build.load_variant(VARIANTS[request.param])
     expected = {"avx2": "avx2", "generic": "generic"}[request.param]
     assert lib.rlm_isa().decode() == expected
     return lib
@@ -138,7 +138,7 @@ def test_int8_blocks_on_avx512_without_vnni(tmp_path):
     step size, and the twin's products."""
     if not {"avx2", "fma", "avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):
         pytest.skip("this host has no AVX-512 VNNI to compare the build without it to")
-    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"], tmp_path)
+    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"])
     assert plain.rlm_isa().decode() == "avx2"
     for fmt, k in ((FMT_Q4, 576), (FMT_Q8, 576), (FMT_Q8, 96)):
         w = _rand_weight(fmt, 45, k, seed=k + fmt)

@@ -159,7 +159,7 @@ def test_avx512_without_vnni_gives_this_hosts_bits(tmp_path):
     integers: the same bits as this host's own build."""
     if not {"avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):
         pytest.skip("needs an AVX-512 VNNI host to compare the two builds")
-    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"], tmp_path)
+    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"])
     native = build.load()
     x = torch.randn(5, 1024)
     for type_name in TYPES:

@@ -209,14 +209,9 @@ class ThinkingVocab:
             own = self.tokenizer.encode(text.decode("utf-8"), add_special_tokens=False)
         except UnicodeDecodeError:
             own = []
-        if own and b"".join(self.id_to_bytes.get(t, b"\x00\xff") for t in own) == text:
-            ok = True
-            for t in own:
-                if not allows(mask(), t) or not take(t):
-                    ok = False
-                    break
-            if ok:
-                return tuple(int(t) for t in own)
+        if (own and b"".join(self.id_to_bytes.get(t, b"\x00\xff") for t in own) == text
+                and all(allows(mask(), t) and take(t) for t in own)):
+            return tuple(int(t) for t in own)
         reset()
         ids = self.vocab.spell(text, mask, take)
         return None if ids is None else tuple(ids)

@@ -93,19 +93,33 @@ def _build(cc: str, target: Path, arch: list[str] | None = None) -> None:
             os.unlink(tmp)
 
 
-def load_variant(arch: list[str], directory: Path) -> ctypes.CDLL:
-    """A build for explicit flags (e.g. ``["-mavx2", "-mfma"]``, or ``["-march=native",
-    "-DRLM_PROFILE"]`` for stage timers), for tests that run the AVX2 or generic code paths
-    on a host that would pick another, and for the step-profile benchmark."""
+@functools.cache
+def _variant(arch: tuple[str, ...]) -> ctypes.CDLL:
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler")
     tag = hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8]
-    target = Path(directory) / f"cpu_ops-{tag}.so"
-    _build(cc, target, arch)
+    target = (envs.cache_dir() / "native" / f"variants-{build_key(cc, _version(cc))}"
+              / f"cpu_ops-{tag}.so")
+    if not target.exists():
+        _build(cc, target, list(arch))
     lib = ctypes.CDLL(str(target))
     _declare(lib)
     return lib
+
+
+def load_variant(arch: list[str]) -> ctypes.CDLL:
+    """A build for explicit flags (e.g. ``["-mavx2", "-mfma"]``, or ``["-march=native",
+    "-DRLM_PROFILE"]`` for stage timers), for tests that run the AVX2 or generic code paths
+    on a host that would pick another, and for the step-profile benchmark. Built once per
+    version of the sources (the cache dir, under ``load()``'s key) and loaded once a process."""
+    return _variant(tuple(arch))
+
+
+def _version(cc: str) -> list[str]:
+    """The compiler's version line (part of the build key)."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True,
+                          timeout=30).stdout.splitlines()[:1]
 
 
 def build_key(cc: str, version: list[str]) -> str:
@@ -129,9 +143,7 @@ def load() -> ctypes.CDLL | None:
                        "running the reference torch path")
         return None
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout.splitlines()[:1]
-        target = envs.cache_dir() / "native" / f"cpu_ops-{build_key(cc, version)}.so"
+        target = envs.cache_dir() / "native" / f"cpu_ops-{build_key(cc, _version(cc))}.so"
         if not target.exists():
             logger.info("building native CPU ops for this host (once)")
             _build(cc, target)
