@@ -167,6 +167,12 @@ def main() -> None:
     modes = {"native": None}
     modes.update({f"native_{m}": ((1, ACT_NAMES[m]),)
                   for m in args.activations.split(",") if m})
+    if native_engine.runner.native.arena.int8_only:  # (Q8 rows repacked for int8 steps)
+        skipped = [p for p, m in modes.items() if any(a != ACT_NAMES["int8"] for _, a in m)]
+        for p in skipped:
+            print(f"{p}: skipped (this engine's Q8 rows are laid out for int8 steps only; "
+                  f"start it with --dtype/activations in that mode to time it)")
+            del modes[p]
     paths = (["reference"] if ref_engine else []) + list(modes)
     results = {"host": host, "context": args.context, "native_act_modes": default_modes,
                "weights": native_engine.runner.precision["weights"],

@@ -237,7 +237,8 @@ class NativeDecoder:
                                               is_kquant(w) for w in [*flat, head]),
                                           deterministic=deterministic)
         order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
-        self.arena = Arena(order, lib, torch.get_num_threads())  # in step order
+        self.arena = Arena(order, lib, torch.get_num_threads(),  # in step order
+                           int8_only=all(m == ACT_INT8 for _, m in self.act_modes))
         self._release = release or (lambda w: None)
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
         self.head, head_rows = self._place(head)

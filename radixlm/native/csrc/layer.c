@@ -379,6 +379,13 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     const int64_t row_bytes = row_bytes_of(w);
     for (int i = 0; i < count; i++) {
         const int64_t n = rows[i];
+        if (w->fmt == FMT_Q8 && !w->qs) { /* rows repacked only (kx8.c) */
+            int8_t q[w->k] __attribute__((aligned(64)));
+            f16 d[nb];
+            kx8_unpack_row(w, n, q, d);
+            dequant_row(w, (const uint8_t *)q, d, NULL, nb, out + (int64_t)i * w->k);
+            continue;
+        }
         dequant_row(w, w->qs + n * row_bytes, wd_of(w, n, nb), wm_of(w, (int)n, nb), nb,
                     out + (int64_t)i * w->k);
     }
@@ -396,7 +403,46 @@ int32_t rlm_kx_rows(void) {
 }
 
 int64_t rlm_kx_bytes(int32_t fmt, int32_t n, int32_t k) {
+    if (fmt == FMT_Q8) return (int64_t)(n / 16) * (k / 32) * KX8_BYTES;
     return (int64_t)(n / 16) * (k / 256) * kx_sb_bytes(fmt);
+}
+
+/* Whether this build's int8 kernel reads Q8 rows repacked (kx8.c: every row, the plain
+ * rows not kept), and the repacking: a Q8 matrix's rows (n % 16 == 0; qs: element j of
+ * block b of row r at qs + r qrow + b qblk + j, its fp16 scale at d + r drow + b dblk, in
+ * bytes: a GGUF's interleaved blocks or separate arrays alike) into dst (rlm_kx_bytes), in
+ * groups of 16 rows over the team of nthreads. */
+int32_t rlm_kx8_rows(void) {
+#ifdef RLM_KX8
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const int8_t *qs;
+    int64_t qrow, qblk;
+    const uint8_t *d;
+    int64_t drow, dblk;
+    int32_t n, k;
+    uint8_t *dst;
+} Repack8Job;
+
+static void repack8_job(void *ctx, int tid, int nth) {
+    const Repack8Job *j = (const Repack8Job *)ctx;
+    const int nb = j->k / 32;
+    for (int g = tid; g < j->n / 16; g += nth)
+        kx8_repack_group(j->qs + (int64_t)g * 16 * j->qrow, j->qrow, j->qblk,
+                         j->d + (int64_t)g * 16 * j->drow, j->drow, j->dblk, nb,
+                         j->dst + (int64_t)g * nb * KX8_BYTES);
+}
+
+void rlm_repack_q8(const int8_t *qs, int64_t qrow, int64_t qblk, const uint8_t *d,
+                   int64_t drow, int64_t dblk, int32_t n, int32_t k, uint8_t *dst,
+                   int32_t nthreads) {
+    Repack8Job j = {qs, qrow, qblk, d, drow, dblk, n, k, dst};
+    run_parallel(repack8_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
 typedef struct {
