@@ -22,6 +22,7 @@ from radixlm.native.qweights import (
     from_gguf_raw,
     gguf_blocks,
     quantize_q4,
+    quantize_q4_0,
     quantize_q8,
 )
 
@@ -153,35 +154,37 @@ def test_int8_blocks_on_avx512_without_vnni(tmp_path):
                                alone[:t]), (fmt, t)
 
 
-def test_q8_rows_repacked_are_the_same_bits():
-    """Q8 rows repacked 16 side by side (kx8.c: 512-bit VNNI builds without AMX int8 tiles)
-    give the bits of the plain rows at every step size, for a partial last chunk of 16 blocks
-    (k = 96, 544) and whole ones (1024), from contiguous arrays and from a GGUF's interleaved
-    blocks; a repacked-only matrix's rows (the engine's embedding lookup) dequantize to
-    gguf-py's numbers."""
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_block_rows_repacked_are_the_same_bits(type_name):
+    """Q8 / Q4 rows repacked 16 side by side (kx32.c: 512-bit VNNI builds without AMX int8
+    tiles) give the bits of the plain rows at every step size, for a partial last chunk of
+    16 blocks (k = 96, 544) and whole ones (1024), from contiguous arrays and from a GGUF's
+    interleaved blocks; a repacked-only matrix's rows (the engine's embedding lookup)
+    dequantize to gguf-py's numbers."""
     import gguf
 
     native = build.load()
-    if not native.rlm_kx8_rows():
-        pytest.skip("this host's build reads Q8 rows in the plain layout only")
-    q8 = gguf.GGMLQuantizationType.Q8_0
+    if not native.rlm_kx32_rows():
+        pytest.skip("this host's build reads Q8 / Q4 rows in the plain layout only")
+    kind = gguf.GGMLQuantizationType[type_name]
+    ours = {"Q8_0": quantize_q8, "Q4_0": quantize_q4_0, "Q4_1": quantize_q4}[type_name]
     for n, k in ((32, 96), (48, 544), (16, 1024)):
         w = np.random.default_rng(n + k).standard_normal((n, k)).astype(np.float32) * 0.1
-        raw = gguf.quants.quantize(w, q8)
+        raw = gguf.quants.quantize(w, kind)
         x = torch.randn(70, k)
-        for weight in (quantize_q8(w), from_gguf_raw("Q8_0", raw)):
+        for weight in (ours(w), from_gguf_raw(type_name, raw)):
             for t in (1, 2, 3, 5, 8, 9, 17, 64, 70):
                 assert torch.equal(ops.norm_matmul(native, x[:t], weight, act="int8"),
                                    ops.norm_matmul(native, x[:t], weight, act="int8",
                                                    repack=False)), (n, k, t)
-        weight = from_gguf_raw("Q8_0", raw)
-        dst = np.empty(int(native.rlm_kx_bytes(FMT_Q8, n, k)), np.uint8)
-        ops.repack_q8(native, weight, dst)
+        weight = from_gguf_raw(type_name, raw)
+        dst = np.empty(int(native.rlm_kx_bytes(weight.fmt, n, k)), np.uint8)
+        ops.repack_kx32(native, weight, dst)
         mat = ops._qmat(weight, [], dst)  # (no plain rows: what the engine's arena holds)
         rows = np.arange(n - 1, -1, -1, dtype=np.int64)
         out = torch.empty(n, k).numpy()  # (64-byte aligned: the rows are stored whole)
         native.rlm_dequant_rows(ops.ctypes.byref(mat), rows.ctypes.data, n, out.ctypes.data)
-        np.testing.assert_array_equal(out, gguf.quants.dequantize(raw, q8)[::-1])
+        np.testing.assert_array_equal(out, gguf.quants.dequantize(raw, kind)[::-1])
 
 
 @pytest.mark.parametrize("fmt", [FMT_F32, FMT_BF16])

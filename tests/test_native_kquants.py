@@ -263,7 +263,7 @@ def test_a_kquant_file_runs_in_its_own_super_blocks(kquant_gguf, act, tol):
         kx = lib.rlm_kx_rows()  # (Q4_K rows repacked for int8 steps)
         assert (arena.repacked_bytes > 0) == bool(kx)
         # Q8_0: copied, or repacked where every step is int8 on a build that reads it so
-        kx8 = act == "int8" and bool(lib.rlm_kx8_rows())
+        kx8 = act == "int8" and bool(lib.rlm_kx32_rows())
         plain = arena.copied_bytes - arena.repacked_bytes
         assert arena.int8_only == kx8 and (plain > 0) != kx8
         assert arena.held_bytes + arena.repacked_bytes > 4 * plain

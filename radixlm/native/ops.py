@@ -23,6 +23,7 @@ from radixlm.native.qweights import (
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
 REPACKED = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)  # read 16 rows side by side by the int8 kernels
+BLOCKS32 = (FMT_Q8, FMT_Q4)  # likewise where every step is int8 (Arena, csrc/kx32.c)
 
 
 class Arena:
@@ -44,10 +45,10 @@ class Arena:
     they touch.
 
     With ``int8_only`` (every step's activations int8 blocks) on a build whose kernel reads
-    Q8 rows 16 side by side (``lib.rlm_kx8_rows()``: 512-bit VNNI without AMX int8 tiles), a
-    Q8 matrix of whole groups of 16 rows is copied in that layout only, at the size of the
-    plain copy (kx8.c): a one-token step then streams it with no per-step transposition. The
-    embedding lookup unpacks its rows; no other path reads them."""
+    Q8 / Q4 rows 16 side by side (``lib.rlm_kx32_rows()``: 512-bit VNNI without AMX int8
+    tiles), such a matrix of whole groups of 16 rows is copied in that layout only, at the
+    size of the plain copy (kx32.c): a step then streams it with no per-step transposition.
+    The embedding lookup unpacks its rows; no other path reads them."""
 
     ALIGN, HUGE = 64, 2 << 20
 
@@ -56,8 +57,8 @@ class Arena:
         self._held: list[np.ndarray] = []  # file-map arrays the C views point into
         self._lib, self._threads, self._in_place_bytes, self.repacked_bytes = lib, threads, 0, 0
         self._kx = lib is not None and bool(lib.rlm_kx_rows())
-        self._kx8 = int8_only and lib is not None and bool(lib.rlm_kx8_rows())
-        self._q8_repacked = False
+        self._kx32 = int8_only and lib is not None and bool(lib.rlm_kx32_rows())
+        self._int8_only = False  # (set once a matrix is placed repacked only)
         size = sum(self._padded(a.nbytes) for w in weights
                    if not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
@@ -87,8 +88,9 @@ class Arena:
 
     @property
     def int8_only(self) -> bool:
-        """Whether some matrix here is readable by int8 steps only (Q8 rows repacked)."""
-        return self._kx8 and self.repacked_bytes > 0 and self._q8_repacked
+        """Whether some matrix here is readable by int8 steps only (Q8 / Q4 rows
+        repacked)."""
+        return self._int8_only
 
     @property
     def held_bytes(self) -> int:
@@ -97,8 +99,8 @@ class Arena:
 
     def repacked(self, w: QWeight) -> bool:
         """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
-        if w.fmt == FMT_Q8:
-            return self._kx8 and w.n >= 16 and w.n % 16 == 0
+        if w.fmt in BLOCKS32:
+            return self._kx32 and w.n >= 16 and w.n % 16 == 0
         return self._kx and w.fmt in REPACKED and w.n >= 16 and w.qs.flags.c_contiguous
 
     @property
@@ -121,8 +123,8 @@ class Arena:
     def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays)."""
-        if self.repacked(w) and w.fmt == FMT_Q8:
-            return self._place_q8(w)
+        if self.repacked(w) and w.fmt in BLOCKS32:
+            return self._place_kx32(w)
         if self.repacked(w):
             pages.populate_read(w.qs)
             nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
@@ -149,27 +151,30 @@ class Arena:
         return _qmat(w, copies), copies
 
 
-    def _place_q8(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
-        """``w`` (Q8) repacked in (``place``): its C view reads the repacked rows only."""
+    def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
+        """``w`` (Q8 / Q4) repacked in (``place``): its C view reads the repacked rows only."""
         pages.populate_read(w.qs)  # (the scales lie between the quants in a GGUF's blocks)
         nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
         dst = self._buf[self._used:self._used + nbytes]
-        repack_q8(self._lib, w, dst, self._threads)
-        self._q8_repacked = True
+        repack_kx32(self._lib, w, dst, self._threads)
+        self._int8_only = True
         self._used += self._padded(nbytes)
         self.repacked_bytes += nbytes
         return _qmat(w, [], dst), []
 
 
-def repack_q8(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
-    """``w``'s Q8 rows (contiguous arrays or a GGUF's strided block views) repacked into
-    ``dst`` (``lib.rlm_kx_bytes`` bytes; csrc/kx8.c)."""
-    qs, d = w.qs.reshape(w.n, -1, 32), np.asarray(w.d).reshape(w.n, -1)
-    if d.dtype != np.float16 or qs.strides[2] != 1:
-        raise ValueError(f"Q8 rows to repack need int8 quants and fp16 scales, got "
-                         f"{qs.dtype} / {d.dtype}")
-    lib.rlm_repack_q8(qs.ctypes.data, qs.strides[0], qs.strides[1], d.ctypes.data,
-                      d.strides[0], d.strides[1], w.n, w.k, dst.ctypes.data, threads)
+def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
+    """``w``'s Q8 / Q4 rows (contiguous arrays or a GGUF's strided block views) repacked into
+    ``dst`` (``lib.rlm_kx_bytes`` bytes; csrc/kx32.c)."""
+    qs = w.qs.reshape(w.n, -1, w.qs.shape[-1])
+    scales = [np.asarray(a).reshape(w.n, -1) for a in (w.d, w.m) if a is not None]
+    if qs.strides[2] != 1 or any(a.dtype != np.float16 for a in scales):
+        raise ValueError("rows to repack need byte quants and fp16 scales")
+    d, m = scales[0], scales[1] if w.fmt == FMT_Q4 else None
+    lib.rlm_repack_kx32(w.fmt, qs.ctypes.data, qs.strides[0], qs.strides[1], d.ctypes.data,
+                        d.strides[0], d.strides[1], None if m is None else m.ctypes.data,
+                        0 if m is None else m.strides[0], 0 if m is None else m.strides[1],
+                        w.n, w.k, dst.ctypes.data, threads)
 
 
 def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = None) -> QMat:
@@ -184,12 +189,13 @@ def qmat(w: QWeight, keep: list, lib=None) -> QMat:
     repacked for its int8 kernel where it reads them so (as the ``Arena`` does)."""
     arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
-    q8 = w.fmt == FMT_Q8 and lib is not None and lib.rlm_kx8_rows() and w.n % 16 == 0
-    if not q8 and (lib is None or not lib.rlm_kx_rows() or w.fmt not in REPACKED or w.n < 16):
+    kx32 = w.fmt in BLOCKS32 and lib is not None and lib.rlm_kx32_rows() and w.n % 16 == 0
+    if not kx32 and (lib is None or not lib.rlm_kx_rows() or w.fmt not in REPACKED
+                     or w.n < 16):
         return _qmat(w, arrays)
     repacked = np.empty(int(lib.rlm_kx_bytes(w.fmt, w.n, w.k)), dtype=np.uint8)
-    if q8:  # (the plain arrays kept too: the other activation modes read them)
-        repack_q8(lib, w, repacked)
+    if kx32:  # (the plain arrays kept too: the other activation modes read them)
+        repack_kx32(lib, w, repacked)
     else:
         lib.rlm_repack_kx(arrays[0].ctypes.data, w.fmt, w.n, w.k, repacked.ctypes.data, 1)
     keep.append(repacked)

@@ -11,7 +11,7 @@
 #include "matmul_i8.c"
 #include "kquants.c"
 #include "kx.c"
-#include "kx8.c"
+#include "kx32.c"
 #include "amx_i8.c"
 #include "matmul.c"
 #include "vmath.c"

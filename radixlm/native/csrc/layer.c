@@ -379,11 +379,11 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     const int64_t row_bytes = row_bytes_of(w);
     for (int i = 0; i < count; i++) {
         const int64_t n = rows[i];
-        if (w->fmt == FMT_Q8 && !w->qs) { /* rows repacked only (kx8.c) */
-            int8_t q[w->k] __attribute__((aligned(64)));
-            f16 d[nb];
-            kx8_unpack_row(w, n, q, d);
-            dequant_row(w, (const uint8_t *)q, d, NULL, nb, out + (int64_t)i * w->k);
+        if (!w->qs) { /* Q8 / Q4 rows repacked only (kx32.c) */
+            uint8_t q[w->k] __attribute__((aligned(64)));
+            f16 d[nb], m[nb];
+            kx32_unpack_row(w, n, q, d, m);
+            dequant_row(w, q, d, w->fmt == FMT_Q4 ? m : NULL, nb, out + (int64_t)i * w->k);
             continue;
         }
         dequant_row(w, w->qs + n * row_bytes, wd_of(w, n, nb), wm_of(w, (int)n, nb), nb,
@@ -403,46 +403,8 @@ int32_t rlm_kx_rows(void) {
 }
 
 int64_t rlm_kx_bytes(int32_t fmt, int32_t n, int32_t k) {
-    if (fmt == FMT_Q8) return (int64_t)(n / 16) * (k / 32) * KX8_BYTES;
+    if (fmt == FMT_Q8 || fmt == FMT_Q4) return (int64_t)(n / 16) * (k / 32) * kx32_bytes(fmt);
     return (int64_t)(n / 16) * (k / 256) * kx_sb_bytes(fmt);
-}
-
-/* Whether this build's int8 kernel reads Q8 rows repacked (kx8.c: every row, the plain
- * rows not kept), and the repacking: a Q8 matrix's rows (n % 16 == 0; qs: element j of
- * block b of row r at qs + r qrow + b qblk + j, its fp16 scale at d + r drow + b dblk, in
- * bytes: a GGUF's interleaved blocks or separate arrays alike) into dst (rlm_kx_bytes), in
- * groups of 16 rows over the team of nthreads. */
-int32_t rlm_kx8_rows(void) {
-#ifdef RLM_KX8
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-typedef struct {
-    const int8_t *qs;
-    int64_t qrow, qblk;
-    const uint8_t *d;
-    int64_t drow, dblk;
-    int32_t n, k;
-    uint8_t *dst;
-} Repack8Job;
-
-static void repack8_job(void *ctx, int tid, int nth) {
-    const Repack8Job *j = (const Repack8Job *)ctx;
-    const int nb = j->k / 32;
-    for (int g = tid; g < j->n / 16; g += nth)
-        kx8_repack_group(j->qs + (int64_t)g * 16 * j->qrow, j->qrow, j->qblk,
-                         j->d + (int64_t)g * 16 * j->drow, j->drow, j->dblk, nb,
-                         j->dst + (int64_t)g * nb * KX8_BYTES);
-}
-
-void rlm_repack_q8(const int8_t *qs, int64_t qrow, int64_t qblk, const uint8_t *d,
-                   int64_t drow, int64_t dblk, int32_t n, int32_t k, uint8_t *dst,
-                   int32_t nthreads) {
-    Repack8Job j = {qs, qrow, qblk, d, drow, dblk, n, k, dst};
-    run_parallel(repack8_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
 typedef struct {
@@ -468,6 +430,45 @@ void rlm_repack_kx(const uint8_t *src, int32_t fmt, int32_t n, int32_t k, uint8_
                    int32_t nthreads) {
     RepackJob j = {src, fmt, n, k, dst};
     run_parallel(repack_job, &j, nthreads < 1 ? 1 : nthreads);
+}
+
+/* Whether this build's int8 kernel reads Q8 / Q4 rows repacked (kx32.c: every row, the
+ * plain rows not kept), and the repacking: such a matrix's rows (n % 16 == 0; block b of row r
+ * at qs + r qrow + b qblk, its fp16 scale at d + r drow + b dblk, Q4's minimum at m + r mrow
+ * + b mblk, in bytes: a GGUF's interleaved blocks or separate arrays alike) into dst
+ * (rlm_kx_bytes), in groups of 16 rows over the team of nthreads. */
+int32_t rlm_kx32_rows(void) {
+#ifdef RLM_KX32
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    int32_t fmt;
+    const uint8_t *qs, *d, *m;
+    int64_t qrow, qblk, drow, dblk, mrow, mblk;
+    int32_t n, k;
+    uint8_t *dst;
+} Repack32Job;
+
+static void repack32_job(void *ctx, int tid, int nth) {
+    const Repack32Job *j = (const Repack32Job *)ctx;
+    const int nb = j->k / 32;
+    for (int g = tid; g < j->n / 16; g += nth)
+        kx32_repack_group(j->fmt, j->qs + (int64_t)g * 16 * j->qrow, j->qrow, j->qblk,
+                          j->d + (int64_t)g * 16 * j->drow, j->drow, j->dblk,
+                          j->m ? j->m + (int64_t)g * 16 * j->mrow : NULL, j->mrow, j->mblk,
+                          nb, j->dst + (int64_t)g * nb * kx32_bytes(j->fmt));
+}
+
+void rlm_repack_kx32(int32_t fmt, const uint8_t *qs, int64_t qrow, int64_t qblk,
+                     const uint8_t *d, int64_t drow, int64_t dblk, const uint8_t *m,
+                     int64_t mrow, int64_t mblk, int32_t n, int32_t k, uint8_t *dst,
+                     int32_t nthreads) {
+    Repack32Job j = {fmt, qs, d, m, qrow, qblk, drow, dblk, mrow, mblk, n, k, dst};
+    run_parallel(repack32_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
 /* Row n of a K-quant matrix unpacked (kq_unpack_row: bytes q [k], scales ds, dm), from the

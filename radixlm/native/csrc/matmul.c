@@ -77,9 +77,9 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         kq_rows_i8(w, n0, n1, T, act, y, ldy);
         return;
     }
-#ifdef RLM_KX8
-    if (w->qx) { /* Q8 rows repacked (their only copy) */
-        kx8_rows(w, n0, n1, T, act, y, ldy);
+#ifdef RLM_KX32
+    if (w->qx) { /* Q8 / Q4 rows repacked (their only copy) */
+        kx32_rows(w, n0, n1, T, act, y, ldy);
         return;
     }
 #endif

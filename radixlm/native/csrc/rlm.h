@@ -29,7 +29,7 @@
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
  *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
  *   kx.c           K-quant rows repacked 16 side by side, and their int8 kernels
- *   kx8.c          Q8 rows repacked 16 side by side, and their 512-bit VNNI kernel
+ *   kx32.c         Q8 / Q4 rows repacked 16 side by side, and their 512-bit VNNI kernel
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
  *   attention.c    attention through req_to_token
@@ -83,10 +83,10 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #elif defined(RLM_AVX2)
 #define RLM_CHUNK 8
 #endif
-/* Q8 rows repacked 16 side by side (kx8.c) for the 512-bit VNNI int8 kernel; not on builds
- * whose AMX int8 tiles read Q8 rows in the plain layout. */
+/* Q8 / Q4 rows repacked 16 side by side (kx32.c) for the 512-bit VNNI int8 kernel; not on
+ * builds whose AMX int8 tiles read those rows in the plain layout. */
 #if defined(RLM_I8_ZMM) && defined(__AVX512VNNI__) && !(defined(RLM_AMX) && defined(__AMX_INT8__))
-#define RLM_KX8 1
+#define RLM_KX32 1
 #endif
 /* Steps of at least this many tokens run ACT_BF16 matmuls on AMX tiles (where granted);
  * from RLM_AMX_LARGE_T tokens on with the roles of the operands swapped (see
@@ -109,8 +109,9 @@ typedef struct {
     const uint16_t *m;    /* [n, k/32] fp16 block minimums (Q4 only) */
     const uint8_t *qx;    /* K-quants on AVX2 / 512-bit builds: rows 0 .. n / 16 * 16
                              repacked 16 side by side (kx.c) for the int8 kernels; the
-                             other paths read qs. Q8 on RLM_KX8 builds: all rows repacked
-                             (kx8.c), qs and d NULL (int8 steps only). NULL: read qs only */
+                             other paths read qs. Q8 / Q4 on RLM_KX32 builds: all rows
+                             repacked (kx32.c), qs, d and m NULL (int8 steps only). NULL:
+                             read qs only */
 } QMat;
 
 static inline int is_dense(const QMat *w) { return w->fmt == FMT_BF16 || w->fmt == FMT_F32; }
@@ -363,10 +364,11 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
 #endif
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy);
-/* kx8.c */
-static void kx8_unpack_row(const QMat *w, int64_t n, int8_t *q, f16 *d);
-#ifdef RLM_KX8
-static void kx8_rows(const QMat *w, int n0, int n1, int T, const Act *a, float *y, int64_t ldy);
+/* kx32.c */
+static inline int64_t kx32_bytes(int fmt);
+static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *m);
+#ifdef RLM_KX32
+static void kx32_rows(const QMat *w, int n0, int n1, int T, const Act *a, float *y, int64_t ldy);
 #endif
 
 /* The matmuls: y[t, n] (row stride ldy) for rows n in [n0, n1) of w, all T tokens of a. */

@@ -1,0 +1,181 @@
+/* 32-element block rows (Q8_0, Q4_0 / Q4_1) repacked 16 side by side (QMat.qx with qs NULL)
+ * for the 512-bit VNNI int8 kernel, and that kernel. Group g's block b is kx32_bytes() at qx
+ * + (g nb + b) kx32_bytes():
+ *   Q8 (544 bytes): d[16] fp16 (row r's scale of block b), then 8 vectors of 64 bytes,
+ *     vector v's byte 4 r + e = element 4 v + e of row r's block plus 128, unsigned.
+ *   Q4 (320 bytes): d[16], m[16] fp16, then 4 vectors of 64 bytes, vector v's byte 4 r + e =
+ *     element 4 v + e of row r's block in its low nibble, element 16 + 4 v + e in its high.
+ * The plain layout's size. One u8 x s8 dot instruction of a vector against 4 activations
+ * broadcast adds 4 products of each of the 16 rows, a row a lane: a block's 16 integer sums
+ * after 8 of them (Q8: of (w + 128) a, less 128 sum a, the token's, made once per call: the
+ * exact sum of w a). Each row's sums are scaled and added into the lane its block has in
+ * matmul_i8.c's qdot_group (a full chunk's block c + j in lane 4 (j % 4) + j / 4, a partial
+ * chunk's in lane j; Q4's m terms m_b (dx_b sum a) in lane j, before the chunk's products)
+ * and the lanes summed in sum4_rows' tree: the same operations in the same order, so the
+ * same bits (tests/test_native.py). Q4 reads the activations where interleave_act put them.
+ * No per-call transposition of the rows: a one-token step streams them at the memory's
+ * pace. Matrices of whole groups only (n % 16 == 0): ops.Arena keeps others plain. */
+#include "rlm.h"
+
+static inline int64_t kx32_bytes(int fmt) { return fmt == FMT_Q8 ? 544 : 320; }
+
+/* Rows 0 .. 15 of a block matrix (qs: block b of row r at qs + r qrow + b qblk, 32 bytes for
+ * Q8, 16 for Q4; its fp16 scale at d + r drow + b dblk, Q4's minimum likewise at m; strides
+ * in bytes) as one repacked group. */
+static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t qblk,
+                              const uint8_t *d, int64_t drow, int64_t dblk, const uint8_t *m,
+                              int64_t mrow, int64_t mblk, int nb, uint8_t *dst) {
+    const int q8 = fmt == FMT_Q8;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *o = dst + (int64_t)b * kx32_bytes(fmt), *v = o + (q8 ? 32 : 64);
+        for (int r = 0; r < 16; r++) {
+            memcpy(o + 2 * r, d + r * drow + b * dblk, 2);
+            if (!q8) memcpy(o + 32 + 2 * r, m + r * mrow + b * mblk, 2);
+            const uint8_t *q = qs + r * qrow + b * qblk;
+            for (int s = 0; s < (q8 ? 8 : 4); s++) {
+                uint32_t e4; /* (Q4: the plain block's byte j holds elements j, 16 + j) */
+                memcpy(&e4, q + 4 * s, 4);
+                if (q8) e4 ^= 0x80808080u;
+                memcpy(v + 64 * s + 4 * r, &e4, 4);
+            }
+        }
+    }
+}
+
+/* Row n of a repacked matrix in the plain layout: qs [nb, 32 | 16] bytes, d (and Q4's m)
+ * [nb] fp16. */
+static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *m) {
+    const int nb = w->k / 32, r = (int)(n % 16), q8 = w->fmt == FMT_Q8;
+    const uint8_t *g = w->qx + n / 16 * nb * kx32_bytes(w->fmt);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = g + (int64_t)b * kx32_bytes(w->fmt), *v = o + (q8 ? 32 : 64);
+        memcpy(d + b, o + 2 * r, 2);
+        if (!q8) memcpy(m + b, o + 32 + 2 * r, 2);
+        for (int s = 0; s < (q8 ? 8 : 4); s++) {
+            uint32_t e4;
+            memcpy(&e4, v + 64 * s + 4 * r, 4);
+            if (q8) e4 ^= 0x80808080u;
+            memcpy(qs + (q8 ? 32 : 16) * b + 4 * s, &e4, 4);
+        }
+    }
+}
+
+#ifdef RLM_KX32
+/* G tokens (from token t) against repacked group qx (16 rows from row n, format fmt): per
+ * block b the 16 rows' exact integer sums, then acc[i][L] += sums (H(d_b) dx_b) with L the
+ * block's lane in qdot_group (and Q4's m terms first, chunk by chunk); sum4_rows' tree, a
+ * row a lane; 16 rows stored at y + n (row stride ldy). */
+static inline __attribute__((always_inline)) void kx32_group(
+    const int fmt, const uint8_t *qx, int nb, const Act *a, int t, const int G, int k,
+    const int32_t *c128, float *y, int64_t ldy, int n) {
+    const int q8 = fmt == FMT_Q8;
+    const int64_t bytes = kx32_bytes(fmt);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[G][16];
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = qx + (int64_t)b * bytes;
+        const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
+        if (!q8 && j == 0) /* the chunk's m terms, block c + l in lane l */
+            for (int l = 0; l < 16 && c + l < nb; l++) {
+                const __m512 mv = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(o + (int64_t)l * bytes + 32)));
+                for (int i = 0; i < G; i++)
+                    acc[i][l] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->xs[(t + i) * (int64_t)nb + c + l]),
+                                                acc[i][l]);
+            }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        __m512i st[8];
+        if (q8) {
+            for (int v = 0; v < 8; v++) st[v] = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
+        } else {
+            for (int v = 0; v < 4; v++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(o + 64 + 64 * v));
+                st[v] = _mm512_and_si512(x, m4);
+                st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            }
+        }
+        /* where step v's 4 activations of block b lie: Q4's full chunks interleaved */
+        const int64_t at = !q8 && full ? 32 * c + 4 * L : 32 * b, stride = !q8 && full ? 64 : 4;
+        for (int i = 0; i < G; i++) {
+            const int64_t ti = t + i;
+            const int8_t *x = a->xa + ti * k + at;
+            __m512i p0 = dot_u8s8_512(st[0], kx_bcast4(x));
+            __m512i p1 = dot_u8s8_512(st[4], kx_bcast4(x + 4 * stride));
+            for (int v = 1; v < 4; v++) {
+                p0 = dot_acc_512(p0, st[v], kx_bcast4(x + v * stride));
+                p1 = dot_acc_512(p1, st[v + 4], kx_bcast4(x + (4 + v) * stride));
+            }
+            __m512i s = _mm512_add_epi32(p0, p1);
+            if (q8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(c128[(int64_t)i * nb + b]));
+            const float dx = a->xd[ti * nb + (!q8 && full ? c + L : b)];
+            acc[i][L] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv, _mm512_set1_ps(dx)),
+                                        acc[i][L]);
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m512 *cc = acc[i];
+        __m512 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm512_add_ps(_mm512_add_ps(cc[4 * j], cc[4 * j + 2]),
+                                 _mm512_add_ps(cc[4 * j + 1], cc[4 * j + 3]));
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n,
+                         _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3])));
+    }
+}
+
+/* Repacked groups g0 .. g1 - 1, all T tokens, into y + 16 g0 - yoff (row stride ldy). */
+static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                        int64_t ldy, int yoff) {
+    const int k = w->k, nb = k / 32, q8 = w->fmt == FMT_Q8;
+    int32_t c128[64 * 128]; /* Q8: a tile's 128 sum a per block (64 tokens, k <= 4096) */
+    int32_t *c = !q8 || nb <= 128 ? c128 : (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)nb);
+    if (!c) abort(); /* no memory for a tile's sums: nothing sensible left to do */
+    for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */
+        const int t1 = T - t0 < 64 ? T : t0 + 64;
+        for (int t = t0; q8 && t < t1; t++)
+            for (int b = 0; b < nb; b++) {
+                const int8_t *x = a->xa + (int64_t)t * k + 32 * b;
+                int sum = 0;
+                for (int e = 0; e < 32; e++) sum += x[e];
+                c[(int64_t)(t - t0) * nb + b] = 128 * sum;
+            }
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nb * kx32_bytes(w->fmt);
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                const int32_t *ct = c + (int64_t)(t - t0) * nb;
+                switch (G + 8 * q8) {
+#define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
+                 case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+                }
+                t += G;
+            }
+        }
+    }
+    if (c != c128) free(c);
+}
+
+/* y[t, n] for rows n in [n0, n1) of a repacked matrix, all T tokens: whole groups in place,
+ * a group the range cuts (a row concatenation's part at an odd offset) computed whole aside
+ * (each row's sums are its own) and its rows in the range copied. */
+static void kx32_rows(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                      int64_t ldy) {
+    const int g0 = (n0 + 15) / 16, g1 = n1 / 16;
+    if (g0 < g1) kx32_groups(w, g0, g1, T, a, y, ldy, 0);
+    for (int g = n0 / 16; g <= (n1 - 1) / 16; g++) {
+        if (g >= g0 && g < g1) continue;
+        float *tmp = (float *)malloc(sizeof(float) * 16 * (size_t)T);
+        if (!tmp) abort();
+        kx32_groups(w, g, g + 1, T, a, tmp, 16, 16 * g);
+        const int lo = 16 * g > n0 ? 16 * g : n0, hi = 16 * g + 16 < n1 ? 16 * g + 16 : n1;
+        for (int t = 0; t < T; t++)
+            memcpy(y + (int64_t)t * ldy + lo, tmp + (int64_t)t * 16 + (lo - 16 * g),
+                   sizeof(float) * (size_t)(hi - lo));
+        free(tmp);
+    }
+}
+#endif
