@@ -55,7 +55,6 @@ class GGUFModelInfo:
     path: Path
     architecture: str  # general.architecture
     config: object  # transformers.PretrainedConfig
-    tokenizer_parts: tuple  # (class, backend tokenizers.Tokenizer, keywords): new_tokenizer
     eos_token_ids: tuple[int, ...]
     tensors: tuple[GGUFTensor, ...]
     weights_bytes: int
@@ -68,6 +67,13 @@ class GGUFModelInfo:
     @property
     def chat_template(self) -> str | None:
         return self.tokenizer.chat_template
+
+    @functools.cached_property
+    def tokenizer_parts(self) -> tuple:
+        """``(class, backend tokenizers.Tokenizer, keywords)`` for ``new_tokenizer``, built on
+        first use (~0.5 s for a 128k vocabulary: the engine makes it on the thread that runs
+        beside the weights' loading; the header walk checked what it reads)."""
+        return _tokenizer_parts(self.metadata, self.architecture, self.config, self.path)
 
     @functools.cached_property
     def tokenizer(self):
@@ -98,12 +104,11 @@ class GGUFModelInfo:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         _check_tensors(path, config, arch, by_name)
-        tokenizer_parts = _tokenizer_parts(meta, arch, config, path)
-        n_tokens = len(meta["tokenizer.ggml.tokens"])  # (_tokenizer_parts: there is one)
+        n_tokens = _check_tokenizer(meta, path)
         if n_tokens != config.vocab_size:  # (added tokens beyond the list may be more)
             raise ValueError(f"{path}: the tokenizer has {n_tokens} tokens but "
                              f"token_embd.weight has {config.vocab_size} rows")
-        return cls(path, arch, config, tokenizer_parts, _eos_ids(meta), tuple(tensors),
+        return cls(path, arch, config, _eos_ids(meta), tuple(tensors),
                    sum(t.data.nbytes for t in tensors), meta)
 
 
@@ -299,14 +304,27 @@ def _llama3_divisors(inv: np.ndarray, p: dict) -> np.ndarray:
                     np.where(wavelen > orig / low, p["factor"], mid))
 
 
-def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
-    """``(tokenizer_dict, tokenizer_config)`` as transformers' ``get_gguf_tokenizer`` reads
-    them from the file, from this walk's metadata."""
-    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
-
+def _check_tokenizer(meta: dict, path: Path) -> int:
+    """The vocabulary's size; ``ValueError`` for a file without one, or a special token id
+    outside it (what the tokenizer's making would trip over later)."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ValueError(f"{path}: no tokenizer.ggml.tokens (a GGUF without a vocabulary)")
+    for key in _SPECIAL_TOKENS.values():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        if token_id is not None and not 0 <= token_id < len(tokens):
+            raise ValueError(f"{path}: tokenizer.ggml.{key} {token_id} is outside the "
+                             f"vocabulary ({len(tokens)} tokens)")
+    return len(tokens)
+
+
+def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
+    """``(tokenizer_dict, tokenizer_config)`` as transformers' ``get_gguf_tokenizer`` reads
+    them from the file, from this walk's metadata (``_check_tokenizer`` passed)."""
+    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
+
+    _check_tokenizer(meta, path)
+    tokens = meta["tokenizer.ggml.tokens"]
     grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
                        if f"tokenizer.{key}" in meta}
                for group, renames in GGUF_TOKENIZER_MAPPING.items()}
@@ -315,9 +333,6 @@ def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
         tokenizer_config.setdefault("add_bos_token", True)  # sentencepiece vocabulary
     for name, key in _SPECIAL_TOKENS.items():
         token_id = meta.get(f"tokenizer.ggml.{key}")
-        if token_id is not None and not 0 <= token_id < len(tokens):
-            raise ValueError(f"{path}: tokenizer.ggml.{key} {token_id} is outside the "
-                             f"vocabulary ({len(tokens)} tokens)")
         tokenizer_config[name] = tokens[token_id] if token_id is not None else None
     return tokenizer_dict, tokenizer_config
 

@@ -63,6 +63,9 @@ class Arena:
                    if not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
+        # (a shared map, i.e. shmem: no transparent huge pages where shmem_enabled is
+        # "never", as on the 2-core VMs; a private map got them there, but its start took
+        # 3.1-4.9 s against 2.0-3.0 s, the huge pages' compaction stalling the other threads)
         self._map = mmap.mmap(-1, size + self.HUGE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:

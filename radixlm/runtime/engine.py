@@ -179,6 +179,21 @@ def _grammar_backend(tokenizer, config: EngineConfig, eos_ids, vocab_size: int):
         max_workers=config.grammar_compile_workers)
 
 
+def _text_side(config: EngineConfig, model_path, hf_config) -> tuple:
+    """The engine's tokenizer (its chat template as configured), its end-of-turn ids, and
+    the future of its grammar backend for the config's vocabulary size (None without one):
+    made on a thread of their own while the weights load (a GGUF's vocabulary ~0.5-0.7 s,
+    the backend's tables ~0.5-1 s; the weights are mostly C code, the GIL released)."""
+    tokenizer = load_tokenizer(config.tokenizer_path or model_path)
+    if config.chat_template is not None:
+        tokenizer.chat_template = load_chat_template(config.chat_template)
+    eos_ids = _eos_ids(tokenizer, hf_config, model_path)
+    guess = getattr(hf_config, "vocab_size", None)
+    backend = (_in_background(_grammar_backend, tokenizer, config, eos_ids, guess)
+               if guess else None)
+    return tokenizer, eos_ids, backend
+
+
 def _in_background(fn, *args) -> Future:
     """``fn(*args)`` run in a thread of its own; its result or exception in the future."""
     future: Future = Future()
@@ -208,26 +223,21 @@ class Engine:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.model_name = self.config.served_model_name or self.config.model
         self.model_path = resolve_model(self.config.model)
-        self.tokenizer = load_tokenizer(self.config.tokenizer_path or self.model_path)
-        if self.config.chat_template is not None:
-            self.tokenizer.chat_template = load_chat_template(self.config.chat_template)
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
-        self.eos_ids = _eos_ids(self.tokenizer, self.hf_config, self.model_path)
-        # the grammar backend (~0.5-1 s of vocabulary tables) is made while the weights load
-        # (C code, the GIL released), for the config's vocabulary size: remade below in the
-        # rare case the weights hold another
-        guess = getattr(self.hf_config, "vocab_size", None)
-        setup = (_in_background(_grammar_backend, self.tokenizer, self.config, self.eos_ids,
-                                guess) if guess else None)
+        # the tokenizer and the grammar backend are made while the weights load; the backend
+        # for the config's vocabulary size, remade below in the rare case the weights hold
+        # another
+        text = _in_background(_text_side, self.config, self.model_path, self.hf_config)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         self.grammar_backend = None
         self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
         self._grammar_error: Exception | None = None
         try:
-            if guess != self.runner.vocab_size:
+            self.tokenizer, self.eos_ids, setup = text.result()
+            if getattr(self.hf_config, "vocab_size", None) != self.runner.vocab_size:
                 setup = _in_background(_grammar_backend, self.tokenizer, self.config,
                                        self.eos_ids, self.runner.vocab_size)
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
@@ -238,6 +248,7 @@ class Engine:
         self._rng = random.Random(self.config.random_seed)
         self._ids = itertools.count()
         self._closed = False
+        envs.trim_malloc(0)  # (what the setup threads' arenas freed: theirs alone, unused)
         envs.freeze_gc()
         self.scheduler.start()
 
