@@ -3,7 +3,8 @@ reference), then again under each axis that must not change a token's numbers, c
 answers whose token ids AND output logprobs are identical bit for bit to the reference.
 
     .venv/bin/python benchmarks/bench_determinism.py [--model PATH] [--prompts 16]
-        [--new-tokens 32] [--batches 1,4,16,64] [--activations auto] [--out FILE]
+        [--new-tokens 32] [--batches 1,4,16,64] [--activations auto] [--torch-path]
+        [--cost-rounds N] [--out FILE]
 
 Axes (one engine per engine-level setting, the cache flushed between axes):
 - ``hit``: each prompt again alone, its earlier run in the radix tree;
@@ -15,6 +16,13 @@ Axes (one engine per engine-level setting, the cache flushed between axes):
 
 Throughput of the same runs (generated tokens per second of wall time) is printed beside the
 counts. Prints the host line first, JSON and a table at the end.
+
+``--torch-path``: every engine on the torch path (``weight_quant="none"``) with
+``enable_deterministic_inference``. ``--cost-rounds N``: instead of the axes, the flag's
+cost on the torch path: an engine without and one with the flag, alternated N times (the
+order swapped every round), each timing a prefill (the prompts' text as one prompt of up to
+512 tokens, one new token), one stream of ``--new-tokens`` and a batch of 16; the per-round
+ratios (with / without) and their median.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import radixlm  # noqa: F401  # isort: skip  (before torch: OpenMP's spin-wait b
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -114,6 +123,57 @@ def run_axes(engine: Engine, texts: list[str], ref: list[tuple] | None, args,
     return ref, rows
 
 
+def timings(engine: Engine, texts: list[str], long_ids: list[int], new_tokens: int) -> dict:
+    """Prefill tok/s (``long_ids``, cold, one new token), one stream's and a batch of 16's
+    generated tok/s (cold, ``new_tokens`` each, EOS ignored)."""
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    engine.flush_cache()
+    t = time.perf_counter()
+    engine.generate(input_ids=long_ids, sampling_params={**params, "max_new_tokens": 1})
+    out = {"prefill": len(long_ids) / (time.perf_counter() - t)}
+    for name, batch in (("stream", texts[:1]), ("batch16", [texts[i % len(texts)]
+                                                           for i in range(16)])):
+        engine.flush_cache()
+        t = time.perf_counter()
+        engine.generate(batch, params)
+        out[name] = len(batch) * new_tokens / (time.perf_counter() - t)
+    return out
+
+
+def cost_rounds(args) -> dict:
+    """The flag's cost on the torch path, engines alternated (see the module docstring)."""
+    kw = {"weight_quant": "none", "speculative_algorithm": "none", "log_level": "warning"}
+    engines = {"off": Engine(args.model, **kw),
+               "on": Engine(args.model, enable_deterministic_inference=True, **kw)}
+    try:
+        assert engines["on"].batch_invariant and not engines["off"].batch_invariant
+        texts = prompts(engines["off"], args.prompts)
+        long_ids = engines["off"].tokenizer.encode(" ".join(texts))[:512]
+        for e in engines.values():  # warm-up: first-call costs out of the rounds
+            timings(e, texts, long_ids[:64], 4)
+        rounds = []
+        for r in range(args.cost_rounds):
+            got = {}
+            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                got[name] = timings(engines[name], texts, long_ids, args.new_tokens)
+            rounds.append(got)
+            print(json.dumps(got), flush=True)
+    finally:
+        for e in engines.values():
+            e.shutdown()
+    result = {"host": host_info(), "model": args.model or "embedded", "rounds": rounds,
+              "prefill_tokens": len(long_ids), "ratio": {}}
+    print(f"{'metric':<10} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7}  per round")
+    for metric in ("prefill", "stream", "batch16"):
+        ratios = [r["on"][metric] / r["off"][metric] for r in rounds]
+        result["ratio"][metric] = statistics.median(ratios)
+        off = statistics.median(r["off"][metric] for r in rounds)
+        on = statistics.median(r["on"][metric] for r in rounds)
+        print(f"{metric:<10} {off:>10.1f} {on:>10.1f} {result['ratio'][metric]:>6.2f}x  "
+              + ", ".join(f"{x:.2f}" for x in ratios))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
@@ -122,11 +182,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batches", default="1,4,16,64")
     p.add_argument("--chunks", default="16,64")
     p.add_argument("--activations", default="auto")
+    p.add_argument("--torch-path", action="store_true",
+                   help="weight_quant=none with enable_deterministic_inference")
+    p.add_argument("--cost-rounds", type=int, default=0,
+                   help="only the flag's cost on the torch path, in N alternated rounds")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batches.split(",") if b]
     print(host_line(host_info()), flush=True)
-    base = {"native_activations": args.activations, "log_level": "warning"}
+    if args.cost_rounds:
+        result = cost_rounds(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return result
+    base = ({"weight_quant": "none", "enable_deterministic_inference": True}
+            if args.torch_path else {"native_activations": args.activations})
+    base["log_level"] = "warning"
     rows: dict[str, dict] = {}
     with Engine(args.model, **base) as engine:
         texts = prompts(engine, args.prompts)
@@ -143,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows["spec"] = r["alone-cold"]
         rows.update({f"spec-{k}": v for k, v in r.items() if k.startswith("batch")})
     result = {"host": host_info(), "model": args.model or "embedded", "info": info,
-              "activations": args.activations, "rows": rows}
+              "activations": "torch path" if args.torch_path else args.activations,
+              "rows": rows}
     print(json.dumps(result, default=str))
     print(f"{'axis':<16} {'identical':>10} {'tok/s':>8}")
     for name, row in rows.items():

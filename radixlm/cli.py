@@ -55,8 +55,8 @@ def _add_model_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--attention-backend", help="auto | torch | triton")
     e.add_argument("--enable-deterministic-inference", action="store_true", default=None,
                    help="batch-invariant outputs: a token's numbers the same bits in any "
-                        "batch, chunking or cache state (native CPU path; elsewhere a "
-                        "startup error)")
+                        "batch, chunking or cache state (CPU: native or torch path; CUDA "
+                        "and triton attention: a startup error)")
     e.add_argument("--context-length", type=int, help="max tokens of prompt + output")
 
 

@@ -5,8 +5,8 @@ full cache hit (``radix_cache``), with its prompt chunked, from the host and dis
 after a restart, after a retraction, and with speculation's verify steps; a seeded sample
 (temperature 0.8) is the same text in a batch, from the cache, on another engine, with
 speculation and as sample j of ``n`` (seed + j). The flag's plan (one activation mode for
-every step) and its refusals (the torch path, modes whose kernels round by step size) are
-checked too, and what the engine reports.
+every step) and its refusal of modes whose kernels round by step size are checked too, and
+what the engine reports (the torch path under the flag: tests/test_deterministic_torch.py).
 
 The default configuration (no flag, ``native_activations="auto"``) is batch-invariant on
 the native path too (issue 30): the embedded GGUF runs every step natively in int8 blocks,
@@ -156,30 +156,17 @@ def test_the_flag_reaches_the_config_from_the_cli_and_sglang_kwargs():
         .enable_deterministic_inference
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"attention_backend": "torch"}, "attention_backend='torch'"),
-    ({"attention_backend": "triton"}, "attention_backend='triton'"),
-    ({"device": "cuda"}, "device='cuda'"),
-    ({"weight_quant": "none"}, "weight_quant='none'"),
-    ({"tp_size": 2}, "tp_size=2"),
-])
-def test_the_torch_path_cannot_honour_the_flag(kwargs, named):
-    with pytest.raises(ValueError, match=f"enable_deterministic_inference cannot honour "
-                                         f"{named}"):
-        EngineConfig(enable_deterministic_inference=True, **kwargs)
-    EngineConfig(**kwargs)  # fine without the flag
-
-
-def test_a_model_off_the_native_path_or_a_rounding_mode_is_a_startup_error(monkeypatch):
+def test_a_rounding_mode_is_a_startup_error_and_the_torch_path_is_not(monkeypatch):
+    """A native mode whose kernels round by step size is refused; without the native
+    library the flag now runs the torch path's fixed-order kernels."""
     if ACT_F32 not in STEP_INVARIANT_MODES:
         with pytest.raises(ValueError, match="cannot honour native activations 'fp32'"):
             Engine(native_activations="fp32", **DET)
     from radixlm.runtime import model_runner
 
     monkeypatch.setattr(model_runner, "native_library", lambda config, device: None)
-    with pytest.raises(ValueError, match="cannot honour the torch path .attention backend "
-                                         "'torch' on cpu"):
-        Engine(**DET)
+    with Engine(**DET) as e:
+        assert e.runner.native is None and e.batch_invariant is True
 
 
 def test_the_engine_and_the_server_report_batch_invariance(engine):

@@ -80,9 +80,12 @@ class EngineConfig:
     # SGLang's --enable-deterministic-inference: a token's numbers the same bits whatever
     # the step it runs in (its batch, the chunking of its prompt, a cache hit on any tier,
     # a retraction, speculation's verify steps). The native library runs every step with
-    # one activation mode (native.decoder.activation_modes); a setup it cannot make
-    # batch-invariant (the torch path, or a mode whose kernels round by step size) is a
-    # startup error naming it.
+    # one activation mode (native.decoder.activation_modes); the CPU torch path (models or
+    # settings the library does not take: weight_quant="none", tensor parallel, other
+    # families) runs its linears in calls of one shape and a fixed-order attention
+    # (runtime/models/invariant.py, runtime/attention/invariant.py). A setup that cannot
+    # be made batch-invariant (CUDA, Triton attention, a native mode whose kernels round
+    # by step size) is a startup error naming it.
     enable_deterministic_inference: bool = False
     # torch attention backend: memory for the dense per-row K/V mirror that lets decode
     # read K/V in place (None: max(KV pool size, 2 GiB); 0: off, gather every step).
@@ -249,19 +252,17 @@ class EngineConfig:
         self._check_deterministic()
 
     def _check_deterministic(self) -> None:
-        """The settings that put steps on the torch path, refused with the flag."""
+        """The settings whose kernels the flag cannot make batch-invariant, refused with it:
+        the GPU (Triton attention, cuBLAS) is unchecked; the native CPU path and the CPU
+        torch path (fixed-shape linears, fixed-order attention) are."""
         if not self.enable_deterministic_inference:
             return
-        why = (f"attention_backend={self.attention_backend!r} (the native library runs "
-               "every step's attention itself under the flag: leave it auto)"
-               if self.attention_backend in ("torch", "triton") else
-               "device='cuda'" if self.device == "cuda" else
-               "weight_quant='none' (the reference torch path)" if self.weight_quant == "none"
-               else f"tp_size={self.tp_size} (tensor parallel runs the torch path)"
-               if self.tp_size > 1 else None)
+        why = ("attention_backend='triton' (its kernels split the keys by the step's shape; "
+               "use 'torch' or auto)" if self.attention_backend == "triton" else
+               "device='cuda' (only the CPU's kernels are batch-invariant here)"
+               if self.device == "cuda" else None)
         if why is not None:
-            raise ValueError(f"enable_deterministic_inference cannot honour {why}: only the "
-                             "native CPU path is batch-invariant")
+            raise ValueError(f"enable_deterministic_inference cannot honour {why}")
 
     def _check_hicache(self) -> None:
         if self.hicache_ratio <= 0 or self.hicache_size < 0:

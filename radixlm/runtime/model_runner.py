@@ -252,6 +252,8 @@ class ModelRunner:
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
             self.tp = start_group(worker_config, self.device, model_dir, context_len, ModelRunner)
+        if self.tp is not None:  # sums over the ranks in one order (more than 2 ranks)
+            self.tp.fixed_order = config.enable_deterministic_inference
         try:
             blocks = self._load(config, model_dir, hf_config, model_hf, lib)
         except BaseException:
@@ -265,19 +267,7 @@ class ModelRunner:
                        if lib is not None else None)
         del blocks  # (a GGUF's: views of the file map, whose pages the arena replaced)
         self.precision = self._precision(model_dir)
-        # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
-        layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
-                  else o for o in cfg.attn_options()]
-        name = resolve_backend_name(config.attention_backend, self.device,
-                                    plain=all(o.plain for o in layers))
-        self.attention_backend_name = name
-        options = {"layers": layers}
-        if name == "torch" and config.kv_mirror_mb is not None:
-            options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
-        elif name == "torch" and self.native is not None:
-            options["mirror_budget_bytes"] = 0  # decode reads the pool in place natively
-        self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
-                                             cfg.head_dim, **options)
+        name = self.attention_backend_name = self._create_attention(config, cfg, context_len)
         self.sampler = Sampler(self.model.ops.apply_token_bitmask)
         self._generators: dict[str, torch.Generator] = {}
         if self.tp is not None:  # every rank loaded (rank 0: raises if one did not)
@@ -289,17 +279,40 @@ class ModelRunner:
         self._check_invariance(name)
         self._log_start(capacity, name)
 
+    def _create_attention(self, config: EngineConfig, cfg: ModelConfig,
+                          context_len: int) -> str:
+        """``self.attn`` for the torch path's steps; returns the backend's name. With
+        ``enable_deterministic_inference`` its batch-invariant variant (no K/V mirror)."""
+        # A window no shorter than the context never cuts anything (Mistral v0.1's 4096).
+        layers = [dataclasses.replace(o, window=None) if o.window and o.window >= context_len
+                  else o for o in cfg.attn_options()]
+        name = resolve_backend_name(config.attention_backend, self.device,
+                                    plain=all(o.plain for o in layers))
+        invariant = config.enable_deterministic_inference
+        options = {"layers": layers}
+        if name == "torch" and not invariant and config.kv_mirror_mb is not None:
+            options["mirror_budget_bytes"] = config.kv_mirror_mb << 20
+        elif name == "torch" and not invariant and self.native is not None:
+            options["mirror_budget_bytes"] = 0  # decode reads the pool in place natively
+        self.attn = create_attention_backend(name, self.pool, cfg.num_heads, cfg.num_kv_heads,
+                                             cfg.head_dim, invariant=invariant, **options)
+        return name
+
     def _check_invariance(self, attention: str) -> None:
         """Set ``batch_invariant`` (a token's logits the same bits in any step: every step
-        native, one activation mode that rounds alike at every step size); with
-        ``enable_deterministic_inference`` a setup that is not is a ValueError naming it."""
-        native = self.native
-        self.batch_invariant = native is not None and native.batch_invariant
-        if self.batch_invariant or not self.config.enable_deterministic_inference:
+        native with one activation mode that rounds alike at every step size, or, with
+        ``enable_deterministic_inference``, the torch path's fixed-shape linears and
+        attention); with the flag a setup that is not is a ValueError naming it."""
+        native, deterministic = self.native, self.config.enable_deterministic_inference
+        if native is None:  # the torch path (config refuses the flag off the CPU)
+            self.batch_invariant = deterministic and self.device.type == "cpu"
+        else:
+            self.batch_invariant = native.batch_invariant
+        if self.batch_invariant or not deterministic:
             return
         if native is None:
-            why = (f"the torch path (attention backend {attention!r} on {self.device}: the "
-                   "native library does not run this model)")
+            why = (f"the torch path on {self.device} (attention backend {attention!r}: its "
+                   "fixed-order linears and attention are the CPU's)")
         else:
             why = (f"native activations {native.describe_modes()!r} (the fp32 and bf16 "
                    "kernels sum in an order that depends on the step size; only int8 "
@@ -343,7 +356,8 @@ class ModelRunner:
         else:
             self.int4 = (None if lib is not None
                          else self._int4_blocks(config, model_dir, hf_config))
-        self.model = LlamaModel(model_hf, state, self.dtype, self.device, self.int4, tp=self.tp)
+        self.model = LlamaModel(model_hf, state, self.dtype, self.device, self.int4, tp=self.tp,
+                                batch_invariant=config.enable_deterministic_inference)
         return blocks
 
     def _precision(self, model_dir) -> dict[str, str]:
@@ -378,7 +392,8 @@ class ModelRunner:
 
     def _int4_blocks(self, config: EngineConfig, model_dir, hf_config) -> dict | None:
         """None (no int4), or exact Q4_1 source blocks ({} means quantize)."""
-        if config.weight_quant == "none" or self.device.type != "cpu" or not int4_supported():
+        if (config.weight_quant == "none" or self.device.type != "cpu" or not int4_supported()
+                or config.enable_deterministic_inference):  # (one GEMM shape for all rows)
             return None
         if config.weight_quant == "auto" and self.dtype != torch.bfloat16:
             return None

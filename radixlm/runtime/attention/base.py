@@ -85,9 +85,18 @@ def resolve_backend_name(name: str, device: torch.device, plain: bool = True) ->
     return name
 
 
+# name -> the backend's batch-invariant variant (enable_deterministic_inference)
+INVARIANT_BACKENDS = {
+    "torch": "radixlm.runtime.attention.invariant:InvariantAttentionBackend",
+}
+
+
 def create_attention_backend(name: str, pool, num_heads: int, num_kv_heads: int,
-                             head_dim: int, **options) -> AttentionBackend:
-    """Instantiate a registered backend; ``options`` are backend-specific keywords."""
-    module_name, cls_name = ATTENTION_BACKENDS[name].split(":")
+                             head_dim: int, invariant: bool = False,
+                             **options) -> AttentionBackend:
+    """Instantiate a registered backend (``invariant``: its batch-invariant variant, a
+    KeyError for a backend without one); ``options`` are backend-specific keywords."""
+    module_name, cls_name = (INVARIANT_BACKENDS if invariant
+                             else ATTENTION_BACKENDS)[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(pool, num_heads, num_kv_heads, head_dim, **options)

@@ -234,11 +234,14 @@ class LlamaModel:
     """Weights as plain tensors (no nn.Module bookkeeping in the hot path)."""
 
     def __init__(self, hf_config, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, int4: dict | None = None, tp=None) -> None:
+                 device: torch.device, int4: dict | None = None, tp=None,
+                 batch_invariant: bool = False) -> None:
         """``int4``: None for plain weights; else HF name -> (q, scale, zero) of exact
         source blocks (missing names are quantized from the weights). ``tp``: None, or the
         rank's ``TPGroup`` when ``hf_config``/``state`` describe one tensor-parallel shard
-        (see radixlm/runtime/parallel/sharding.py)."""
+        (see radixlm/runtime/parallel/sharding.py). ``batch_invariant``: every linear in
+        calls of one shape (``Linear.fixed_rows``), so a row's numbers do not depend on
+        its step (norms, rotary and activations are per row already)."""
         self.hf_config = hf_config
         self.tp = tp
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
@@ -278,6 +281,9 @@ class LlamaModel:
         # channels too (its GGUF source is Q8_0, blocks of 32: ~1% logit error vs bf16).
         self.head = Linear(self.lm_head, None,
                            int8=quantize_int8(self.lm_head) if int4 is not None else None)
+        for linear in [self.head] + [getattr(layer, name) for layer in self.layers
+                                     for name in ("qkv", "o_proj", "gate_up", "down")]:
+            linear.fixed_rows = batch_invariant
 
     @property
     def vocab_size(self) -> int:

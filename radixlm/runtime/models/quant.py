@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.models.invariant import fixed_rows_linear
+
 GROUP = 32
 # Rows (tokens) up to which the weight-only kernels beat bf16 GEMM on this class of CPU,
 # measured with the 30 layers' weights cold in cache as in a real step (int4: 8.7 ms at 4
@@ -96,7 +98,8 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Linear:
     """``y = x @ W.T (+ b)``: bf16/fp32 GEMM, or a weight-only kernel (int4 groups or int8
-    channels) for few rows."""
+    channels) for few rows. ``fixed_rows`` (the batch-invariant torch path): every call in
+    chunks of one shape (``invariant.fixed_rows_linear``), the weight-only kernels unused."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  int4=None, int8=None) -> None:
@@ -106,8 +109,11 @@ class Linear:
         # Rows up to which the weight-only kernel is used (-1: never, even for 0 rows).
         self.max_rows = (INT4_MAX_ROWS if int4 is not None
                          else INT8_MAX_ROWS if int8 is not None else -1)
+        self.fixed_rows = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fixed_rows:
+            return fixed_rows_linear(x, self.weight, self.bias)
         if x.shape[0] <= self.max_rows:
             xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
             if self.int4 is not None:

@@ -65,6 +65,9 @@ class TPGroup:
         self.vocab_size = 0  # the full vocabulary; set when the weights are sharded
         self.procs = procs or []  # rank 0: the worker processes of ranks 1..size-1
         self.error: str | None = None
+        # enable_deterministic_inference: sums over the ranks in rank order (set by the
+        # runner); 2 ranks' a + b is one rounding in either order already
+        self.fixed_order = False
 
     # ------------------------------------------------------------------ rank 0 lifecycle
     @classmethod
@@ -193,9 +196,18 @@ class TPGroup:
 
     # ------------------------------------------------------------------ model collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of `x` over the ranks (in place)."""
-        dist.all_reduce(x)
-        return x
+        """Sum of `x` over the ranks (in place). With ``fixed_order`` and more than 2 ranks
+        every element is summed rank 0 first, then 1, 2, ... (the ranks' shares gathered),
+        not in the ring's order, which depends on where its chunk boundaries fall."""
+        if not self.fixed_order or self.size <= 2:
+            dist.all_reduce(x)
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        total = parts[0]
+        for part in parts[1:]:
+            total += part
+        return x.copy_(total)
 
     def embed(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel embedding: this rank holds rows [rank*n, (rank+1)*n) of the

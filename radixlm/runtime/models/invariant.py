@@ -1,0 +1,45 @@
+"""The batch-invariant matmul of the torch path (``enable_deterministic_inference``).
+
+A GEMM library picks its kernel, blocking and the order of each output's sum over K from
+the call: its shape, strides, alignment and thread count (on a Zen 4 with MKL and oneDNN,
+an fp32 row computed alone, among 2-3 rows and among 4+ rows gives three different sets of
+bits). It does not look at the values, and an output element's sum does not depend on
+the other rows of the operand. So a row's numbers stay the same bits in any batch when
+every call has one shape:
+
+    fixed_rows_linear(x, weight, bias) == x @ weight.T (+ bias), row for row the same bits
+    whatever the other rows of ``x`` are and however many there are.
+
+``x [M, K]`` runs as ``ceil(M / ROWS)`` calls of ``[ROWS, K] x [K, N]``, each chunk copied
+into its place in one fresh zero-padded buffer (contiguous; every chunk at a multiple of
+64 bytes from the allocation's 64-byte-aligned start, as ``ROWS * K`` elements of 2 or 4
+bytes are for any even K), the same ``weight`` object every call, the bias added after.
+The cost: a step of fewer than ``ROWS`` rows computes ``ROWS`` (a one-token decode step's
+linears ~2.5x in bf16, ~6x in fp32 on one core), a prefill chunk reads the weights once per
+``ROWS`` rows (~1.4x). Measured in benchmarks/bench_determinism.py ``--torch-path``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Rows of every GEMM call (16: the step sizes a decode batch most often has fit in one
+# call; 8 doubled a prefill chunk's calls, 32 cost a batch-1 step 4x instead of 2.5x).
+ROWS = 16
+
+
+def fixed_rows_linear(x: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None = None, rows: int = ROWS) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K].T (+ bias)`` in calls of ``rows`` rows (see the module
+    docstring); ``[M, N]`` in ``x``'s dtype."""
+    m, k = x.shape
+    chunks = -(-m // rows)
+    buf = x.new_zeros(chunks * rows, k)
+    buf[:m] = x
+    out = x.new_empty(chunks * rows, weight.shape[0])
+    for c in range(chunks):
+        part = slice(c * rows, (c + 1) * rows)
+        out[part] = F.linear(buf[part], weight)
+    out = out[:m]
+    return out if bias is None else out + bias
