@@ -119,8 +119,10 @@ def make_engines(args):
     from radixlm.native import build
     from radixlm.runtime.engine import Engine
 
-    kwargs = {"log_level": "warning", "max_total_tokens": 40000, "dtype": args.dtype,
-              "model": args.model}
+    biggest = max(int(b) for b in args.batches.split(","))
+    kwargs = {"log_level": "warning", "dtype": args.dtype, "model": args.model,
+              "max_total_tokens": max(40000, biggest * (args.context + 1)),
+              "max_running_requests": max(64, biggest)}  # (a request table row a sequence)
     native_engine = Engine(**kwargs)
     if native_engine.runner.native is None:
         raise SystemExit("the native library is unavailable on this host: nothing to compare")
@@ -168,7 +170,7 @@ def main() -> None:
     modes.update({f"native_{m}": ((1, ACT_NAMES[m]),)
                   for m in args.activations.split(",") if m})
     if native_engine.runner.native.arena.int8_only:  # (Q8 rows repacked for int8 steps)
-        skipped = [p for p, m in modes.items() if any(a != ACT_NAMES["int8"] for _, a in m)]
+        skipped = [p for p, m in modes.items() if m and any(a != ACT_NAMES["int8"] for _, a in m)]
         for p in skipped:
             print(f"{p}: skipped (this engine's Q8 rows are laid out for int8 steps only; "
                   f"start it with --dtype/activations in that mode to time it)")
