@@ -37,13 +37,14 @@ def _weights(name: str, n: int, k: int, base: dict):
     return quantize_q8(dense) if name == "Q8_0" else quantize_q4(dense)
 
 
-def time_matmul(lib, w, tokens: int, threads: int, rounds: int) -> float:
-    """Best seconds per call of the int8 matmul of ``tokens`` tokens against ``w``."""
+def time_matmul(lib, w, tokens: int, threads: int, rounds: int, plain: bool = False) -> float:
+    """Best seconds per call of the int8 matmul of ``tokens`` tokens against ``w``
+    (``plain``: rows in the layout they were given, none repacked)."""
     from radixlm.native import ops
     from radixlm.native.build import ACT_INT8
 
     keep: list = []
-    mat = ops.qmat(w, keep, lib)  # (Q4_K rows repacked where the engine's are)
+    mat = ops.qmat(w, keep, None if plain else lib)  # (repacked where the engine's are)
     x = torch.randn(tokens, w.k)
     out = torch.empty(tokens, w.n)
     ws = torch.empty(lib.rlm_matmul_workspace_floats(tokens, w.k, threads))
@@ -75,6 +76,9 @@ def main() -> None:
     ap.add_argument("--big-mb", type=int, default=1536, help="DRAM-sized matrix (Q8_0 MB)")
     ap.add_argument("--formats", default="Q4_K,Q5_K,Q6_K,Q4_1,Q8_0")
     ap.add_argument("--tokens", default="1,8,64")
+    ap.add_argument("--plain", default="",
+                    help="formats also timed in their plain layout (e.g. Q4_1,Q8_0: what an "
+                         "AMX build or a step mix with fp32 / bf16 reads), as FMT-plain rows")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     host = build.host_info()
@@ -87,14 +91,16 @@ def main() -> None:
     big_n = max(4096, args.big_mb * 2**20 // (k + k // 16) // 4096 * 4096)
     sizes = {"cache": 16384, "dram": big_n}
     results = {"host": host, "k": k, "threads": args.threads, "rows": sizes, "gweights_s": {}}
-    for fmt in args.formats.split(","):
+    names = args.formats.split(",") + [f"{f}-plain" for f in args.plain.split(",") if f]
+    for name in names:
+        fmt = name.removesuffix("-plain")
         for size, n in sizes.items():
             w = _weights(fmt, n, k, base)
             for t in map(int, args.tokens.split(",")):
                 if size == "dram" and t > 8:
                     continue  # (a prefill-sized step is compute-bound: the cache row)
-                sec = time_matmul(lib, w, t, args.threads, args.rounds)
-                key = f"{fmt} {size} T={t}"
+                sec = time_matmul(lib, w, t, args.threads, args.rounds, name != fmt)
+                key = f"{name} {size} T={t}"
                 results["gweights_s"][key] = n * k * t / sec / 1e9
                 print(f"{key}: {sec * 1e3:.2f} ms", flush=True)
             del w
@@ -103,12 +109,12 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\n{host_line(host)}\nint8 activations, k = {k}, {args.threads} threads; "
           "G weights x tokens / s (best of rounds)")
-    cols = [c for c in results["gweights_s"] if c.startswith(args.formats.split(",")[0])]
+    cols = [c for c in results["gweights_s"] if c.startswith(names[0] + " ")]
     heads = [c.split(" ", 1)[1] for c in cols]
-    print(f"{'format':<8}" + "".join(f"{h:>14}" for h in heads))
-    for fmt in args.formats.split(","):
+    print(f"{'format':<10}" + "".join(f"{h:>14}" for h in heads))
+    for fmt in names:
         row = [results["gweights_s"].get(f"{fmt} {h}") for h in heads]
-        print(f"{fmt:<8}" + "".join(f"{v:>14.1f}" if v else f"{'-':>14}" for v in row))
+        print(f"{fmt:<10}" + "".join(f"{v:>14.1f}" if v else f"{'-':>14}" for v in row))
 
 
 if __name__ == "__main__":
