@@ -4,7 +4,7 @@ answers whose token ids AND output logprobs are identical bit for bit to the ref
 
     .venv/bin/python benchmarks/bench_determinism.py [--model PATH] [--prompts 16]
         [--new-tokens 32] [--batches 1,4,16,64] [--activations auto] [--torch-path]
-        [--cost-rounds N] [--out FILE]
+        [--deterministic] [--cost-rounds N] [--out FILE]
 
 Axes (one engine per engine-level setting, the cache flushed between axes):
 - ``hit``: each prompt again alone, its earlier run in the radix tree;
@@ -17,12 +17,12 @@ Axes (one engine per engine-level setting, the cache flushed between axes):
 Throughput of the same runs (generated tokens per second of wall time) is printed beside the
 counts. Prints the host line first, JSON and a table at the end.
 
-``--torch-path``: every engine on the torch path (``weight_quant="none"``) with
-``enable_deterministic_inference``. ``--cost-rounds N``: instead of the axes, the flag's
-cost on the torch path: an engine without and one with the flag, alternated N times (the
-order swapped every round), each timing a prefill (the prompts' text as one prompt of up to
-512 tokens, one new token), one stream of ``--new-tokens`` and a batch of 16; the per-round
-ratios (with / without) and their median.
+``--torch-path``: every engine on the torch path (``weight_quant="none"``);
+``--deterministic``: with ``enable_deterministic_inference``. ``--cost-rounds N``: instead
+of the axes, the flag's cost on the torch path: an engine without and one with the flag,
+alternated N times (the order swapped every round), each timing a prefill (the prompts'
+text as one prompt of up to 512 tokens, one new token), one stream of ``--new-tokens`` and
+a batch of 16; the per-round ratios (with / without) and their median.
 """
 
 from __future__ import annotations
@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batches", default="1,4,16,64")
     p.add_argument("--chunks", default="16,64")
     p.add_argument("--activations", default="auto")
-    p.add_argument("--torch-path", action="store_true",
-                   help="weight_quant=none with enable_deterministic_inference")
+    p.add_argument("--torch-path", action="store_true", help="weight_quant=none")
+    p.add_argument("--deterministic", action="store_true",
+                   help="enable_deterministic_inference")
     p.add_argument("--cost-rounds", type=int, default=0,
                    help="only the flag's cost on the torch path, in N alternated rounds")
     p.add_argument("--out", default=None)
@@ -196,9 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1, default=str)
         return result
-    base = ({"weight_quant": "none", "enable_deterministic_inference": True}
-            if args.torch_path else {"native_activations": args.activations})
-    base["log_level"] = "warning"
+    base = ({"weight_quant": "none"} if args.torch_path
+            else {"native_activations": args.activations})
+    base.update(enable_deterministic_inference=args.deterministic, log_level="warning")
     rows: dict[str, dict] = {}
     with Engine(args.model, **base) as engine:
         texts = prompts(engine, args.prompts)
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.update({f"spec-{k}": v for k, v in r.items() if k.startswith("batch")})
     result = {"host": host_info(), "model": args.model or "embedded", "info": info,
               "activations": "torch path" if args.torch_path else args.activations,
-              "rows": rows}
+              "deterministic": args.deterministic, "rows": rows}
     print(json.dumps(result, default=str))
     print(f"{'axis':<16} {'identical':>10} {'tok/s':>8}")
     for name, row in rows.items():

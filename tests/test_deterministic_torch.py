@@ -247,6 +247,12 @@ def test_what_cannot_be_honoured_is_refused_by_name(kwargs, named):
         EngineConfig(enable_deterministic_inference=True, **accepted)
 
 
+def test_a_head_dim_off_the_alignment_is_refused():
+    pool = KVPool(64, 1, 1, 24, torch.float32, torch.device("cpu"), 2, 32)
+    with pytest.raises(ValueError, match="cannot honour head_dim=24 on the torch path"):
+        create_attention_backend("torch", pool, 2, 1, 24, invariant=True)
+
+
 # ---------------------------------------------------------------- the parts
 
 

@@ -93,6 +93,9 @@ class InvariantAttentionBackend(AttentionBackend):
     def __init__(self, pool, num_heads: int, num_kv_heads: int, head_dim: int,
                  layers: list[AttnLayerOptions] | None = None) -> None:
         super().__init__(pool, num_heads, num_kv_heads, head_dim, layers)
+        if head_dim % 16:  # (a query's rows then start 64-byte aligned in every layout)
+            raise ValueError(f"enable_deterministic_inference cannot honour head_dim="
+                             f"{head_dim} on the torch path (a multiple of 16 is needed)")
         self.group = num_heads // num_kv_heads
 
     # ------------------------------------------------------------------ the step's groups
@@ -155,49 +158,51 @@ class InvariantAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         for grp in batch.attn_metadata:
             qg = qs[grp.rows].view(grp.n, self.num_kv_heads, self.group, self.head_dim)
-            o = self._attend(qg.contiguous(), grp, layer_id, opt)
-            out[grp.rows] = o.view(grp.n, self.num_heads, self.head_dim).to(q.dtype)
+            o = self._attend(qg.transpose(0, 1).contiguous(), grp, layer_id, opt)
+            out[grp.rows] = o.transpose(0, 1).reshape(grp.n, self.num_heads,
+                                                      self.head_dim).to(q.dtype)
         return out
 
     def _blocks(self, layer_id: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at ``slots [E, KB]`` as fp32 ``[E, Hkv, KB, D]``, contiguous."""
+        """K and V at ``slots [E, KB]`` as fp32 ``[Hkv, E, KB, D]``, contiguous."""
         k, v = self.pool.rows(layer_id, slots)  # [E, KB, Hkv, D]
-        shape = (slots.shape[0], self.num_kv_heads, KEY_BLOCK, self.head_dim)
+        shape = (self.num_kv_heads, slots.shape[0], KEY_BLOCK, self.head_dim)
         return (torch.empty(shape, dtype=torch.float32, device=k.device).copy_(
-                    k.permute(0, 2, 1, 3)),
+                    k.permute(2, 0, 1, 3)),
                 torch.empty(shape, dtype=torch.float32, device=v.device).copy_(
-                    v.permute(0, 2, 1, 3)))
+                    v.permute(2, 0, 1, 3)))
 
-    def _attend(self, qg: torch.Tensor, grp: _Group, layer_id: int,
+    def _attend(self, qh: torch.Tensor, grp: _Group, layer_id: int,
                 opt: AttnLayerOptions) -> torch.Tensor:
-        """``qg [n, Hkv, g, D]`` (scaled, fp32) -> ``[n, Hkv, g, D]`` fp32."""
-        n, hkv, g, d = qg.shape
+        """``qh [Hkv, n, g, D]`` (scaled, fp32) -> ``[Hkv, n, g, D]`` fp32. Scores and
+        outputs are kept per (KV head, block, query): one batch entry's rows contiguous."""
+        hkv, n, g, d = qh.shape
         kb = KEY_BLOCK
         k, v = self._blocks(layer_id, grp.slots if grp.ctx is None
                             else grp.ctx.view(-1, kb))
-        scores = qg.new_full((n, hkv, grp.nbp, g, kb), float("-inf"))
-        if grp.ctx is None:  # entry e: block blk[e] of query tok[e], all KV heads
-            s = torch.bmm(qg[grp.tok].view(-1, g, d), k.view(-1, kb, d).transpose(1, 2))
-            scores[grp.tok, :, grp.blk] = s.view(-1, hkv, g, kb)
+        scores = qh.new_full((hkv, grp.nbp, n, g, kb), float("-inf"))
+        if grp.ctx is None:  # entry e: block blk[e] of query tok[e]
+            s = torch.bmm(qh[:, grp.tok].view(-1, g, d), k.view(-1, kb, d).transpose(1, 2))
+            scores[:, grp.blk, grp.tok] = s.view(hkv, -1, g, kb)
         else:
-            qh = qg.transpose(0, 1).contiguous()  # [Hkv, n, g, D]
             for b, j in enumerate(grp.first):
                 for h in range(hkv):
-                    key = k[b, h].t()[None].expand(n - j, d, kb)
-                    scores[j:, h, b] = torch.bmm(qh[h, j:], key)
+                    key = k[h, b].t()[None].expand(n - j, d, kb)
+                    torch.bmm(qh[h, j:], key, out=scores[h, b, j:])
         if opt.softcap is not None:
             scores = torch.tanh(scores / opt.softcap) * opt.softcap
-        scores.masked_fill_(~grp.allowed(opt.window)[:, None, :, None, :], float("-inf"))
-        probs = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
-        total = tree_sum(probs.sum(-1), 2)  # [n, Hkv, g]
-        outs = qg.new_full((n, hkv, grp.nbp, g, d), -0.0)
+        allowed = grp.allowed(opt.window).transpose(0, 1)  # [nbp, n, KB]
+        scores.masked_fill_(~allowed[None, :, :, None, :], float("-inf"))
+        probs = scores.sub_(scores.amax(dim=(1, 4), keepdim=True)).exp_()
+        total = tree_sum(probs.sum(-1), 1)  # [Hkv, n, g]
+        outs = qh.new_full((hkv, grp.nbp, n, g, d), -0.0)
         if grp.ctx is None:
-            p = probs[grp.tok, :, grp.blk]  # [E, Hkv, g, KB]
-            outs[grp.tok, :, grp.blk] = torch.bmm(p.view(-1, g, kb),
-                                                  v.view(-1, kb, d)).view(-1, hkv, g, d)
+            p = probs[:, grp.blk, grp.tok]  # [Hkv, E, g, KB]
+            outs[:, grp.blk, grp.tok] = torch.bmm(p.view(-1, g, kb),
+                                                  v.view(-1, kb, d)).view(hkv, -1, g, d)
         else:
             for b, j in enumerate(grp.first):
                 for h in range(hkv):
-                    value = v[b, h][None].expand(n - j, kb, d)
-                    outs[j:, h, b] = torch.bmm(probs[j:, h, b].contiguous(), value)
-        return tree_sum(outs, 2) / total[..., None]
+                    value = v[h, b][None].expand(n - j, kb, d)
+                    torch.bmm(probs[h, b, j:], value, out=outs[h, b, j:])
+        return tree_sum(outs, 1) / total[..., None]

@@ -11,21 +11,21 @@ every call has one shape:
     whatever the other rows of ``x`` are and however many there are.
 
 ``x [M, K]`` runs as ``ceil(M / ROWS)`` calls of ``[ROWS, K] x [K, N]``, each chunk copied
-into its place in one fresh zero-padded buffer (contiguous; every chunk at a multiple of
-64 bytes from the allocation's 64-byte-aligned start, as ``ROWS * K`` elements of 2 or 4
-bytes are for any even K), the same ``weight`` object every call, the bias added after.
+into its place in one fresh zero-padded buffer and its product written into its place in
+one fresh output (contiguous; every chunk at a multiple of 64 bytes from the allocation's
+64-byte-aligned start, as ``ROWS * K`` elements of 2 or 4 bytes are for any even K), the
+same ``weight`` object every call, the bias added after.
 The cost: a step of fewer than ``ROWS`` rows computes ``ROWS`` (a one-token decode step's
 linears ~2.5x in bf16, ~6x in fp32 on one core), a prefill chunk reads the weights once per
-``ROWS`` rows (~1.4x). Measured in benchmarks/bench_determinism.py ``--torch-path``.
+``ROWS`` rows (~1.5x). The whole flag's: benchmarks/bench_determinism.py ``--cost-rounds``.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-# Rows of every GEMM call (16: the step sizes a decode batch most often has fit in one
-# call; 8 doubled a prefill chunk's calls, 32 cost a batch-1 step 4x instead of 2.5x).
+# Rows of every GEMM call. One core, the 135M model's layer in bf16: a 512-row prefill's
+# linears cost 1.5x one call at 16 rows (2x at 8), a one-row step 2.5x (4x at 32).
 ROWS = 16
 
 
@@ -37,9 +37,10 @@ def fixed_rows_linear(x: torch.Tensor, weight: torch.Tensor,
     chunks = -(-m // rows)
     buf = x.new_zeros(chunks * rows, k)
     buf[:m] = x
-    out = x.new_empty(chunks * rows, weight.shape[0])
+    out = x.new_empty(chunks * rows, weight.shape[0])  # (chunk c at c * rows * N elements)
+    wt = weight.t()
     for c in range(chunks):
         part = slice(c * rows, (c + 1) * rows)
-        out[part] = F.linear(buf[part], weight)
+        torch.mm(buf[part], wt, out=out[part])
     out = out[:m]
     return out if bias is None else out + bias
