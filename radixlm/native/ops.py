@@ -153,7 +153,6 @@ class Arena:
             self._used += self._padded(a.nbytes)
         return _qmat(w, copies), copies
 
-
     def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` (Q8 / Q4) repacked in (``place``): its C view reads the repacked rows only."""
         pages.populate_read(w.qs)  # (the scales lie between the quants in a GGUF's blocks)

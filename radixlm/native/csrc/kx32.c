@@ -165,6 +165,7 @@ static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, floa
 static void kx32_rows(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                       int64_t ldy) {
     const int g0 = (n0 + 15) / 16, g1 = n1 / 16;
+    if (n0 >= n1) return;
     if (g0 < g1) kx32_groups(w, g0, g1, T, a, y, ldy, 0);
     for (int g = n0 / 16; g <= (n1 - 1) / 16; g++) {
         if (g >= g0 && g < g1) continue;
