@@ -11,8 +11,9 @@
  * exact sum of w a). Each row's sums are scaled and added into the lane its block has in
  * matmul_i8.c's qdot_group (a full chunk's block c + j in lane 4 (j % 4) + j / 4, a partial
  * chunk's in lane j; Q4's m terms m_b (dx_b sum a) in lane j, before the chunk's products)
- * and the lanes summed in sum4_rows' tree: the same operations in the same order, so the
- * same bits (tests/test_native.py). Q4 reads the activations where interleave_act put them.
+ * and the lanes summed in sum4_rows' tree (kx_lanes_tree): the same operations in the same
+ * order, so the same bits (tests/test_native.py). Q4 reads the activations where
+ * interleave_act put them.
  * No per-call transposition of the rows: a one-token step streams them at the memory's
  * pace. Matrices of whole groups only (n % 16 == 0): ops.Arena keeps others plain. */
 #include "rlm.h"
@@ -114,15 +115,8 @@ static inline __attribute__((always_inline)) void kx32_group(
                                         acc[i][L]);
         }
     }
-    for (int i = 0; i < G; i++) {
-        const __m512 *cc = acc[i];
-        __m512 q[4];
-        for (int j = 0; j < 4; j++)
-            q[j] = _mm512_add_ps(_mm512_add_ps(cc[4 * j], cc[4 * j + 2]),
-                                 _mm512_add_ps(cc[4 * j + 1], cc[4 * j + 3]));
-        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n,
-                         _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3])));
-    }
+    for (int i = 0; i < G; i++)
+        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, kx_lanes_tree(acc[i]));
 }
 
 /* Repacked groups g0 .. g1 - 1, all T tokens, into y + 16 g0 - yoff (row stride ldy). */
