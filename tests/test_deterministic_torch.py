@@ -2,10 +2,11 @@
 library does not run the model: ``weight_quant="none"`` here, tensor parallel, other
 families): a greedy answer's token ids AND logprobs are the same bits alone, in a mixed
 batch, beside decoding neighbours, after a cached prefix, on a full cache hit, with its
-prompt chunked, with speculation's verify steps, in bf16, and at TP=2 against its own
-reruns. The parts are checked on their own too: the fixed-shape matmul, the attention's
-two layouts against each other and against an fp64 reference (soft-capping and a sliding
-window included), the tree sum, the ranks' fixed-order sum, and what is still refused.
+prompt chunked, with speculation's verify steps, in bf16, on a tiny Gemma 2 (soft-capping,
+sliding windows), and at TP=2 against its own reruns. The parts are checked on their own
+too: the fixed-shape matmul, the attention's two layouts against each other and against an
+fp64 reference (soft-capping and a sliding window included), the tree sum, the ranks'
+fixed-order sum, and what is still refused.
 
 The model is a 2-layer random Llama wide enough (hidden 256, head_dim 64) that the plain
 torch path is not invariant on a Zen 4 (an fp32 GEMM over K = 256 sums a row in another
@@ -218,6 +219,34 @@ def test_bf16(wide_model_dir):
         assert ask(e, PROMPTS) == alone  # (every prompt cached)
     with Engine(str(wide_model_dir), chunked_prefill_size=23, **FLAG) as e:
         assert ask(e, PROMPTS) == alone
+
+
+def test_a_family_with_softcap_and_windows(tmp_path, tokenizer):
+    """A tiny Gemma 2 (attention and final soft-capping, an 8-token window on alternate
+    layers, norms stored as w - 1): alone, batched, chunked, a hit."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    cfg = Gemma2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                       final_logit_softcapping=6.0, sliding_window=8,
+                       max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.15)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    prompts = _ids((90, 5, 70), seed=2)
+    with Engine(str(tmp_path), dtype="float32", **FLAG) as e:
+        assert e.runner.model.cfg.attn_softcap == 2.0 and e.batch_invariant
+        alone = alone_cold(e, prompts)
+        assert e.flush_cache()
+        assert ask(e, [OTHERS[1], *prompts])[1:] == alone
+        assert ask(e, prompts) == alone  # full hits
+    with Engine(str(tmp_path), dtype="float32", chunked_prefill_size=13, **FLAG) as e:
+        assert ask(e, prompts) == alone
 
 
 def test_tp2_against_its_own_reruns(wide_model_dir):
