@@ -2,11 +2,11 @@
 library does not run the model: ``weight_quant="none"`` here, tensor parallel, other
 families): a greedy answer's token ids AND logprobs are the same bits alone, in a mixed
 batch, beside decoding neighbours, after a cached prefix, on a full cache hit, with its
-prompt chunked, with speculation's verify steps, in bf16, on a tiny Gemma 2 (soft-capping,
-sliding windows), and at TP=2 against its own reruns. The parts are checked on their own
-too: the fixed-shape matmul, the attention's two layouts against each other and against an
-fp64 reference (soft-capping and a sliding window included), the tree sum, the ranks'
-fixed-order sum, and what is still refused.
+prompt chunked, with speculation's verify steps, in bf16, on an int8 K/V pool, on a tiny
+Gemma 2 (soft-capping, sliding windows), and at TP=2 against its own reruns. The parts are
+checked on their own too: the fixed-shape matmul, the attention's two layouts against each
+other and against an fp64 reference (soft-capping and a sliding window included), the tree
+sum, the ranks' fixed-order sum, and what is still refused.
 
 The model is a 2-layer random Llama wide enough (hidden 256, head_dim 64) that the plain
 torch path is not invariant on a Zen 4 (an fp32 GEMM over K = 256 sums a row in another
@@ -219,6 +219,15 @@ def test_bf16(wide_model_dir):
         assert ask(e, PROMPTS) == alone  # (every prompt cached)
     with Engine(str(wide_model_dir), chunked_prefill_size=23, **FLAG) as e:
         assert ask(e, PROMPTS) == alone
+
+
+def test_int8_kv_pool(wide_model_dir):
+    """K/V stored as int8 rows (read back dequantized): alone, batched, a hit."""
+    with Engine(str(wide_model_dir), dtype="float32", kv_cache_dtype="int8", **FLAG) as e:
+        alone = alone_cold(e, PROMPTS[:3])
+        assert e.flush_cache()
+        assert ask(e, [OTHERS[0], *PROMPTS[:3]])[1:] == alone
+        assert ask(e, PROMPTS[:3]) == alone
 
 
 def test_a_family_with_softcap_and_windows(tmp_path, tokenizer):
