@@ -1,10 +1,13 @@
 /* 32-element block rows (Q8_0, Q4_0 / Q4_1) repacked 16 side by side (QMat.qx with qs NULL)
- * for the 512-bit VNNI int8 kernel, and that kernel. Group g's block b is kx32_bytes() at qx
- * + (g nb + b) kx32_bytes():
- *   Q8 (544 bytes): d[16] fp16 (row r's scale of block b), then 8 vectors of 64 bytes,
- *     vector v's byte 4 r + e = element 4 v + e of row r's block plus 128, unsigned.
- *   Q4 (320 bytes): d[16], m[16] fp16, then 4 vectors of 64 bytes, vector v's byte 4 r + e =
- *     element 4 v + e of row r's block in its low nibble, element 16 + 4 v + e in its high.
+ * for the 512-bit VNNI int8 kernel, and that kernel. Group g (rows 16 g ..) takes nb
+ * kx32_bytes() from qx + g nb kx32_bytes():
+ *   Q8 (544 bytes a block): block b at 544 b: d[16] fp16 (row r's scale of block b), then 8
+ *     vectors of 64 bytes, vector v's byte 4 r + e = element 4 v + e of row r's block plus
+ *     128, unsigned.
+ *   Q4 (320 bytes a block), by chunks of 16 blocks (the last may hold fewer, nc): chunk c at
+ *     320 c holds the minimums m[nc][16] fp16 first (read together, before the chunk's
+ *     products), then per block d[16] fp16 and 4 vectors of 64 bytes, vector v's byte 4 r +
+ *     e = element 4 v + e of row r's block in its low nibble, 16 + 4 v + e in its high.
  * The plain layout's size. One u8 x s8 dot instruction of a vector against 4 activations
  * broadcast adds 4 products of each of the 16 rows, a row a lane: a block's 16 integer sums
  * after 8 of them (Q8: of (w + 128) a, less 128 sum a, the token's, made once per call: the
@@ -20,6 +23,16 @@
 
 static inline int64_t kx32_bytes(int fmt) { return fmt == FMT_Q8 ? 544 : 320; }
 
+/* Where block b's record (d, then the quants) lies in a group of nb blocks. */
+static inline int64_t kx32_at(int fmt, int nb, int b) {
+    if (fmt == FMT_Q8) return 544 * (int64_t)b;
+    const int j = b % 16, c = b - j, nc = nb - c < 16 ? nb - c : 16;
+    return 320 * (int64_t)c + 32 * nc + 288 * j;
+}
+
+/* Where block b's minimums (Q4) lie: among its chunk's, first. */
+static inline int64_t kx32_min_at(int b) { return 320 * (int64_t)(b - b % 16) + 32 * (b % 16); }
+
 /* Rows 0 .. 15 of a block matrix (qs: block b of row r at qs + r qrow + b qblk, 32 bytes for
  * Q8, 16 for Q4; its fp16 scale at d + r drow + b dblk, Q4's minimum likewise at m; strides
  * in bytes) as one repacked group. */
@@ -28,10 +41,10 @@ static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t 
                               int64_t mrow, int64_t mblk, int nb, uint8_t *dst) {
     const int q8 = fmt == FMT_Q8;
     for (int b = 0; b < nb; b++) {
-        uint8_t *o = dst + (int64_t)b * kx32_bytes(fmt), *v = o + (q8 ? 32 : 64);
+        uint8_t *o = dst + kx32_at(fmt, nb, b), *v = o + 32;
         for (int r = 0; r < 16; r++) {
             memcpy(o + 2 * r, d + r * drow + b * dblk, 2);
-            if (!q8) memcpy(o + 32 + 2 * r, m + r * mrow + b * mblk, 2);
+            if (!q8) memcpy(dst + kx32_min_at(b) + 2 * r, m + r * mrow + b * mblk, 2);
             const uint8_t *q = qs + r * qrow + b * qblk;
             for (int s = 0; s < (q8 ? 8 : 4); s++) {
                 uint32_t e4; /* (Q4: the plain block's byte j holds elements j, 16 + j) */
@@ -49,9 +62,9 @@ static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *
     const int nb = w->k / 32, r = (int)(n % 16), q8 = w->fmt == FMT_Q8;
     const uint8_t *g = w->qx + n / 16 * nb * kx32_bytes(w->fmt);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *o = g + (int64_t)b * kx32_bytes(w->fmt), *v = o + (q8 ? 32 : 64);
+        const uint8_t *o = g + kx32_at(w->fmt, nb, b), *v = o + 32;
         memcpy(d + b, o + 2 * r, 2);
-        if (!q8) memcpy(m + b, o + 32 + 2 * r, 2);
+        if (!q8) memcpy(m + b, g + kx32_min_at(b) + 2 * r, 2);
         for (int s = 0; s < (q8 ? 8 : 4); s++) {
             uint32_t e4;
             memcpy(&e4, v + 64 * s + 4 * r, 4);
@@ -70,18 +83,17 @@ static inline __attribute__((always_inline)) void kx32_group(
     const int fmt, const uint8_t *qx, int nb, const Act *a, int t, const int G, int k,
     const int32_t *c128, float *y, int64_t ldy, int n) {
     const int q8 = fmt == FMT_Q8;
-    const int64_t bytes = kx32_bytes(fmt);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[G][16];
     for (int i = 0; i < G; i++)
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *o = qx + (int64_t)b * bytes;
+        const uint8_t *o = qx + kx32_at(fmt, nb, b);
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
         if (!q8 && j == 0) /* the chunk's m terms, block c + l in lane l */
             for (int l = 0; l < 16 && c + l < nb; l++) {
                 const __m512 mv = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(o + (int64_t)l * bytes + 32)));
+                    _mm256_loadu_si256((const __m256i *)(qx + kx32_min_at(c + l))));
                 for (int i = 0; i < G; i++)
                     acc[i][l] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->xs[(t + i) * (int64_t)nb + c + l]),
                                                 acc[i][l]);
@@ -92,7 +104,7 @@ static inline __attribute__((always_inline)) void kx32_group(
             for (int v = 0; v < 8; v++) st[v] = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
         } else {
             for (int v = 0; v < 4; v++) {
-                const __m512i x = _mm512_loadu_si512((const void *)(o + 64 + 64 * v));
+                const __m512i x = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
                 st[v] = _mm512_and_si512(x, m4);
                 st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
             }
