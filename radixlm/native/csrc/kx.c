@@ -417,7 +417,8 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
                                                             int k, const int32_t *c32,
                                                             float *y, int64_t ldy, int n) {
     const int nb = k / 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
+    const __m512i mcc = _mm512_set1_epi8((char)0xcc);
     __m512 acc[G][16];
     for (int i = 0; i < G; i++)
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
@@ -431,12 +432,16 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
             const __m512i l0 = _mm512_loadu_si512((const void *)v);
             const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
             const __m512i h = _mm512_loadu_si512((const void *)(v + 128));
+            /* a byte's low nibble from lo, bits 4-5 from hi: m4 ? lo : hi (vpternlogd 0xE4),
+             * hi's bits 6-7 zero (h's other pair masked off before the shift; what a 16-bit
+             * shift carries into a byte's low bits falls under m4, taken from lo) */
+            const __m512i h03 = _mm512_and_si512(h, m33), h47 = _mm512_and_si512(h, mcc);
             const __m512i st[4] = {
-                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
-                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(h, m30)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                                _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+                _mm512_ternarylogic_epi32(l0, _mm512_slli_epi16(h03, 4), m4, 0xE4),
+                _mm512_ternarylogic_epi32(l1, _mm512_slli_epi16(h47, 2), m4, 0xE4),
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), h03, m4, 0xE4),
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h47, 2), m4,
+                                          0xE4)};
             for (int i = 0; i < G; i++) {
                 const int64_t ti = t + i;
                 const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
