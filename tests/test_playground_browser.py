@@ -239,14 +239,16 @@ def test_chat_streams_the_engines_answer_and_the_radix_view_shows_reuse(
 def test_views_refresh_while_a_request_runs(page: Any, served: tuple[Any, SendClock, str]
                                             ) -> None:
     """A long regex-shaped answer: while it streams, the metrics panel counts it running and
-    the radix view shows its prefix locked."""
+    the radix view shows its prefix locked. (Long enough to outlast several of the panel's
+    0.5 s polls on a loaded 2-core host: at 320 characters a fast step rate let the answer
+    end before one poll was served.)"""
     engine = served[0]
     end = time.monotonic() + 60  # earlier tests' abandoned streams may still be finishing
     while time.monotonic() < end and (engine.get_stats()["num_running"]
                                       + engine.get_stats()["num_waiting"]):
         time.sleep(0.2)
     new_chat(page)
-    set_fields(page, regex="[a-z ]{320}", max_tokens="400", temperature="0.7")
+    set_fields(page, regex="[a-z ]{720}", max_tokens="900", temperature="0.7")
     page.evaluate("""() => { window.__seen = {running: false, locked: false};
       const look = () => {
         if (Number(document.querySelector('[data-metric=running]')?.textContent) >= 1)
@@ -255,7 +257,7 @@ def test_views_refresh_while_a_request_runs(page: Any, served: tuple[Any, SendCl
           window.__seen.locked = true; };
       new MutationObserver(look).observe(document.body, {subtree: true, childList: true}); }""")
     answer = send(page, "Sing.")
-    assert re.fullmatch("[a-z ]{320}", answer), answer
+    assert re.fullmatch("[a-z ]{720}", answer), answer
     assert page.evaluate("() => window.__seen") == {"running": True, "locked": True}
     sync_api.expect(page.locator("[data-metric=running]")).to_have_text("0", timeout=30_000)
 
