@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from batch_fakes import extend_batch
 
 from radixlm.runtime.attention.base import AttnLayerOptions, create_attention_backend
 from radixlm.runtime.attention.invariant import (
@@ -27,7 +28,7 @@ from radixlm.runtime.attention.invariant import (
 )
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_pool import KVPool
 from radixlm.runtime.models.invariant import ROWS, fixed_rows_linear
 from radixlm.runtime.parallel import TPGroup
@@ -368,32 +369,17 @@ class AttentionRun:
         self.free = (torch.randperm(1023, generator=gen) + 1).tolist()
         self.rows = (torch.randperm(8, generator=gen)).tolist()[:len(LENGTHS)]
         self.lens = [0] * len(LENGTHS)
+        self.free_pop = lambda n: [self.free.pop() for _ in range(n)]
         self.out: dict[tuple[int, int, int], torch.Tensor] = {}  # (req, layer, pos)
 
     def step(self, work: list[tuple[int, int]]) -> None:
-        locs, pos, prefix, extend, starts, t = [], [], [], [], [], 0
-        for r, n in work:
-            p, row = self.lens[r], self.rows[r]
-            new = [self.free.pop() for _ in range(n)]
-            self.pool.req_to_token[row, p:p + n] = torch.tensor(new, dtype=torch.int32)
-            locs += new
-            pos += list(range(p, p + n))
-            prefix.append(p)
-            extend.append(n)
-            starts.append(t)
-            t += n
-            self.lens[r] = p + n
-        seq = [p + n for p, n in zip(prefix, extend)]
-
-        def tensor(values):
-            return torch.tensor(values, dtype=torch.int64)
-
-        batch = ForwardBatch(
-            mode=ForwardMode.EXTEND, input_ids=tensor([0] * t), positions=tensor(pos),
-            out_cache_loc=tensor(locs), req_pool_indices=tensor([self.rows[r] for r, _ in work]),
-            seq_lens=tensor(seq), prefix_lens=tensor(prefix), extend_lens=tensor(extend),
-            extend_start_loc=tensor(starts), logits_indices=tensor([0]), seq_lens_cpu=seq,
-            prefix_lens_cpu=prefix, extend_lens_cpu=extend, owner_ids=[r for r, _ in work])
+        lens = {self.rows[r]: self.lens[r] for r, _ in work}
+        batch = extend_batch(self.pool, ForwardMode.EXTEND,
+                             [(self.rows[r], n) for r, n in work], lens, self.free_pop,
+                             [r for r, _ in work])
+        for r, _ in work:
+            self.lens[r] = lens[self.rows[r]]
+        prefix, starts = batch.prefix_lens_cpu, batch.extend_start_loc.tolist()
         self.backend.init_forward_metadata(batch)
         for layer in range(2):
             q, k, v = (torch.cat([self.qkv[r][layer][i][p:p + n]

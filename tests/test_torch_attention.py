@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batch_fakes import extend_batch
 
 from radixlm.kernels import ref
 from radixlm.runtime.attention.base import create_attention_backend
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_pool import KVPool, SlotAllocator
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, ROWS, CONTEXT = 6, 2, 32, 2, 20, 96
@@ -43,30 +44,9 @@ class Harness:
 
     def step(self, mode: ForwardMode, work: list[tuple[int, int]]) -> None:
         """``work``: (row, new tokens) in batch order."""
-        locs, positions, prefix, extend, starts, t = [], [], [], [], [], 0
-        for row, n in work:
-            p = self.lens[row]
-            new = self.slots.alloc(n)
-            self.pool.req_to_token[row, p:p + n] = torch.tensor(new, dtype=torch.int32)
-            locs += new
-            positions += list(range(p, p + n))
-            prefix.append(p)
-            extend.append(n)
-            starts.append(t)
-            t += n
-            self.lens[row] = p + n
-        seq = [p + n for p, n in zip(prefix, extend)]
-
-        def tensor(values):
-            return torch.tensor(values, dtype=torch.int64)
-
-        batch = ForwardBatch(
-            mode=mode, input_ids=tensor([0] * t), positions=tensor(positions),
-            out_cache_loc=tensor(locs), req_pool_indices=tensor([r for r, _ in work]),
-            seq_lens=tensor(seq), prefix_lens=tensor(prefix), extend_lens=tensor(extend),
-            extend_start_loc=tensor(starts), logits_indices=tensor([0]),
-            seq_lens_cpu=seq, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
-            owner_ids=[self.owner[r] for r, _ in work])
+        batch = extend_batch(self.pool, mode, work, self.lens, self.slots.alloc,
+                             [self.owner[r] for r, _ in work])
+        t = len(batch.input_ids)
         self.backend.init_forward_metadata(batch)
         self.last_meta = batch.attn_metadata
         scale = HEAD_DIM**-0.5
