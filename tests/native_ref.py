@@ -5,14 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixlm.native.qweights import QWeight
+from radixlm.native.qweights import KQUANTS, QWeight
 
 
-def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x [T, k]`` fp32 -> (int8 ``a [T, k]``, ``d [T, k/32]``, ``s = d * sum(a)``), the rule
-    of the C ``quantize_row``: ``d = amax / 127``, ``a = round-half-even(x / d)``."""
+def quantize_act(x: torch.Tensor, block: int = 32
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [T, k]`` fp32 -> (int8 ``a [T, k]``, ``d [T, k/block]``, ``s = d * sum(a)``), the
+    rule of the C ``quantize_row`` (blocks of 32, Q4 / Q8 weights) and ``quantize_row_k``
+    (blocks of 256, K-quants): ``d = amax / 127``, ``a = round-half-even(x / d)``."""
     t, k = x.shape
-    g = x.float().view(t, k // 32, 32)
+    g = x.float().view(t, k // block, block)
     d = g.abs().amax(-1) / 127.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     a = torch.round(g * inv[..., None]).clamp(-127, 127)
@@ -29,8 +31,9 @@ def qmatmul(x: torch.Tensor, w: QWeight, act: str = "fp32") -> torch.Tensor:
         weight = torch.from_numpy(exact).float().bfloat16().double()
         x = x.float().bfloat16()
     elif act == "int8":
-        a, d, _ = quantize_act(x)
-        x = (a.view(x.shape[0], -1, 32).double() * d[..., None].double()).view(x.shape)
+        block = 256 if w.fmt in KQUANTS else 32
+        a, d, _ = quantize_act(x, block)
+        x = (a.view(x.shape[0], -1, block).double() * d[..., None].double()).view(x.shape)
     return (x.double() @ weight.T).float()
 
 

@@ -1,18 +1,18 @@
-/* int8 activation blocks x Q8 and K-quant rows on AMX int8 tiles: ACT_INT8 steps of
+/* int8 activation blocks x Q8, Q4 and K-quant rows on AMX int8 tiles: ACT_INT8 steps of
  * RLM_AMX_I8_MIN_ROWS tokens or more where Linux grants the tile state, with the same bits
- * as the 512-bit paths (matmul_i8.c, kquants.c), so a token rounds alike in a step of any
- * size on any path.
+ * as the 512-bit paths (matmul_i8.c, kx.c), so a token rounds alike in a step of any size
+ * on any path.
  *
  * C[16 rows of W x 16 tokens] (int32) = A[16 rows x one block of W: Q8's 32 bytes as they
- * are, K-quant rows unpacked to bytes (Q6_K's q - 32, its blocks of 16)] . B[that block of
- * 16 tokens, 4 bytes a lane: the activations packed once per matmul, pack_token_i8]. One
- * tile product per block gives every (row, token) the block's exact integer sum, and the
- * scales are applied as the 512-bit paths do: block b into lane b % 16 of the pair's
- * accumulator (acc += isum * (d_b dx_b), in order), a K-quant's m terms (dmin m_j) (dx_j
- * sum a) into lane j % 8 of another, then the lanes summed in the same trees (lane_tree,
- * m_tree; kq_lanes_sum). Here a lane is one register per row (16 tokens side by side), so
- * one lane's blocks run back to back with the accumulators in registers. Rows past the
- * last full 16 of a range run the 512-bit path. */
+ * are, Q4 / K-quant rows unpacked to bytes (Q6_K's q - 32, its blocks of 16)] . B[that block
+ * of 16 tokens, 4 bytes a lane: the activations packed once per matmul, pack_token_i8]. One
+ * tile product per block gives every (row, token) the block's exact integer sum. Q4 / Q8:
+ * the scales are applied as the 512-bit paths do: block b into lane b % 16 of the pair's
+ * accumulator (acc += isum * (d_b dx_b), in order), then the lanes summed in the same tree
+ * (lane_tree; sum4_rows). Here a lane is one register per row (16 tokens side by side), so
+ * one lane's blocks run back to back with the accumulators in registers. K-quants: the
+ * integers times the rows' sub-block scales summed per super-block, then kq_dot's two float
+ * operations (kquants.c). Rows past the last full 16 of a range run the 512-bit path. */
 #include "rlm.h"
 
 #if defined(RLM_AMX) && defined(__AMX_INT8__) && defined(RLM_I8_ZMM)
@@ -54,22 +54,15 @@ static void pack_token_i8(const int8_t *xa, const float *xd, const float *xs, in
 }
 
 /* 16 rows' lane accumulators (lane l of row r at acc[l * 16 + r], 16 tokens each) summed
- * as sum4_rows and kq_lanes_sum sum a row's lanes: S_j = (a_4j + a_4j+2) + (a_4j+1 +
- * a_4j+3), then (S_0 + S_2) + (S_1 + S_3); minus, with m (8 lanes), ((m_0 + m_2) + (m_1 +
- * m_3)) + ((m_4 + m_6) + (m_5 + m_7)). out[r] = row r's 16 tokens. */
-static inline void lane_tree(const __m512 *acc, const __m512 *m, __m512 *out) {
+ * as sum4_rows sums a row's lanes: S_j = (a_4j + a_4j+2) + (a_4j+1 + a_4j+3), then (S_0 +
+ * S_2) + (S_1 + S_3). out[r] = row r's 16 tokens. */
+static inline void lane_tree(const __m512 *acc, __m512 *out) {
     for (int r = 0; r < 16; r++) {
         __m512 s[4];
         for (int j = 0; j < 4; j++)
             s[j] = _mm512_add_ps(_mm512_add_ps(acc[(4 * j) * 16 + r], acc[(4 * j + 2) * 16 + r]),
                                  _mm512_add_ps(acc[(4 * j + 1) * 16 + r], acc[(4 * j + 3) * 16 + r]));
         out[r] = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
-        if (!m) continue;
-        const __m512 lo = _mm512_add_ps(_mm512_add_ps(m[0 * 16 + r], m[2 * 16 + r]),
-                                        _mm512_add_ps(m[1 * 16 + r], m[3 * 16 + r]));
-        const __m512 hi = _mm512_add_ps(_mm512_add_ps(m[4 * 16 + r], m[6 * 16 + r]),
-                                        _mm512_add_ps(m[5 * 16 + r], m[7 * 16 + r]));
-        out[r] = _mm512_sub_ps(out[r], _mm512_add_ps(lo, hi));
     }
 }
 
@@ -151,27 +144,11 @@ static inline __attribute__((always_inline)) void rows_group_i8(
     }
 }
 
-/* The m terms of 16 K-quant rows (wmt: dmin m by 32-block, 16 a block) against one token
- * group (xst: its scaled sums): lane j gets blocks j, j + 8, ... (one a super-block), as
- * ksb_token's accm, stored at m[j * 16 ..]. */
-static void mterm_group(int nb, const float *xst, const float *wmt, __m512 *m) {
-    for (int j = 0; j < 8; j++) {
-        __m512 a[16];
-        for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
-        for (int b = j; b < nb; b += 8) {
-            const __m512 xv = _mm512_loadu_ps(xst + (int64_t)b * 16);
-            for (int r = 0; r < 16; r++)
-                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(wmt[b * 16 + r]), xv, a[r]);
-        }
-        for (int r = 0; r < 16; r++) m[j * 16 + r] = a[r];
-    }
-}
-
-/* 16 rows from row n of w as A tiles (*wa, *lda) with their scales by block (wdt) and, for
- * Q4_K / Q5_K, m-term scales (wmt): Q8 rows as they are; K-quant rows unpacked into wbuf
- * (Q6_K as q - 32), their scales as kq_unpack_row makes them (ksb_load's values). */
-static void rows_tile_i8(const QMat *w, int n, int8_t *wbuf, float *sbuf, float *wdt,
-                         float *wmt, const int8_t **wa) {
+/* 16 rows from row n of w (Q8 / Q4) as A tiles (*wa, *lda) with their scales by block
+ * (wdt) and, for Q4, their minimums (wmt): Q8 rows as they are, Q4 nibbles unpacked into
+ * wbuf. */
+static void rows_tile_i8(const QMat *w, int n, int8_t *wbuf, float *wdt, float *wmt,
+                         const int8_t **wa) {
     const int k = w->k, nb = k / 32;
     if (w->fmt == FMT_Q8) {
         *wa = (const int8_t *)w->qs + (int64_t)n * k;
@@ -179,71 +156,124 @@ static void rows_tile_i8(const QMat *w, int n, int8_t *wbuf, float *sbuf, float 
             for (int b = 0; b < nb; b++) wdt[b * 16 + r] = H(w->d[(int64_t)(n + r) * nb + b]);
         return;
     }
-    if (w->fmt == FMT_Q4) { /* nibbles to bytes: low nibble element j, high j + 16 */
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *wq = w->qs + (int64_t)(n + r) * (k / 2);
-            for (int b = 0; b < nb; b++) {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
-                const __m128i m4 = _mm_set1_epi8(0x0f);
-                _mm_store_si128((__m128i *)(wbuf + (int64_t)r * k + b * 32), _mm_and_si128(v, m4));
-                _mm_store_si128((__m128i *)(wbuf + (int64_t)r * k + b * 32 + 16),
-                                _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-                wdt[b * 16 + r] = H(w->d[(int64_t)(n + r) * nb + b]);
-                wmt[b * 16 + r] = H(w->m[(int64_t)(n + r) * nb + b]);
-            }
+    for (int r = 0; r < 16; r++) { /* Q4 nibbles to bytes: low nibble element j, high j + 16 */
+        const uint8_t *wq = w->qs + (int64_t)(n + r) * (k / 2);
+        for (int b = 0; b < nb; b++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(wq + b * 16));
+            const __m128i m4 = _mm_set1_epi8(0x0f);
+            _mm_store_si128((__m128i *)(wbuf + (int64_t)r * k + b * 32), _mm_and_si128(v, m4));
+            _mm_store_si128((__m128i *)(wbuf + (int64_t)r * k + b * 32 + 16),
+                            _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            wdt[b * 16 + r] = H(w->d[(int64_t)(n + r) * nb + b]);
+            wmt[b * 16 + r] = H(w->m[(int64_t)(n + r) * nb + b]);
         }
-        *wa = wbuf;
-        return;
-    }
-    const int ns = k / 256 * kq_scales_per_sb(w->fmt);
-    const int64_t rb = row_bytes_of(w);
-    float *ds = sbuf, *dm = sbuf + ns;
-    for (int r = 0; r < 16; r++) {
-        uint8_t *q = (uint8_t *)wbuf + (int64_t)r * k;
-        if (w->qx && n + r < w->n / 16 * 16) kx_unpack_row(w, n + r, q, ds, dm);
-        else kq_unpack_row(w, w->qs + (int64_t)(n + r) * rb, q, ds, dm);
-        if (w->fmt == FMT_Q6_K)
-            for (int e = 0; e < k; e += 64)
-                _mm512_store_si512(q + e, _mm512_sub_epi8(_mm512_load_si512(q + e),
-                                                          _mm512_set1_epi8(32)));
-        for (int b = 0; b < ns; b++) wdt[b * 16 + r] = ds[b];
-        for (int b = 0; w->fmt != FMT_Q6_K && b < nb; b++) wmt[b * 16 + r] = dm[b];
     }
     *wa = wbuf;
 }
 
-/* y[t, n] for Q8 or K-quant rows n in [n0, n1), all T tokens, from the packed tiles
+/* y[t, n] for K-quant rows n in [n0, n1), all T tokens, from the packed tiles of the
+ * K-quant activations (a->xq with a->xq_k: xdt holds kd_s by 32-block, xst the 32-blocks'
+ * sums of a): per 16 rows and 16 tokens, per super-block, each block's tile product times
+ * the rows' scales into I_s (and Q4_K / Q5_K's m_j times the sums into M_s), then kq_dot's
+ * float operations, a row's 16 tokens a vector. */
+static void kq_gemm_amx(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
+                        int64_t ldy) {
+    const int k = w->k, nb = k / 32, nsb = k / 256, groups = (T + 15) / 16;
+    const int six = w->fmt == FMT_Q6_K, width = six ? 16 : 32, per = 256 / width;
+    const int full = n0 + (n1 - n0) / 16 * 16;
+    int8_t *wbuf = (int8_t *)aligned_alloc(64, (size_t)16 * k);
+    int16_t *sc = (int16_t *)malloc(sizeof(int16_t) * 256 * (size_t)nsb);
+    float *dd = (float *)malloc(sizeof(float) * 32 * (size_t)nsb);
+    float *ds = (float *)malloc(sizeof(float) * ((size_t)nsb * 16 + (size_t)nb));
+    if (!wbuf || !sc || !dd || !ds) abort(); /* nothing sensible left to do */
+    amx_configure_i8(width);
+    for (int n = n0; n < full; n += 16) {
+        for (int r = 0; r < 16; r++) {
+            uint8_t *q = (uint8_t *)wbuf + (int64_t)r * k;
+            if (w->qx && n + r < w->n / 16 * 16) kx_unpack_row(w, n + r, q, ds, ds + nsb * 16);
+            else kq_unpack_row(w, w->qs + (int64_t)(n + r) * row_bytes_of(w), q, ds, ds + nsb * 16);
+            if (six)
+                for (int e = 0; e < k; e += 64)
+                    _mm512_store_si512(q + e, _mm512_sub_epi8(_mm512_load_si512(q + e),
+                                                              _mm512_set1_epi8(32)));
+            kq_row_scales(w, n + r, sc + (int64_t)r * 16 * nsb, dd + (int64_t)r * 2 * nsb);
+        }
+        for (int g = 0; g < groups; g++) {
+            const int8_t *bq = a->xq + (int64_t)g * nb * 512;
+            const float *xdt = a->xdt + (int64_t)g * nb * 16, *xst = a->xst + (int64_t)g * nb * 16;
+            int32_t c[256] __attribute__((aligned(64)));
+            __m512 acc[16];
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+            for (int s = 0; s < nsb; s++) {
+                __m512i isum[16], msum[16];
+                for (int r = 0; r < 16; r++) isum[r] = msum[r] = _mm512_setzero_si512();
+                for (int j = 0; j < per; j++) {
+                    tile_block(0, wbuf, k, bq, per * s + j, width);
+                    _tile_stored(0, c, 64);
+                    for (int r = 0; r < 16; r++)
+                        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(
+                            _mm512_load_si512(c + 16 * r),
+                            _mm512_set1_epi32(sc[(int64_t)r * 16 * nsb + 16 * s + j])));
+                    if (six) continue;
+                    const __m512i sa = _mm512_cvtps_epi32(_mm512_loadu_ps(xst + (int64_t)(8 * s + j) * 16));
+                    for (int r = 0; r < 16; r++)
+                        msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(
+                            sa, _mm512_set1_epi32(sc[(int64_t)r * 16 * nsb + 16 * s + 8 + j])));
+                }
+                const __m512 kdv = _mm512_loadu_ps(xdt + (int64_t)(8 * s) * 16);
+                for (int r = 0; r < 16; r++) {
+                    const float *d = dd + (int64_t)r * 2 * nsb + 2 * s;
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[0]), kdv),
+                                             _mm512_cvtepi32_ps(isum[r]), acc[r]);
+                    if (!six)
+                        acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[1]), kdv),
+                                                  _mm512_cvtepi32_ps(msum[r]), acc[r]);
+                }
+            }
+            float cbuf[256] __attribute__((aligned(64)));
+            for (int r = 0; r < 16; r++) _mm512_store_ps(cbuf + r * 16, acc[r]);
+            const int t0 = g * 16, nt = T - t0 < 16 ? T - t0 : 16;
+            store_transposed(cbuf, nt, 16, y + (int64_t)t0 * ldy + n, ldy);
+        }
+    }
+    _tile_release();
+    free(ds);
+    free(dd);
+    free(sc);
+    free(wbuf);
+    if (full < n1) kq_rows_i8(w, full, n1, T, a, y, ldy);
+}
+
+/* y[t, n] for Q8, Q4 or K-quant rows n in [n0, n1), all T tokens, from the packed tiles
  * (a->xq, a->xdt, a->xst). */
 static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                          int64_t ldy) {
-    const int k = w->k, nb = k / 32, groups = (T + 15) / 16, kq = is_kquant(w);
-    const int q4 = w->fmt == FMT_Q4;
-    const int width = w->fmt == FMT_Q6_K ? 16 : 32, nbk = k / width;
+    if (is_kquant(w)) {
+        kq_gemm_amx(w, n0, n1, T, a, y, ldy);
+        return;
+    }
+    const int k = w->k, nb = k / 32, groups = (T + 15) / 16, q4 = w->fmt == FMT_Q4;
     const int full = n0 + (n1 - n0) / 16 * 16;
-    /* wdt [nbk x 16], wmt [nb x 16], sbuf (kq_unpack_row's scales, < 2 nb) */
-    float *wdt = (float *)aligned_alloc(64, ((size_t)nbk * 16 + (size_t)nb * 18 + 16) * 4);
-    __m512 *acc = (__m512 *)aligned_alloc(64, (256 + 128) * sizeof(__m512));
-    int8_t *wbuf = kq || q4 ? (int8_t *)aligned_alloc(64, (size_t)16 * k) : NULL;
-    if (!wdt || !acc || ((kq || q4) && !wbuf)) abort(); /* nothing sensible left to do */
-    float *wmt = wdt + (int64_t)nbk * 16, *sbuf = wmt + (int64_t)nb * 16;
-    __m512 *m = acc + 256;
-    for (int i = 0; i < 384; i++) acc[i] = _mm512_setzero_ps(); /* lanes past nbk stay 0 */
-    amx_configure_i8(width);
+    /* wdt [nb x 16], wmt [nb x 16] */
+    float *wdt = (float *)aligned_alloc(64, ((size_t)nb * 32 + 16) * 4);
+    __m512 *acc = (__m512 *)aligned_alloc(64, 256 * sizeof(__m512));
+    int8_t *wbuf = q4 ? (int8_t *)aligned_alloc(64, (size_t)16 * k) : NULL;
+    if (!wdt || !acc || (q4 && !wbuf)) abort(); /* nothing sensible left to do */
+    float *wmt = wdt + (int64_t)nb * 16;
+    for (int i = 0; i < 256; i++) acc[i] = _mm512_setzero_ps(); /* lanes past nb stay 0 */
+    amx_configure_i8(32);
     for (int n = n0; n < full; n += 16) {
         const int8_t *wa;
-        rows_tile_i8(w, n, wbuf, sbuf, wdt, wmt, &wa);
+        rows_tile_i8(w, n, wbuf, wdt, wmt, &wa);
         for (int g = 0; g < groups; g++) {
             const int8_t *bq = a->xq + (int64_t)g * nb * 512;
             const float *xdt = a->xdt + (int64_t)g * nb * 16;
             const float *xst = a->xst + (int64_t)g * nb * 16;
-            if (q4) rows_group_i8(wa, k, nbk, 32, 1, 1, bq, xdt, xst, wdt, wmt, acc);
-            else if (!kq) rows_group_i8(wa, k, nbk, 32, 1, 0, bq, xdt, xst, wdt, wmt, acc);
-            else if (width == 32) rows_group_i8(wa, k, nbk, 32, 0, 0, bq, xdt, xst, wdt, wmt, acc);
-            else rows_group_i8(wa, k, nbk, 16, 0, 0, bq, xdt, xst, wdt, wmt, acc);
-            if (kq && width == 32) mterm_group(nb, xst, wmt, m);
+            if (q4) rows_group_i8(wa, k, nb, 32, 1, 1, bq, xdt, xst, wdt, wmt, acc);
+            else rows_group_i8(wa, k, nb, 32, 1, 0, bq, xdt, xst, wdt, wmt, acc);
             __m512 out[16];
             float cbuf[256] __attribute__((aligned(64)));
-            lane_tree(acc, kq ? m : NULL, out);
+            lane_tree(acc, out);
             for (int r = 0; r < 16; r++) _mm512_store_ps(cbuf + r * 16, out[r]);
             const int t0 = g * 16, nt = T - t0 < 16 ? T - t0 : 16;
             store_transposed(cbuf, nt, 16, y + (int64_t)t0 * ldy + n, ldy);
@@ -253,9 +283,6 @@ static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, flo
     free(wbuf);
     free(acc);
     free(wdt);
-    if (full < n1) {
-        if (kq) kq_rows_i8(w, full, n1, T, a, y, ldy);
-        else qgemv_rows_i8zmm(w, full, n1, T, a, y, ldy);
-    }
+    if (full < n1) qgemv_rows_i8zmm(w, full, n1, T, a, y, ldy);
 }
 #endif

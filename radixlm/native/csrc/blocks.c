@@ -3,59 +3,90 @@
 #include "rlm.h"
 
 /* ------------------------------------------------------------------ quantization */
-/* x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a): per block of 32, d = amax / 127
- * and a = x * (1 / d) rounded to nearest even (the same float operations in both
- * versions, so the same bytes). */
+/* Two block sizes, one rule: for each block of 32 (the Q4 / Q8 weights' activations) or of
+ * 256 (the K-quants', llama.cpp's Q8_K), d = amax / 127 and a = x * (1 / d) rounded to
+ * nearest even, clamped to +-127 (the same float operations in both versions, so the same
+ * bytes on every build).
+ * quantize_row: x [k] -> a [k] int8, dx [k/32], sx [k/32] (= dx * sum a).
+ * quantize_row_k: x [k] -> a [k] int8, kd [k/256], kb [k/16] (int16 sums of a by 16; a
+ * K-quant kernel's scales and m terms then apply in integers). */
 #ifdef RLM_AVX2
-static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
+/* 32 values x rounded with 1 / d = id into a [32]; the int32 sums of its two halves. */
+static inline void quantize_32(const float *x, float id, int8_t *a, int *s0, int *s1) {
     const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo the packs' lanes */
-    for (int b = 0; b < k / 32; b++) {
-        __m256 v[4];
-        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + b * 32 + i * 8);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        const __m256 idv = _mm256_set1_ps(id);
-        __m256i q[4], sum = _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) {
-            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv)); /* nearest even */
-            q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], lim), nlim);
-            sum = _mm256_add_epi32(sum, q[i]);
-        }
-        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                           _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(a + b * 32), _mm256_permutevar8x32_epi32(bytes, order));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), idv)); /* nearest even */
+        q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], lim), nlim);
+    }
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                       _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)a, _mm256_permutevar8x32_epi32(bytes, order));
+    int sums[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        dx[b] = d;
-        sx[b] = d * (float)_mm_cvtsi128_si32(s4);
+        sums[h] = _mm_cvtsi128_si32(s4);
     }
+    *s0 = sums[0];
+    *s1 = sums[1];
+}
+
+static inline float amax_of(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
 }
 #else
-static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
-    for (int b = 0; b < k / 32; b++) {
-        const float *xb = x + b * 32;
-        float amax = 0.f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            int v = (int)lrintf(xb[j] * id);
-            v = v > 127 ? 127 : (v < -127 ? -127 : v);
-            a[b * 32 + j] = (int8_t)v;
-            sum += v;
-        }
-        dx[b] = d;
-        sx[b] = d * (float)sum;
+static inline void quantize_32(const float *x, float id, int8_t *a, int *s0, int *s1) {
+    int sum[2] = {0, 0};
+    for (int j = 0; j < 32; j++) {
+        int v = (int)lrintf(x[j] * id);
+        v = v > 127 ? 127 : (v < -127 ? -127 : v);
+        a[j] = (int8_t)v;
+        sum[j / 16] += v;
     }
+    *s0 = sum[0];
+    *s1 = sum[1];
+}
+
+static inline float amax_of(const float *x, int n) {
+    float amax = 0.f;
+    for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+    return amax;
 }
 #endif
+
+static void quantize_row(const float *x, int k, int8_t *a, float *dx, float *sx) {
+    for (int b = 0; b < k / 32; b++) {
+        const float d = amax_of(x + 32 * b, 32) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int s0, s1;
+        quantize_32(x + 32 * b, id, a + 32 * b, &s0, &s1);
+        dx[b] = d;
+        sx[b] = d * (float)(s0 + s1);
+    }
+}
+
+static void quantize_row_k(const float *x, int k, int8_t *a, float *kd, int16_t *kb) {
+    for (int s = 0; s < k / 256; s++) {
+        const float d = amax_of(x + 256 * s, 256) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        for (int b = 8 * s; b < 8 * s + 8; b++) {
+            int s0, s1;
+            quantize_32(x + 32 * b, id, a + 32 * b, &s0, &s1);
+            kb[2 * b] = (int16_t)s0;
+            kb[2 * b + 1] = (int16_t)s1;
+        }
+        kd[s] = d;
+    }
+}
 
 #ifdef RLM_CHUNK
 /* The block a lane of the int8 kernel's chunk holds: lane l of a chunk of RLM_CHUNK blocks

@@ -181,26 +181,23 @@ static inline __m256i kx_bcast4_256(const int8_t *p) {
 
 static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
                                                           int nsb, const Act *a, int t,
-                                                          const int G, int k,
-                                                          const int32_t *c32, float *y,
+                                                          const int G, int k, float *y,
                                                           int64_t ldy, int n, int h) {
-    const int nb = k / 32, six = fmt == FMT_Q6_K;
+    const int six = fmt == FMT_Q6_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const __m256i m10 = _mm256_set1_epi8(0x10);
     const int five = fmt == FMT_Q5_K;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[G][16], accm[G][8];
-    for (int i = 0; i < G; i++) {
-        for (int l = 0; l < 16; l++) acc[i][l] = _mm256_setzero_ps();
-        for (int j = 0; j < 8; j++) accm[i][j] = _mm256_setzero_ps();
-    }
+    __m256 acc[G];
+    for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
+        __m256i isum[G];
+        for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
         if (six) {
             for (int l = 0; l < 16; l++) {
-                const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                        _mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)))));
+                const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
                 const uint8_t *v = o + 288 + 192 * l + 32 * h;
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
@@ -213,23 +210,21 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                                     _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
                 for (int i = 0; i < G; i++) {
                     const int64_t ti = t + i;
-                    const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
-                    __m256i p = _mm256_set1_epi32(-c32[(int64_t)i * (k / 16) + 16 * s + l]);
+                    const int8_t *x = a->ka + ti * k + 256 * s + 16 * l;
+                    __m256i p = _mm256_set1_epi32(-32 * a->kb[ti * (k / 16) + 16 * s + l]);
                     for (int e = 0; e < 4; e++)
                         p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
-                    acc[i][l] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(p),
-                        _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+                    isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
                 }
+            }
+            for (int i = 0; i < G; i++) {
+                const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
             }
             continue;
         }
-        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
         for (int j = 0; j < 8; j++) {
-            const __m256 ds = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                    _mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)))));
-            const __m256 dm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                     _mm_loadl_epi64((const __m128i *)(o + 192 + 16 * j + 8 * h)))));
+            const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)));
             __m256i st[8];
             for (int v = 0; v < 4; v++) {
                 const __m256i b = _mm256_loadu_si256((const __m256i *)(o + 320 + 256 * j + 64 * v + 32 * h));
@@ -244,10 +239,8 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                                       _mm256_srli_epi16(hb, 3)};
                 for (int v = 0; v < 8; v++) st[v] = _mm256_or_si256(st[v], _mm256_and_si256(u[v], m10));
             }
-            const int L = 8 * (s & 1) + j;
             for (int i = 0; i < G; i++) {
-                const int64_t ti = t + i;
-                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+                const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 32 * j;
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
                 __m256i p = _mm256_setzero_si256();
                 for (int v = 0; v < 8; v++)
@@ -264,26 +257,30 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                 }
                 p = _mm256_add_epi32(p, _mm256_madd_epi16(p16, ones));
 #endif
-                const int64_t b = ti * nb + 8 * s + j;
-                acc[i][L] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                            _mm256_mul_ps(ds, _mm256_set1_ps(a->xd[b])), acc[i][L]);
-                accm[i][j] = _mm256_fmadd_ps(dm, _mm256_set1_ps(a->xs[b]), accm[i][j]);
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
             }
+        }
+        __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + 8 h + r as int16 */
+        for (int q = 0; q < 4; q++)
+            mp[q] = _mm256_or_si256(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 192 + 32 * q + 8 * h))),
+                _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 208 + 32 * q + 8 * h))), 16));
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
+        for (int i = 0; i < G; i++) {
+            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+            __m256i ms = _mm256_setzero_si256();
+            for (int q = 0; q < 4; q++) {
+                const uint32_t lo = (uint16_t)(b[4 * q] + b[4 * q + 1]);
+                const uint32_t hi = (uint16_t)(b[4 * q + 2] + b[4 * q + 3]);
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[q], _mm256_set1_epi32((int32_t)(lo | hi << 16))));
+            }
+            const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+            acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmv, kdv), _mm256_cvtepi32_ps(ms), acc[i]);
         }
     }
     (void)ones;
-    for (int i = 0; i < G; i++) {
-        const __m256 *c = acc[i], *m = accm[i];
-        __m256 q[4];
-        for (int j = 0; j < 4; j++)
-            q[j] = _mm256_add_ps(_mm256_add_ps(c[4 * j], c[4 * j + 2]),
-                                 _mm256_add_ps(c[4 * j + 1], c[4 * j + 3]));
-        const __m256 sum = _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3]));
-        const __m256 msum = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])),
-            _mm256_add_ps(_mm256_add_ps(m[4], m[6]), _mm256_add_ps(m[5], m[7])));
-        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, _mm256_sub_ps(sum, msum));
-    }
+    for (int i = 0; i < G; i++) _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, acc[i]);
 }
 
 /* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time. */
@@ -291,26 +288,17 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
                     int64_t ldy) {
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
     const int64_t sb = kx_sb_bytes(w->fmt);
-    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 32 * (size_t)(k / 16)) : NULL;
-    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
     for (int t0 = 0; t0 < T; t0 += 32) { /* a tile of tokens' activations stays in L2 */
         const int t1 = T - t0 < 32 ? T : t0 + 32;
-        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
-            for (int i = 0; i < k / 16; i++) {
-                int sum = 0;
-                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
-                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
-            }
         for (int g = g0; g < g1; g++) {
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
             for (int h = 0; h < 2; h++)
                 for (int t = t0; t < t1;) {
                     const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
-                    const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
                     switch (G + 8 * six + 16 * (w->fmt == FMT_Q5_K)) {
-#define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
-                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break; \
-                 case G + 16: kx_half(FMT_Q5_K, qx, nsb, a, t, G, k, c, y, ldy, 16 * g, h); break;
+#define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break; \
+                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break; \
+                 case G + 16: kx_half(FMT_Q5_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break;
                     RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
 #undef RLM_G
                     }
@@ -318,7 +306,6 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
                 }
         }
     }
-    free(c32);
 }
 #endif
 
@@ -341,31 +328,42 @@ static inline __m512i kx_bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* G tokens (from token t) against repacked group qx (16 rows from row n): per super-block s
- * and sub-block j, the 16 rows' integer sums (8 dot instructions), then per token acc[L]
- * (L = 8 (s % 2) + j) += sums (d sc_j dx_j) and accm[j] += (dmin m_j) (dx_j sum a): lane r of
- * acc[L] is lane L of kq_rows_group's accumulator for row n + r, the same operations in the
- * same order; kq_lanes_sum's tree, a row a lane, then 16 rows stored at once. */
+/* acc + pairs of int16 products summed to 32 bits (exact: the sums stay small) */
+static inline __m512i kx_dot16(__m512i acc, __m512i u, __m512i v) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpwssd_epi32(acc, u, v);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(u, v));
+#endif
+}
+
+/* Token t + i's (kd_s, kd_s)-scaled super-block sums into acc: kq_dot's two float
+ * operations, lane r row n + r's (d, dmin: the rows' fp16 scales as a vector). */
+static inline __m512 kx_scale(__m512 acc, __m512 dv, __m512 dmv, float kd, __m512i isum,
+                              __m512i msum, const int mterm) {
+    const __m512 kdv = _mm512_set1_ps(kd);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, kdv), _mm512_cvtepi32_ps(isum), acc);
+    if (mterm) acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, kdv), _mm512_cvtepi32_ps(msum), acc);
+    return acc;
+}
+
+/* G tokens (from token t) against repacked group qx (16 rows from row n), kq_dot's
+ * operations a row a lane: per super-block s and sub-block j the 16 rows' integer sums (8
+ * dot instructions) times the rows' sc_j into I_s; M_s from the rows' m_j in int16 pairs
+ * against the token's sums of a by 32; then the two float operations. */
 static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, int nsb,
                                                            const Act *a, int t, const int G,
                                                            int k, float *y, int64_t ldy,
                                                            int n, const int five) {
-    const int nb = k / 32;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
-    __m512 acc[G][16], accm[G][8];
-    for (int i = 0; i < G; i++) {
-        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
-        for (int j = 0; j < 8; j++) accm[i][j] = _mm512_setzero_ps();
-    }
+    __m512 acc[G];
+    for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
-        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+        __m512i isum[G];
+        for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                                    _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)))));
-            const __m512 dm = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                                     _mm_loadu_si128((const __m128i *)(o + 192 + 16 * j)))));
+            const __m512i scv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)));
             __m512i st[8];
             for (int v = 0; v < 4; v++) {
                 const __m512i b = _mm512_loadu_si512((const void *)(o + 320 + 256 * j + 64 * v));
@@ -380,54 +378,53 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
                                       _mm512_srli_epi16(h, 3)};
                 for (int v = 0; v < 8; v++) st[v] = _mm512_ternarylogic_epi32(st[v], u[v], m10, 0xF8);
             }
-            const int L = 8 * (s & 1) + j;
             for (int i = 0; i < G; i++) {
-                const int64_t ti = t + i;
-                const int8_t *x = a->xa + ti * k + 256 * s + 32 * j;
+                const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 32 * j;
                 __m512i p0 = dot_u8s8_512(st[0], kx_bcast4(x));
                 __m512i p1 = dot_u8s8_512(st[4], kx_bcast4(x + 16));
                 for (int v = 1; v < 4; v++) {
                     p0 = dot_acc_512(p0, st[v], kx_bcast4(x + 4 * v));
                     p1 = dot_acc_512(p1, st[v + 4], kx_bcast4(x + 16 + 4 * v));
                 }
-                const int64_t b = ti * nb + 8 * s + j;
-                acc[i][L] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
-                                            _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[b])),
-                                            acc[i][L]);
-                accm[i][j] = _mm512_fmadd_ps(dm, _mm512_set1_ps(a->xs[b]), accm[i][j]);
+                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(p0, p1), scv));
             }
         }
+        __m512i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + r as int16 */
+        for (int q = 0; q < 4; q++)
+            mp[q] = _mm512_or_si512(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 192 + 32 * q))),
+                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 208 + 32 * q))), 16));
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+        for (int i = 0; i < G; i++) {
+            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+            __m512i ms = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) {
+                const uint32_t lo = (uint16_t)(b[4 * q] + b[4 * q + 1]);
+                const uint32_t hi = (uint16_t)(b[4 * q + 2] + b[4 * q + 3]);
+                ms = kx_dot16(ms, mp[q], _mm512_set1_epi32((int32_t)(lo | hi << 16)));
+            }
+            acc[i] = kx_scale(acc[i], dv, dmv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], ms, 1);
+        }
     }
-    for (int i = 0; i < G; i++) {
-        const __m512 *m = accm[i];
-        const __m512 sum = kx_lanes_tree(acc[i]);
-        const __m512 msum = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])),
-            _mm512_add_ps(_mm512_add_ps(m[4], m[6]), _mm512_add_ps(m[5], m[7])));
-        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, _mm512_sub_ps(sum, msum));
-    }
+    for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }
 
-/* Q6_K's kx_group: per super-block s and group i of 16 weights the 16 rows' sums of q a (4
- * dot instructions) less 32 sum a (c32: the token's, made once per tile), then acc[i] += sums
- * (d sc_i dx_{i/2}): lane r of acc[i] is lane i of kq_rows_group's accumulator for row n +
- * r, the same operations in the same order; the same tree, less its m terms' zeros. */
+/* Q6_K's kx_group: per super-block s and group l of 16 weights the 16 rows' sums of q a (4
+ * dot instructions) less 32 (sum a)_l, times the rows' sc_l, into I_s. */
 static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, int nsb,
                                                             const Act *a, int t, const int G,
-                                                            int k, const int32_t *c32,
-                                                            float *y, int64_t ldy, int n) {
-    const int nb = k / 32;
+                                                            int k, float *y, int64_t ldy, int n) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
     const __m512i mcc = _mm512_set1_epi8((char)0xcc);
-    __m512 acc[G][16];
-    for (int i = 0; i < G; i++)
-        for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
+    __m512 acc[G];
+    for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX6_BYTES;
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        __m512i isum[G];
+        for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int l = 0; l < 16; l++) {
-            const __m512 ds = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                    _mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)))));
+            const __m512i scv = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)));
             const uint8_t *v = o + 288 + 192 * l;
             const __m512i l0 = _mm512_loadu_si512((const void *)v);
             const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
@@ -444,20 +441,18 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
                                           0xE4)};
             for (int i = 0; i < G; i++) {
                 const int64_t ti = t + i;
-                const int8_t *x = a->xa + ti * k + 256 * s + 16 * l;
+                const int8_t *x = a->ka + ti * k + 256 * s + 16 * l;
                 __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
                 for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
-                p = _mm512_sub_epi32(p, _mm512_set1_epi32(c32[(int64_t)i * (k / 16) + 16 * s + l]));
-                acc[i][l] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(p),
-                    _mm512_mul_ps(ds, _mm512_set1_ps(a->xd[ti * nb + 8 * s + l / 2])), acc[i][l]);
+                p = _mm512_sub_epi32(p, _mm512_set1_epi32(32 * a->kb[ti * (k / 16) + 16 * s + l]));
+                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(p, scv));
             }
         }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        for (int i = 0; i < G; i++)
+            acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
     }
-    for (int i = 0; i < G; i++) {
-        _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n,
-                         _mm512_sub_ps(kx_lanes_tree(acc[i]), _mm512_setzero_ps()));
-    }
+    for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }
 
 /* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens. */
@@ -465,24 +460,15 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
                     int64_t ldy) {
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
     const int64_t sb = kx_sb_bytes(w->fmt);
-    int32_t *c32 = six ? (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)(k / 16)) : NULL;
-    if (six && !c32) abort(); /* no memory for a tile's sums: nothing sensible left to do */
     for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */
         const int t1 = T - t0 < 64 ? T : t0 + 64;
-        for (int t = t0; six && t < t1; t++) /* Q6_K: 32 sum a per group of 16, a token's */
-            for (int i = 0; i < k / 16; i++) {
-                int sum = 0;
-                for (int e = 0; e < 16; e++) sum += a->xa[(int64_t)t * k + 16 * i + e];
-                c32[(int64_t)(t - t0) * (k / 16) + i] = 32 * sum;
-            }
         for (int g = g0; g < g1; g++) {
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
-                const int32_t *c = six ? c32 + (int64_t)(t - t0) * (k / 16) : NULL;
                 switch (G + 16 * six + 32 * (w->fmt == FMT_Q5_K)) {
 #define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 0); break; \
-                 case G + 16: kx6_group(qx, nsb, a, t, G, k, c, y, ldy, 16 * g); break; \
+                 case G + 16: kx6_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
                  case G + 32: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 1); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
@@ -491,6 +477,5 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
             }
         }
     }
-    free(c32);
 }
 #endif

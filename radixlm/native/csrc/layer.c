@@ -32,6 +32,9 @@ typedef struct {
     int8_t *xa;
     uint16_t *xb;
     float *xt;
+    int8_t *ka; /* K-quant activations (quantize_row_k) */
+    float *kd;
+    int16_t *kb;
 } Work;
 
 static int64_t max_k(const Layer *L) {
@@ -65,6 +68,9 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
 #ifdef RLM_PANEL
     RLM_TAKE(xt, (T + 31) / 32 * 32 * K)          /* fp32 transposed, padded tokens */
 #endif
+    RLM_TAKE(ka, T * K / 4 + 16)
+    RLM_TAKE(kd, T * K / 256)
+    RLM_TAKE(kb, T * K / 32)              /* int16: 2 per float */
 #undef RLM_TAKE
     return off;
 }
@@ -79,13 +85,27 @@ static inline void row_range(int T, int tid, int nth, int *lo, int *hi) {
     *hi = (int)((int64_t)T * (tid + 1) / nth);
 }
 
-/* Prepare rows [lo, hi) of x [T, k] for a matmul of weights in format fmt: int8 blocks
- * (for Q4 weights on SIMD builds laid out as interleave_act), bf16 rows (ACT_BF16 on a
- * bf16 build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the
- * tiles are granted), or fp32 block sums. */
-static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int fmt, int tid,
-                     int nth) {
+/* Which int8 activation blocks a matrix reads: NEED_B32 (Q4 / Q8: blocks of 32), NEED_K
+ * (K-quants: blocks of 256, quantize_row_k); a concatenation's parts, all they need. */
+enum { NEED_B32 = 1, NEED_K = 2 };
+static inline int act_needs(const QMat *m) {
+    return is_kquant(m) ? NEED_K : is_dense(m) ? 0 : NEED_B32;
+}
+static inline int cat_needs(const QCat *c) {
+    int need = 0;
+    for (int i = 0; i < c->count; i++) need |= act_needs(&c->part[i]);
+    return need;
+}
+
+/* Prepare rows [lo, hi) of x [T, k] for a matmul of weights in format fmt (the first
+ * part's) reading `need`: int8 blocks (for Q4 weights on SIMD builds laid out as
+ * interleave_act; K-quants' blocks of 256 beside them), bf16 rows (ACT_BF16 on a bf16
+ * build; packed as AMX tiles for steps of RLM_AMX_MIN_ROWS tokens or more where the tiles
+ * are granted), or fp32 block sums. */
+static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int fmt, int need,
+                     int tid, int nth) {
     int lo, hi, nb = k / 32;
+    const int b32 = mode != ACT_INT8 || need != NEED_K, kq = mode == ACT_INT8 && (need & NEED_K);
 #ifdef RLM_BF16
     const int bf16 = mode == ACT_BF16;
 #else
@@ -103,8 +123,9 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
 #else
     const int amx = 0;
 #endif
-#ifdef RLM_AMX_I8 /* B tiles in the bf16 rows' space (T k bytes + T nb scales fit) */
-    const int amx_i8 = mode == ACT_INT8 && fmt != FMT_BF16 && fmt != FMT_F32 &&
+#ifdef RLM_AMX_I8 /* B tiles in the bf16 rows' space (T k bytes + T nb scales fit): the
+                     blocks of 32, or the K-quants' where those are all the step reads */
+    const int amx_i8 = mode == ACT_INT8 && (need == NEED_B32 || need == NEED_K) &&
                        T >= RLM_AMX_I8_MIN_ROWS && amx_ok();
     int8_t *xq = amx_i8 ? (int8_t *)w->xb : NULL;
     float *xdt = amx_i8 ? (float *)(xq + (int64_t)(T + 15) / 16 * 16 * k) : NULL;
@@ -140,10 +161,27 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
                 w->xs[(int64_t)t * nb + b] = s;
             }
         } else {
+            if (kq) {
+                int8_t *ka = w->ka + (int64_t)t * k;
+                float *kd = w->kd + (int64_t)t * (k / 256);
+                int16_t *kb = w->kb + (int64_t)t * (k / 16);
+                quantize_row_k(xr, k, ka, kd, kb);
+#ifdef RLM_AMX_I8
+                if (xq && need == NEED_K) { /* the tiles' scales by 32-block: kd, sum a */
+                    float d32[nb], s32[nb];
+                    for (int b = 0; b < nb; b++) {
+                        d32[b] = kd[b / 8];
+                        s32[b] = (float)(kb[2 * b] + kb[2 * b + 1]);
+                    }
+                    pack_token_i8(ka, d32, s32, t, nb, xq, xdt, xst);
+                }
+#endif
+            }
+            if (!b32) continue;
             quantize_row(xr, k, w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                          w->xs + (int64_t)t * nb);
 #ifdef RLM_AMX_I8
-            if (xq)
+            if (xq && need == NEED_B32)
                 pack_token_i8(w->xa + (int64_t)t * k, w->xd + (int64_t)t * nb,
                               w->xs + (int64_t)t * nb, t, nb, xq, xdt, xst);
 #endif
@@ -170,7 +208,8 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
             pack_token_i8(NULL, NULL, NULL, t, nb, xq, xdt, xst);
 #endif
     Act a = {mode != ACT_INT8, x, w->xd, w->xs, w->xa, bf16 ? w->xb : NULL, amx,
-             panel ? w->xt : NULL, xq, xdt, xst};
+             panel ? w->xt : NULL, xq, xdt, xst, kq ? w->ka : NULL, kq ? w->kd : NULL,
+             kq ? w->kb : NULL, xq != NULL && need == NEED_K};
     return a;
 }
 
@@ -211,7 +250,7 @@ int32_t rlm_profile(double *out, int32_t reset) {
 static inline __attribute__((always_inline)) void matmul_stage(
     const QMat *m, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
     int tid, int nth) {
-    Act a = prep_rows(x, T, k, w, mode, m->fmt, tid, nth);
+    Act a = prep_rows(x, T, k, w, mode, m->fmt, act_needs(m), tid, nth);
     barrier(nth);
     PROF(stage)
     gemv(m, T, &a, y, tid, nth);
@@ -223,7 +262,7 @@ static inline __attribute__((always_inline)) void matmul_stage(
 static inline __attribute__((always_inline)) void matmul_cat_stage(
     const QCat *c, const float *x, int T, int k, float *y, int mode, const Work *w, int stage,
     int tid, int nth) {
-    Act a = prep_rows(x, T, k, w, mode, c->part[0].fmt, tid, nth);
+    Act a = prep_rows(x, T, k, w, mode, c->part[0].fmt, cat_needs(c), tid, nth);
     barrier(nth);
     PROF(stage)
     gemv_cat(c, T, &a, y, tid, nth);
@@ -342,7 +381,8 @@ static void head_job(void *ctx, int tid, int nth) {
         else memcpy(j->w->x + (int64_t)t * k, j->x + (int64_t)t * k, (size_t)k * 4);
     }
     PROF_START()
-    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, j->head->fmt, tid, nth);
+    Act a = prep_rows(j->w->x, j->T, k, j->w, j->act_mode, j->head->fmt, act_needs(j->head),
+                      tid, nth);
     barrier(nth);
     gemv(j->head, j->T, &a, j->logits, tid, nth);
     barrier(nth);
@@ -362,6 +402,9 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
     w.xa = (int8_t *)(w.xs + (int64_t)T * nb);
     w.xb = (uint16_t *)(w.xs + (int64_t)T * nb + ((int64_t)T * k + 64) / 4);
     w.xt = (float *)(w.xb + (int64_t)(T + 15) / 16 * 16 * k + 64);
+    w.kd = w.xt + (int64_t)(T + 31) / 32 * 32 * k + 16;
+    w.kb = (int16_t *)(w.kd + (int64_t)T * (k / 256) + 16);
+    w.ka = (int8_t *)(w.kb + (int64_t)T * (k / 16) + 32);
     HeadJob j = {head, norm, x, eps, logits, T, act_mode, &w};
     run_parallel(head_job, &j, nthreads);
 }
@@ -369,7 +412,8 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
 int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
     (void)nthreads;
     return (int64_t)T * k + 2 * (int64_t)T * (k / 32) + ((int64_t)T * k + 64) / 4
-           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 32 + (int64_t)(T + 31) / 32 * 32 * k + 64;
+           + ((int64_t)(T + 15) / 16 * 16 * k) / 2 + 32 + (int64_t)(T + 31) / 32 * 32 * k + 64
+           + 16 + (int64_t)T * (k / 256) + 16 + (int64_t)T * (k / 32) + 16 + ((int64_t)T * k + 64) / 4;
 }
 
 /* out[i * k] = row rows[i] of w in fp32, any format (dequant_row): the embedding lookup of

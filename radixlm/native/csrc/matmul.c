@@ -68,7 +68,7 @@ static void qgemv_rows(const QMat *w, int n0, int n1, int T, const Act *act, flo
         return;
     }
 #ifdef RLM_AMX_I8
-    if (act->xq) { /* Q4, Q8 and K-quant rows (dense rows never take int8 blocks) */
+    if (act->xq && act->xq_k == is_kquant(w)) { /* (dense rows never take int8 blocks) */
         qgemm_amx_i8(w, n0, n1, T, act, y, ldy);
         return;
     }

@@ -316,6 +316,11 @@ typedef struct {
     const int8_t *xq;          /* int8 blocks packed as AMX B tiles (amx_i8.c), else NULL */
     const float *xdt, *xst;    /* with xq: their scales and scaled sums by token
                                   (pack_token_i8) */
+    const int8_t *ka;          /* K-quant weights' int8 activations (quantize_row_k): blocks
+                                  of 256 with one scale each, ka [T, k], kd [T, k/256], */
+    const float *kd;           /* kb [T, k/16] their int16 sums by 16; NULL where no K-quant */
+    const int16_t *kb;         /* matrix reads this step */
+    int xq_k;                  /* xq packs ka (the K-quant blocks), not xa */
 } Act;
 
 /* ------------------------------------------------------------------ what the parts share
@@ -359,6 +364,7 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
 static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out);
 /* kx.c */
 static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm);
+static inline int64_t kx_sb_bytes(int fmt);
 #ifdef RLM_AVX2
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y, int64_t ldy);
 #endif
