@@ -76,15 +76,81 @@ static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
 #endif
 
 #ifdef AV_W
+#if AV_W == 16
+/* r[j] = the sum of a[j]'s 16 lanes, for 16 vectors at once, each in _mm512_reduce_add_ps's
+ * tree (t_i = v_i + v_i+8, u_i = t_i + t_i+4, (u_0 + u_2) + (u_1 + u_3)): 15 additions and
+ * 31 shuffles for 16 sums, and every sum the same bits as one reduced alone. */
+static inline __m512 sum16_lanes(const __m512 *a) {
+    __m512 u[8], v[4], w[2];
+    for (int m = 0; m < 8; m++) /* [t(a_2m) | t(a_2m+1)] */
+        u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xEE));
+    for (int m = 0; m < 4; m++) /* 128-bit block b: u of a_4m+b */
+        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0xDD));
+    for (int m = 0; m < 2; m++) /* block b: w_0, w_1 of a_8m+b, then of a_8m+4+b */
+        w[m] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * m], v[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(v[2 * m], v[2 * m + 1], 0xEE));
+    /* lane 4 b + c: the sum of a_b+4c */
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88),
+                                   _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7,
+                                                   11, 15), z);
+}
+
+/* Scores of nh (<= HB) query heads (q, D apart) over positions j0 .. j0 + 15 (nk <= 16 of
+ * them) whose K rows kb holds in fp32 (D apart), times sj[0..nk): each score q . k_j as
+ * NV lane-wise multiply-adds reduced in sum16_lanes' tree, whatever the block it is in. */
+static inline __attribute__((always_inline)) void score_block(
+    const int NV, const int HB, const float *q, int nh, const float *kb, int nk,
+    const float *sj, float *scores, int64_t ss, int64_t j0, __m512 *mx) {
+    const __mmask16 live = (__mmask16)((1u << nk) - 1);
+    const __m512 sv = _mm512_maskz_loadu_ps(live, sj);
+    for (int h = 0; h < HB; h++) {
+        if (h >= nh) break;
+        __m512 qv[NV], acc[16];
+        for (int i = 0; i < NV; i++) qv[i] = _mm512_loadu_ps(q + h * 16 * NV + 16 * i);
+        for (int jj = 0; jj < 16; jj++) {
+            if (jj >= nk) {
+                acc[jj] = _mm512_setzero_ps();
+                continue;
+            }
+            const float *k = kb + jj * 16 * NV;
+            acc[jj] = _mm512_mul_ps(qv[0], _mm512_load_ps(k));
+            for (int i = 1; i < NV; i++) acc[jj] = _mm512_fmadd_ps(qv[i], _mm512_load_ps(k + 16 * i), acc[jj]);
+        }
+        const __m512 sc = _mm512_mul_ps(sum16_lanes(acc), sv);
+        _mm512_mask_storeu_ps(scores + h * ss + j0, live, sc);
+        mx[h] = _mm512_mask_max_ps(mx[h], live, mx[h], sc);
+    }
+}
+#endif
+
 /* nh (<= HB) query heads that share KV head g, D = AV_W NV: each K and V row is loaded once
  * for the group, and the outputs stay in registers across positions. Same numbers as
- * attend_head up to the order of the sums. scores: nh rows of stride ss. */
+ * attend_head up to the order of the sums (512-bit: scores 16 positions at a time,
+ * score_block). scores: nh rows of stride ss. */
 static inline __attribute__((always_inline)) void attend_group(
     const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
     int Hkv, float scale, const KVLayer *kv, float *scores, int64_t ss, float *out) {
     const int D = AV_W * NV;
     const int32_t dtype = kv->dtype;
     float mx[HB], inv[HB];
+#if AV_W == 16
+    float kb[16 * D] __attribute__((aligned(64))), sj[16];
+    __m512 mxv[HB];
+    for (int h = 0; h < HB; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
+    for (int64_t j0 = 0; j0 <= p; j0 += 16) {
+        const int nk = p + 1 - j0 < 16 ? (int)(p + 1 - j0) : 16;
+        for (int jj = 0; jj < nk; jj++) {
+            const int64_t off = ((int64_t)slots[j0 + jj] * Hkv + g) * D;
+            for (int i = 0; i < NV; i++) _mm512_store_ps(kb + jj * D + 16 * i, load16_kv(kv->k, off + 16 * i, dtype));
+            sj[jj] = kv->ks ? scale * kv_scale(kv->ks, slots, j0 + jj, Hkv, g) : scale;
+        }
+        score_block(NV, HB, q, nh, kb, nk, sj, scores, ss, j0, mxv);
+    }
+    for (int h = 0; h < HB; h++) mx[h] = _mm512_reduce_max_ps(mxv[h]);
+#else
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
@@ -101,6 +167,7 @@ static inline __attribute__((always_inline)) void attend_group(
             mx[h] = sc > mx[h] ? sc : mx[h];
         }
     }
+#endif
     for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
     avec o[HB][NV];
     for (int h = 0; h < HB; h++)
