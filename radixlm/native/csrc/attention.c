@@ -75,11 +75,19 @@ static inline __m512 load16_kv(const void *base, int64_t off, int32_t dtype) {
 #define AV_LOAD_KV load8_kv
 #endif
 
-#ifdef AV_W
-#if AV_W == 16
+#if defined(AV_W) && AV_W == 16
+/* ------------------------------------------------------------------ 512-bit: blocks
+ * Every step (one token or a prompt's slice) runs attend_tokens: a KV group's K and then V
+ * rows widened to fp32 ATT_KC positions at a time, once for the tokens and heads that read
+ * them; scores 16 positions at a time reduced in one transposed tree; the outputs a
+ * position at a time in registers. A score, a maximum, an exponential and an output are the
+ * same operations in the same order whatever the tokens, heads and positions a call takes,
+ * so a token's bits do not depend on its step. */
+#define ATT_KC 64 /* positions widened at a time (a multiple of 16) */
+
 /* r[j] = the sum of a[j]'s 16 lanes, for 16 vectors at once, each in _mm512_reduce_add_ps's
  * tree (t_i = v_i + v_i+8, u_i = t_i + t_i+4, (u_0 + u_2) + (u_1 + u_3)): 15 additions and
- * 31 shuffles for 16 sums, and every sum the same bits as one reduced alone. */
+ * 31 shuffles for 16 sums, every sum the same bits as one reduced alone. */
 static inline __m512 sum16_lanes(const __m512 *a) {
     __m512 u[8], v[4], w[2];
     for (int m = 0; m < 8; m++) /* [t(a_2m) | t(a_2m+1)] */
@@ -98,59 +106,140 @@ static inline __m512 sum16_lanes(const __m512 *a) {
                                                    11, 15), z);
 }
 
-/* Scores of nh (<= HB) query heads (q, D apart) over positions j0 .. j0 + 15 (nk <= 16 of
- * them) whose K rows kb holds in fp32 (D apart), times sj[0..nk): each score q . k_j as
- * NV lane-wise multiply-adds reduced in sum16_lanes' tree, whatever the block it is in. */
+/* One head's scores (q: D = 16 NV values) over nk <= 16 positions whose fp32 K rows kb
+ * holds (D apart), times sj[0..nk): q . k as NV lane-wise multiply-adds, reduced in
+ * sum16_lanes' tree; stored at sc, and the running maximum *mx. */
 static inline __attribute__((always_inline)) void score_block(
-    const int NV, const int HB, const float *q, int nh, const float *kb, int nk,
-    const float *sj, float *scores, int64_t ss, int64_t j0, __m512 *mx) {
+    const int NV, const float *q, const float *kb, int nk, const float *sj, float *sc,
+    __m512 *mx) {
     const __mmask16 live = (__mmask16)((1u << nk) - 1);
-    const __m512 sv = _mm512_maskz_loadu_ps(live, sj);
-    for (int h = 0; h < HB; h++) {
-        if (h >= nh) break;
-        __m512 qv[NV], acc[16];
-        for (int i = 0; i < NV; i++) qv[i] = _mm512_loadu_ps(q + h * 16 * NV + 16 * i);
-        for (int jj = 0; jj < 16; jj++) {
-            if (jj >= nk) {
-                acc[jj] = _mm512_setzero_ps();
-                continue;
-            }
-            const float *k = kb + jj * 16 * NV;
-            acc[jj] = _mm512_mul_ps(qv[0], _mm512_load_ps(k));
-            for (int i = 1; i < NV; i++) acc[jj] = _mm512_fmadd_ps(qv[i], _mm512_load_ps(k + 16 * i), acc[jj]);
+    __m512 qv[8], acc[16]; /* (fixed sizes: registers once NV is a constant; a VLA stays in memory) */
+    for (int i = 0; i < NV; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
+    for (int jj = 0; jj < 16; jj++) {
+        if (jj >= nk) {
+            acc[jj] = _mm512_setzero_ps();
+            continue;
         }
-        const __m512 sc = _mm512_mul_ps(sum16_lanes(acc), sv);
-        _mm512_mask_storeu_ps(scores + h * ss + j0, live, sc);
-        mx[h] = _mm512_mask_max_ps(mx[h], live, mx[h], sc);
+        const float *k = kb + jj * 16 * NV;
+        acc[jj] = _mm512_mul_ps(qv[0], _mm512_load_ps(k));
+        for (int i = 1; i < NV; i++) acc[jj] = _mm512_fmadd_ps(qv[i], _mm512_load_ps(k + 16 * i), acc[jj]);
+    }
+    const __m512 s = _mm512_mul_ps(sum16_lanes(acc), _mm512_maskz_loadu_ps(live, sj));
+    _mm512_mask_storeu_ps(sc, live, s);
+    *mx = _mm512_mask_max_ps(*mx, live, *mx, s);
+}
+
+/* HB heads' outputs (ot, D = 16 NV apart, fp32) += w_h,j v_j over positions j < n in
+ * order: w_h,j = sc[h ss + j] (times vj[j] where vj is given), v_j the fp32 rows vb (D
+ * apart). The HB x NV sums stay in registers across the positions. */
+static inline __attribute__((always_inline)) void pv_heads(
+    const int NV, const int HB, const float *vb, const float *vj, const float *sc, int64_t ss,
+    int n, float *ot) {
+    const int D = 16 * NV;
+    __m512 acc[4][8]; /* (fixed sizes, see score_block) */
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++) acc[h][i] = _mm512_load_ps(ot + h * D + 16 * i);
+    for (int jj = 0; jj < n; jj++) {
+        __m512 w[4];
+        for (int h = 0; h < HB; h++)
+            w[h] = _mm512_set1_ps(vj ? sc[h * ss + jj] * vj[jj] : sc[h * ss + jj]);
+        for (int i = 0; i < NV; i++) {
+            const __m512 vv = _mm512_load_ps(vb + jj * D + 16 * i);
+            for (int h = 0; h < HB; h++) acc[h][i] = _mm512_fmadd_ps(w[h], vv, acc[h][i]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++) _mm512_store_ps(ot + h * D + 16 * i, acc[h][i]);
+}
+
+/* Positions c0 .. c0 + nc - 1 of KV group g (K or V: c, its row scales cs) widened into
+ * kb (fp32, D apart), and their scales into sj (K: scale times the row's; V: the row's). */
+static inline void widen_rows(const int NV, const void *c, const uint16_t *cs, int32_t dtype,
+                              const int32_t *slots, int64_t c0, int nc, int g, int Hkv,
+                              float scale, float *kb, float *sj) {
+    const int D = 16 * NV;
+    for (int jj = 0; jj < nc; jj++) {
+        const int64_t off = ((int64_t)slots[c0 + jj] * Hkv + g) * D;
+        for (int i = 0; i < NV; i++) _mm512_store_ps(kb + jj * D + 16 * i, load16_kv(c, off + 16 * i, dtype));
+        sj[jj] = cs ? scale * kv_scale(cs, slots, c0 + jj, Hkv, g) : scale;
     }
 }
-#endif
 
+/* Tokens t0 .. t0 + nt - 1 of one request (queries q + t qs, positions pos[t], outputs out
+ * + t os), nh heads each, all in KV group g (q's and out's heads D apart). scores: nt nh
+ * (max pos + 16) floats; buf: ATT_KC D + D nh nt floats, 64-byte aligned. */
+static inline __attribute__((always_inline)) void attend_tokens_nv(
+    const int NV, const float *q, int64_t qs, int nt, const int64_t *pos, const int32_t *slots,
+    int g, int Hkv, int nh, float scale, const KVLayer *kv, float *scores, float *buf,
+    float *out, int64_t os) {
+    const int D = 16 * NV, HB = NV == 4 ? 4 : 2, nr = nt * nh;
+    int64_t pmax = 0;
+    for (int t = 0; t < nt; t++) pmax = pos[t] > pmax ? pos[t] : pmax;
+    const int64_t ss = pmax + 16;
+    float *kb = buf, *o = buf + ATT_KC * D, sj[ATT_KC] __attribute__((aligned(64)));
+    __m512 mx[nr];
+    float inv[nr];
+    for (int r = 0; r < nr; r++) mx[r] = _mm512_set1_ps(-INFINITY);
+    for (int64_t c0 = 0; c0 <= pmax; c0 += ATT_KC) {
+        const int nc = pmax + 1 - c0 < ATT_KC ? (int)(pmax + 1 - c0) : ATT_KC;
+        widen_rows(NV, kv->k, kv->ks, kv->dtype, slots, c0, nc, g, Hkv, scale, kb, sj);
+        for (int t = 0; t < nt; t++)
+            for (int j0 = 0; j0 < nc && c0 + j0 <= pos[t]; j0 += 16) {
+                const int nk = pos[t] + 1 - (c0 + j0) < 16 ? (int)(pos[t] + 1 - (c0 + j0)) : 16;
+                for (int h = 0; h < nh; h++)
+                    score_block(NV, q + t * qs + h * D, kb + j0 * D, nk, sj + j0,
+                                scores + (int64_t)(t * nh + h) * ss + c0 + j0, mx + t * nh + h);
+            }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int h = 0; h < nh; h++) {
+            const int r = t * nh + h;
+            inv[r] = 1.f / exp_sum(scores + (int64_t)r * ss, pos[t] + 1, _mm512_reduce_max_ps(mx[r]));
+        }
+    for (int i = 0; i < nr * D; i += 16) _mm512_store_ps(o + i, _mm512_setzero_ps());
+    for (int64_t c0 = 0; c0 <= pmax; c0 += ATT_KC) {
+        const int nc = pmax + 1 - c0 < ATT_KC ? (int)(pmax + 1 - c0) : ATT_KC;
+        widen_rows(NV, kv->v, kv->vs, kv->dtype, slots, c0, nc, g, Hkv, 1.f, kb, sj);
+        for (int t = 0; t < nt; t++) {
+            const int n = pos[t] + 1 - c0 < nc ? (int)(pos[t] + 1 - c0) : nc;
+            int h = 0;
+            for (; h + HB <= nh; h += HB)
+                pv_heads(NV, HB, kb, kv->vs ? sj : NULL, scores + (int64_t)(t * nh + h) * ss + c0,
+                         ss, n, o + (int64_t)(t * nh + h) * D);
+            for (; h < nh; h++)
+                pv_heads(NV, 1, kb, kv->vs ? sj : NULL, scores + (int64_t)(t * nh + h) * ss + c0,
+                         ss, n, o + (int64_t)(t * nh + h) * D);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < NV; i++)
+                _mm512_storeu_ps(out + t * os + h * D + 16 * i,
+                                 _mm512_mul_ps(_mm512_load_ps(o + (int64_t)(t * nh + h) * D + 16 * i),
+                                               _mm512_set1_ps(inv[t * nh + h])));
+}
+
+/* attend_tokens_nv for D = 64 or 128; 0 for other head sizes (attend_heads' per-position
+ * path then). */
+static int attend_tokens(const float *q, int64_t qs, int nt, const int64_t *pos,
+                         const int32_t *slots, int g, int Hkv, int nh, int D, float scale,
+                         const KVLayer *kv, float *scores, float *buf, float *out, int64_t os) {
+    if (D == 64) attend_tokens_nv(4, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
+    else if (D == 128) attend_tokens_nv(8, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
+    else return 0;
+    return 1;
+}
+#define RLM_ATT_TOKENS 4 /* tokens of one request an attention unit takes (attend_tokens) */
+#elif defined(AV_W)
 /* nh (<= HB) query heads that share KV head g, D = AV_W NV: each K and V row is loaded once
  * for the group, and the outputs stay in registers across positions. Same numbers as
- * attend_head up to the order of the sums (512-bit: scores 16 positions at a time,
- * score_block). scores: nh rows of stride ss. */
+ * attend_head up to the order of the sums. scores: nh rows of stride ss. */
 static inline __attribute__((always_inline)) void attend_group(
     const int NV, const int HB, const float *q, int nh, const int32_t *slots, int64_t p, int g,
     int Hkv, float scale, const KVLayer *kv, float *scores, int64_t ss, float *out) {
     const int D = AV_W * NV;
     const int32_t dtype = kv->dtype;
     float mx[HB], inv[HB];
-#if AV_W == 16
-    float kb[16 * D] __attribute__((aligned(64))), sj[16];
-    __m512 mxv[HB];
-    for (int h = 0; h < HB; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
-    for (int64_t j0 = 0; j0 <= p; j0 += 16) {
-        const int nk = p + 1 - j0 < 16 ? (int)(p + 1 - j0) : 16;
-        for (int jj = 0; jj < nk; jj++) {
-            const int64_t off = ((int64_t)slots[j0 + jj] * Hkv + g) * D;
-            for (int i = 0; i < NV; i++) _mm512_store_ps(kb + jj * D + 16 * i, load16_kv(kv->k, off + 16 * i, dtype));
-            sj[jj] = kv->ks ? scale * kv_scale(kv->ks, slots, j0 + jj, Hkv, g) : scale;
-        }
-        score_block(NV, HB, q, nh, kb, nk, sj, scores, ss, j0, mxv);
-    }
-    for (int h = 0; h < HB; h++) mx[h] = _mm512_reduce_max_ps(mxv[h]);
-#else
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
@@ -167,7 +256,6 @@ static inline __attribute__((always_inline)) void attend_group(
             mx[h] = sc > mx[h] ? sc : mx[h];
         }
     }
-#endif
     for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
     avec o[HB][NV];
     for (int h = 0; h < HB; h++)
@@ -190,27 +278,21 @@ static inline __attribute__((always_inline)) void attend_group(
 }
 #endif
 
-
 /* Query heads h0 .. h0 + nh - 1 of one token (q and out: those heads, D apart), all in KV
  * group g. scores: nh * (p + 16) floats. */
 static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p, int g,
                          int Hkv, int D, float scale, const KVLayer *kv, float *scores,
                          float *out) {
+#ifdef RLM_ATT_TOKENS
+    if (D == 64 || D == 128) {
+        float *buf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(ATT_KC + nh) * D);
+        if (!buf) abort(); /* nothing sensible left to do */
+        attend_tokens(q, 0, 1, &p, slots, g, Hkv, nh, D, scale, kv, scores, buf, out, 0);
+        free(buf);
+        return;
+    }
+#elif defined(AV_W)
     const int64_t ss = p + 16;
-#if defined(RLM_AVX2) && defined(__AVX512F__)
-    if (D == 64) {
-        for (int h = 0; h < nh; h += 4)
-            attend_group(4, 4, q + h * D, nh - h < 4 ? nh - h : 4, slots, p, g, Hkv, scale,
-                         kv, scores, ss, out + h * D);
-        return;
-    }
-    if (D == 128) {
-        for (int h = 0; h < nh; h += 2)
-            attend_group(8, 2, q + h * D, nh - h < 2 ? nh - h : 2, slots, p, g, Hkv, scale,
-                         kv, scores, ss, out + h * D);
-        return;
-    }
-#elif defined(RLM_AVX2)
     if (D == 64) { /* 8 vectors of K or V per row, one head at a time: 16 registers */
         for (int h = 0; h < nh; h++)
             attend_group(8, 1, q + h * D, 1, slots, p, g, Hkv, scale, kv, scores, ss,
@@ -218,7 +300,6 @@ static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p
         return;
     }
 #endif
-    (void)ss;
     for (int h = 0; h < nh; h++)
         attend_head(q + h * D, slots, p, g, Hkv, D, scale, kv, scores, out + h * D);
 }

@@ -32,6 +32,7 @@ typedef struct {
     int8_t *xa;
     uint16_t *xb;
     float *xt;
+    float *attbuf; /* attend_tokens' K / V rows and outputs, per thread */
     int8_t *ka; /* K-quant activations (quantize_row_k) */
     float *kd;
     int16_t *kb;
@@ -41,6 +42,29 @@ static int64_t max_k(const Layer *L) {
     int64_t k = L->hidden > L->inter ? L->hidden : L->inter;
     int64_t q = (int64_t)L->n_heads * L->head_dim;
     return k > q ? k : q;
+}
+
+/* Score rows an attention unit keeps (layer_body: a token's heads, up to
+ * RLM_HEADS_PER_UNIT; or all heads of a KV group for RLM_ATT_TOKENS tokens), and the floats
+ * of a thread's attend_tokens buffer. */
+static int64_t score_rows(const Layer *L) {
+#ifdef RLM_ATT_TOKENS
+    const int64_t rows = (int64_t)RLM_ATT_TOKENS * (L->n_heads / L->n_kv_heads);
+    return rows > RLM_HEADS_PER_UNIT ? rows : RLM_HEADS_PER_UNIT;
+#else
+    (void)L;
+    return RLM_HEADS_PER_UNIT;
+#endif
+}
+
+static int64_t att_buf_floats(const Layer *L) {
+#ifdef RLM_ATT_TOKENS
+    const int64_t n = (int64_t)L->head_dim * (ATT_KC + RLM_ATT_TOKENS * (L->n_heads / L->n_kv_heads));
+    return (n + 15) / 16 * 16;
+#else
+    (void)L;
+    return 0;
+#endif
 }
 
 static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *base, Work *w) {
@@ -60,7 +84,8 @@ static int64_t work_layout(const Layer *L, int T, int max_ctx, int nth, float *b
     RLM_TAKE(act, T * (int64_t)L->inter)
     RLM_TAKE(xd, T * K / 32)
     RLM_TAKE(xs, T * K / 32)
-    RLM_TAKE(scores, (int64_t)nth * RLM_HEADS_PER_UNIT * (max_ctx + 16))
+    RLM_TAKE(scores, (int64_t)nth * score_rows(L) * (max_ctx + 16))
+    RLM_TAKE(attbuf, (int64_t)nth * att_buf_floats(L) + 16) /* (+16: 64-byte alignment) */
     RLM_TAKE(xa, T * K / 4 + 16)          /* int8: 4 per float */
 #ifdef RLM_BF16
     RLM_TAKE(xb, (T + 15) / 16 * 16 * K / 2 + 16) /* bf16: 2 per float, padded tokens */
@@ -297,16 +322,34 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
     }
     barrier(nth);
     PROF(2)
-    float *scores = w.scores + (int64_t)tid * RLM_HEADS_PER_UNIT * (S->max_ctx + 16);
-    const int rep = Hq / Hkv, per = rep < RLM_HEADS_PER_UNIT ? rep : RLM_HEADS_PER_UNIT;
-    const int chunks = (rep + per - 1) / per;
-    for (int64_t u = tid; u < (int64_t)T * Hkv * chunks; u += nth) {
-        int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
-        int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
-                                                           ? g * rep + rep - h0 : per;
-        const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-        attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
-                     L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
+    float *scores = w.scores + (int64_t)tid * score_rows(L) * (S->max_ctx + 16);
+    const int rep = Hq / Hkv;
+#ifdef RLM_ATT_TOKENS
+    if (D == 64 || D == 128) { /* units: RLM_ATT_TOKENS tokens of a request x a KV group */
+        float *buf = (float *)(((uintptr_t)w.attbuf + 63) & ~(uintptr_t)63) + tid * att_buf_floats(L);
+        const int64_t blocks = (T + RLM_ATT_TOKENS - 1) / RLM_ATT_TOKENS;
+        for (int64_t u = tid; u < blocks * Hkv; u += nth) {
+            const int g = (int)(u % Hkv), t1 = (int)((u / Hkv + 1) * RLM_ATT_TOKENS);
+            for (int t = (int)(u / Hkv) * RLM_ATT_TOKENS, e; t < T && t < t1; t = e) {
+                for (e = t + 1; e < T && e < t1 && S->rows[e] == S->rows[t];) e++; /* a request's run */
+                attend_tokens(w.qkv + (int64_t)t * qkvn + g * rep * D, qkvn, e - t, S->pos + t,
+                              S->req_to_token + S->rows[t] * S->r2t_stride, g, Hkv, rep, D,
+                              L->attn_scale, kvl, scores, buf, w.attn + (int64_t)t * q + g * rep * D, q);
+            }
+        }
+    } else
+#endif
+    {
+        const int per = rep < RLM_HEADS_PER_UNIT ? rep : RLM_HEADS_PER_UNIT;
+        const int chunks = (rep + per - 1) / per;
+        for (int64_t u = tid; u < (int64_t)T * Hkv * chunks; u += nth) {
+            int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
+            int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
+                                                               ? g * rep + rep - h0 : per;
+            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+            attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
+                         L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
+        }
     }
     barrier(nth);
     matmul_stage(&L->o, w.attn, T, q, w.tmp, S->act_mode, &w, 3, tid, nth);
