@@ -411,7 +411,8 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
 }
 
 /* Q6_K's kx_group: per super-block s and group l of 16 weights the 16 rows' sums of q a (4
- * dot instructions) less 32 (sum a)_l, times the rows' sc_l, into I_s. */
+ * dot instructions) times the rows' sc_l into I_s, less 32 sum_l sc_l (sum a)_l (the rows'
+ * scales in int16 pairs against the token's sums by 16): kq_dot's integer. */
 static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, int nsb,
                                                             const Act *a, int t, const int G,
                                                             int k, float *y, int64_t ldy, int n) {
@@ -444,13 +445,26 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
                 const int8_t *x = a->ka + ti * k + 256 * s + 16 * l;
                 __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
                 for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
-                p = _mm512_sub_epi32(p, _mm512_set1_epi32(32 * a->kb[ti * (k / 16) + 16 * s + l]));
                 isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(p, scv));
             }
         }
+        __m512i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row n + r as int16 */
+        for (int m = 0; m < 8; m++)
+            sp[m] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 32 * m))),
+                                 _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 48 + 32 * m))), 16));
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
-        for (int i = 0; i < G; i++)
+        for (int i = 0; i < G; i++) {
+            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+            __m512i c = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++) {
+                const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
+                c = kx_dot16(c, sp[m], _mm512_set1_epi32((int32_t)pair));
+            }
+            isum[i] = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(c, 5));
             acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
+        }
     }
     for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }
