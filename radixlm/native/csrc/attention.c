@@ -202,13 +202,15 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
         widen_rows(NV, kv->v, kv->vs, kv->dtype, slots, c0, nc, g, Hkv, 1.f, kb, sj);
         for (int t = 0; t < nt; t++) {
             const int n = pos[t] + 1 - c0 < nc ? (int)(pos[t] + 1 - c0) : nc;
-            int h = 0;
-            for (; h + HB <= nh; h += HB)
-                pv_heads(NV, HB, kb, kv->vs ? sj : NULL, scores + (int64_t)(t * nh + h) * ss + c0,
-                         ss, n, o + (int64_t)(t * nh + h) * D);
-            for (; h < nh; h++)
-                pv_heads(NV, 1, kb, kv->vs ? sj : NULL, scores + (int64_t)(t * nh + h) * ss + c0,
-                         ss, n, o + (int64_t)(t * nh + h) * D);
+            for (int h = 0, c; h < nh; h += c) { /* HB heads at a time, then the rest */
+                const float *sc = scores + (int64_t)(t * nh + h) * ss + c0, *vj = kv->vs ? sj : NULL;
+                float *ot = o + (int64_t)(t * nh + h) * D;
+                c = nh - h < HB ? nh - h : HB;
+                if (c == 4) pv_heads(NV, 4, kb, vj, sc, ss, n, ot);
+                else if (c == 3) pv_heads(NV, 3, kb, vj, sc, ss, n, ot);
+                else if (c == 2) pv_heads(NV, 2, kb, vj, sc, ss, n, ot);
+                else pv_heads(NV, 1, kb, vj, sc, ss, n, ot);
+            }
         }
     }
     for (int t = 0; t < nt; t++)
