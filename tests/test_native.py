@@ -89,6 +89,19 @@ def test_activation_quantization_matches_twin(lib):
     torch.testing.assert_close(s, rs, rtol=1e-5, atol=1e-6)
 
 
+def test_kquant_activation_quantization_matches_twin(lib):
+    """The K-quants' activations: one scale a block of 256 (llama.cpp's Q8_K rule), the same
+    bytes as the twin's, and the exact sums of a by 16 the kernels' m terms read."""
+    x = torch.randn(4, 512) * torch.tensor([0.01, 30.0]).repeat_interleave(256)
+    x[1, :256] = 0  # an all-zero block
+    x[2, 7] = 500.0  # one outlier sets its block's scale
+    a, d, sums = ops.quantize_act(lib, x, block=256)
+    ra, rd, _ = ref.quantize_act(x, block=256)
+    assert torch.equal(a, ra)
+    torch.testing.assert_close(d, rd)
+    assert torch.equal(sums.long(), ra.view(4, -1, 16).long().sum(-1))
+
+
 def test_library_reports_its_bf16_and_amx_paths(lib, request):
     """bf16 dot products only in a build for a CPU that has them; AMX tiles only with
     AMX-BF16 in the CPU (and a kernel that grants them)."""

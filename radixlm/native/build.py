@@ -231,6 +231,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_dequant_rows.restype = None
     lib.rlm_quantize_rows.argtypes = [p, i32, i32, p, p, p]
     lib.rlm_quantize_rows.restype = None
+    lib.rlm_quantize_rows_k.argtypes = [p, i32, i32, p, p, p]
+    lib.rlm_quantize_rows_k.restype = None
     lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p,
                                   p, p]
     lib.rlm_attention.restype = None

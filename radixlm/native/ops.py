@@ -235,11 +235,16 @@ def silu_mul(lib, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def quantize_act(lib, x: torch.Tensor):
-    """The kernel's int8 activation blocks of ``x [T, k]``: (a, d, s)."""
+def quantize_act(lib, x: torch.Tensor, block: int = 32):
+    """The kernel's int8 activation blocks of ``x [T, k]``: (a, d, s); ``block=256`` the
+    K-quants' (a, d per 256, the int16 sums of a by 16)."""
     x = x.float().contiguous()
     t, k = x.shape
     a = torch.empty(t, k, dtype=torch.int8)
+    if block == 256:
+        d, sums = torch.empty(t, k // 256), torch.empty(t, k // 16, dtype=torch.int16)
+        lib.rlm_quantize_rows_k(x.data_ptr(), t, k, a.data_ptr(), d.data_ptr(), sums.data_ptr())
+        return a, d, sums
     d = torch.empty(t, k // 32)
     s = torch.empty(t, k // 32)
     lib.rlm_quantize_rows(x.data_ptr(), t, k, a.data_ptr(), d.data_ptr(), s.data_ptr())

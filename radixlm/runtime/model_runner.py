@@ -368,7 +368,7 @@ class ModelRunner:
         if self.native is not None:
             weights = self.native.weights
             if self.gguf_native:
-                weights += " (from the file, no dense copy)"
+                weights += " (the file's blocks, no dense copy)"
             if self.quantization is not None:
                 weights += " (quantized at load)"
             return {"weights": weights, "activations": self.native.describe_modes()}

@@ -9,14 +9,12 @@
  *        per 16 weights), fp16 d.  W = (d sc_i) (q - 32), q in 0..63.
  *
  * A super-block is unpacked into its weights as bytes q, in order, and fp32 scales (d sc
- * and dmin m: the products gguf-py's dequantize rounds): in registers on 512-bit builds,
- * shared by up to 8 tokens (4 rows side by side for 1-2 tokens); a row at a time into a
- * buffer on AVX2 and plain C. Each token's int8 activation blocks (quantize_row's plain
- * layout: dx, dx sum a per 32) run against it: per 32-block j, (d sc_j dx_j) sum q a -
- * (dmin m_j) (dx_j sum a); Q6_K's (q - 32) in integers, its two scales of a block one per
- * half of the lanes. A token's sums run in one order whatever the step's size, so its bits
- * do not depend on its neighbours. Dequantization (the fp32 / bf16 paths, embeddings)
- * rounds as gguf-py does, bit for bit: one product, then one difference, never fused. */
+ * and dmin m: the products gguf-py's dequantize rounds) for dequantization (the fp32 / bf16
+ * paths, embeddings), which rounds as gguf-py does, bit for bit: one product, then one
+ * difference, never fused. The int8 path (below) takes a token's activations in blocks of
+ * 256 and applies a super-block's integer scales in integers: kq_dot here a row at a time
+ * (plain C, AVX2, rows past the repacked groups), kx.c's kernels 16 repacked rows at a
+ * time, amx_i8.c's tiles; the same operations, so the same bits, on each. */
 #include "rlm.h"
 
 /* The 8 scales and 8 mins of a Q4_K / Q5_K super-block's 12 bytes, as bytes (llama.cpp's
@@ -32,22 +30,6 @@ static inline void kq_scale_bytes(const uint8_t *s12, uint8_t sc[8], uint8_t mn[
     memcpy(sc, o, 8);
     memcpy(mn, o + 2, 8);
 }
-
-#ifdef RLM_AVX2
-/* kq_scale_bytes in a vector: bytes 0-7 the scales, 8-15 the mins (reads 16 bytes at s12:
- * a super-block's quants follow its scales). */
-static inline __m128i kq_scale_vec(const uint8_t *s12) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s12);       /* u0 u1 u2 . */
-    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
-    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
-    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
-                                                     0x0f0f0f0f));
-    const __m128i top = _mm_and_si128(_mm_slli_epi32(_mm_srli_epi32(b, 6), 4),
-                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(low, top);
-}
-#endif
 
 /* Super-block sb (raw bytes p) unpacked: q[256] its weights as bytes in order; ds its scales
  * d sc (8 per super-block; Q6_K: 16), dm (Q4_K / Q5_K) dmin m. */

@@ -310,17 +310,6 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
 #endif
 
 #ifdef RLM_I8_ZMM
-/* A row's 16 lane accumulators c[0..15] (a row a lane of each) summed in kq_lanes_sum's
- * tree (sum4_rows' for 32-element blocks): (c0 + c2) + (c1 + c3) by fours, then the fours
- * the same way. */
-static inline __m512 kx_lanes_tree(const __m512 *c) {
-    __m512 q[4];
-    for (int j = 0; j < 4; j++)
-        q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
-                             _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
-    return _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
-}
-
 /* 4 activations (bytes p[0..3]) in every 32-bit lane */
 static inline __m512i kx_bcast4(const int8_t *p) {
     int32_t v;

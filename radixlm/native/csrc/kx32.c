@@ -75,6 +75,16 @@ static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *
 }
 
 #ifdef RLM_KX32
+/* A row's 16 lane accumulators c[0..15] (a row a lane of each) summed in sum4_rows' tree:
+ * (c0 + c2) + (c1 + c3) by fours, then the fours the same way. */
+static inline __m512 kx_lanes_tree(const __m512 *c) {
+    __m512 q[4];
+    for (int j = 0; j < 4; j++)
+        q[j] = _mm512_add_ps(_mm512_add_ps(c[4 * j], c[4 * j + 2]),
+                             _mm512_add_ps(c[4 * j + 1], c[4 * j + 3]));
+    return _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+}
+
 /* G tokens (from token t) against repacked group qx (16 rows from row n, format fmt): per
  * block b the 16 rows' exact integer sums, then acc[i][L] += sums (H(d_b) dx_b) with L the
  * block's lane in qdot_group (and Q4's m terms first, chunk by chunk); sum4_rows' tree, a

@@ -573,6 +573,13 @@ void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *d
                      sx + (int64_t)t * (k / 32));
 }
 
+/* The K-quant activations of x [T, k] (quantize_row_k): a [T, k], kd [T, k/256], kb [T, k/16]. */
+void rlm_quantize_rows_k(const float *x, int32_t T, int32_t k, int8_t *a, float *kd, int16_t *kb) {
+    for (int t = 0; t < T; t++)
+        quantize_row_k(x + (int64_t)t * k, k, a + (int64_t)t * k, kd + (int64_t)t * (k / 256),
+                       kb + (int64_t)t * (k / 16));
+}
+
 void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,

@@ -424,6 +424,7 @@ void rlm_norm_head(const QMat *head, const float *norm, float eps, int32_t T, co
 int32_t rlm_profile(double *out, int32_t reset);
 void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *out);
 void rlm_quantize_rows(const float *x, int32_t T, int32_t k, int8_t *a, float *dx, float *sx);
+void rlm_quantize_rows_k(const float *x, int32_t T, int32_t k, int8_t *a, float *kd, int16_t *kb);
 void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D, float scale,
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
