@@ -241,12 +241,12 @@ static inline __attribute__((always_inline)) void attend_group(
     int Hkv, float scale, const KVLayer *kv, float *scores, int64_t ss, float *out) {
     const int D = AV_W * NV;
     const int32_t dtype = kv->dtype;
-    float mx[HB], inv[HB];
+    float mx[4], inv[4]; /* (fixed sizes: registers once HB, NV are constants; a VLA stays in memory) */
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
         const float sj = kv->ks ? scale * kv_scale(kv->ks, slots, j, Hkv, g) : scale;
-        avec kr[NV];
+        avec kr[8];
         for (int i = 0; i < NV; i++) kr[i] = AV_LOAD_KV(kv->k, off + AV_W * i, dtype);
         for (int h = 0; h < HB; h++) {
             if (h >= nh) break;
@@ -259,13 +259,13 @@ static inline __attribute__((always_inline)) void attend_group(
         }
     }
     for (int h = 0; h < nh; h++) inv[h] = 1.f / exp_sum(scores + h * ss, p + 1, mx[h]);
-    avec o[HB][NV];
+    avec o[4][8];
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++) o[h][i] = AV_ZERO();
     for (int64_t j = 0; j <= p; j++) {
         const int64_t off = ((int64_t)slots[j] * Hkv + g) * D;
         const float vj = kv_scale(kv->vs, slots, j, Hkv, g);
-        avec w[HB];
+        avec w[4];
         for (int h = 0; h < HB; h++)
             if (h < nh) w[h] = AV_SET1(kv->vs ? scores[h * ss + j] * vj : scores[h * ss + j]);
         for (int i = 0; i < NV; i++) {

@@ -188,12 +188,12 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
     const __m256i m10 = _mm256_set1_epi8(0x10);
     const int five = fmt == FMT_Q5_K;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[G];
+    __m256 acc[4]; /* (fixed sizes: registers once G is a constant; a VLA stays in memory) */
     for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
-        __m256i isum[G];
+        __m256i isum[4];
         for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
         if (six) {
             for (int l = 0; l < 16; l++) {
