@@ -112,8 +112,10 @@ def test_library_reports_its_bf16_and_amx_paths(lib, request):
         assert lib.rlm_amx() == 0
     if not (native and {"amx_int8", "amx_bf16"} <= flags):
         assert lib.rlm_amx_i8() == 0
-    elif lib.rlm_amx():  # the tile state granted: the int8 tiles run too
+        assert lib.rlm_amx_kq() == 0
+    elif lib.rlm_amx():  # the tile state granted: the int8 tiles run too, K-quants included
         assert lib.rlm_amx_i8() == 1
+        assert lib.rlm_amx_kq() == 1  # (0: the tiles' K-quant sums disagree with the 512-bit ones)
 
 
 @pytest.mark.parametrize("fmt", [FMT_Q4, FMT_Q8])

@@ -204,6 +204,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_bf16.restype = ctypes.c_int32
     lib.rlm_amx.restype = ctypes.c_int32
     lib.rlm_amx_i8.restype = ctypes.c_int32
+    lib.rlm_amx_kq.restype = ctypes.c_int32
     lib.rlm_bf16_min_rows.restype = ctypes.c_int32
     lib.rlm_workspace_floats.argtypes = [ctypes.POINTER(Layer), i32, i32, i32]
     lib.rlm_workspace_floats.restype = i64

@@ -244,6 +244,64 @@ static void kq_gemm_amx(const QMat *w, int n0, int n1, int T, const Act *a, floa
     if (full < n1) kq_rows_i8(w, full, n1, T, a, y, ldy);
 }
 
+/* Whether K-quant rows run on the tiles: checked once a process, kq_gemm_amx against the
+ * rows' 512-bit path (kq_rows_i8) on random Q4_K and Q6_K rows and activations, bit for bit.
+ * A disagreement (a tile path this CPU's build was not tested on) keeps K-quants on the
+ * 512-bit kernels, said once on stderr: slower prefill, never other numbers. */
+static pthread_once_t amx_kq_once = PTHREAD_ONCE_INIT;
+static int amx_kq_state;
+
+static int amx_kq_agrees(int fmt) {
+    const int n = 32, k = 512, T = 16, nb = k / 32, nsb = k / 256, sbb = fmt == FMT_Q6_K ? 210 : 144;
+    uint8_t *qs = (uint8_t *)malloc((size_t)n * nsb * sbb);
+    float *x = (float *)malloc(sizeof(float) * T * k), *y = (float *)malloc(sizeof(float) * 2 * T * n);
+    int8_t *ka = (int8_t *)aligned_alloc(64, (size_t)T * k), *xq = (int8_t *)aligned_alloc(64, (size_t)T * k);
+    float *kd = (float *)malloc(sizeof(float) * T * nsb), *xdt = (float *)malloc(sizeof(float) * 2 * T * nb);
+    int16_t *kb = (int16_t *)malloc(sizeof(int16_t) * T * (k / 16));
+    if (!qs || !x || !y || !ka || !xq || !kd || !xdt || !kb) abort(); /* nothing sensible left */
+    uint32_t r = 2463534242u;
+#define RLM_NEXT (r ^= r << 13, r ^= r >> 17, r ^= r << 5)
+    for (int i = 0; i < n * nsb * sbb; i++) qs[i] = (uint8_t)RLM_NEXT;
+    for (int i = 0; i < n * nsb; i++) { /* finite scales: fp16 1/1024 and 1/2048 */
+        uint8_t *p = qs + (int64_t)i * sbb;
+        if (fmt == FMT_Q6_K) p[208] = 0x00, p[209] = 0x14;
+        else p[0] = 0x00, p[1] = 0x14, p[2] = 0x00, p[3] = 0x10;
+    }
+    for (int i = 0; i < T * k; i++) x[i] = (float)(int32_t)RLM_NEXT / 2147483648.f;
+#undef RLM_NEXT
+    for (int t = 0; t < T; t++) {
+        float d32[nb], s32[nb];
+        int16_t *b = kb + (int64_t)t * (k / 16);
+        quantize_row_k(x + (int64_t)t * k, k, ka + (int64_t)t * k, kd + (int64_t)t * nsb, b);
+        for (int i = 0; i < nb; i++) {
+            d32[i] = kd[(int64_t)t * nsb + i / 8];
+            s32[i] = (float)(b[2 * i] + b[2 * i + 1]);
+        }
+        pack_token_i8(ka + (int64_t)t * k, d32, s32, t, nb, xq, xdt, xdt + T * nb);
+    }
+    const QMat w = {fmt, n, k, qs, NULL, NULL, NULL};
+    Act a;
+    memset(&a, 0, sizeof a);
+    a.ka = ka, a.kd = kd, a.kb = kb, a.xq = xq, a.xdt = xdt, a.xst = xdt + T * nb, a.xq_k = 1;
+    kq_gemm_amx(&w, 0, n, T, &a, y, n);
+    kq_rows_i8(&w, 0, n, T, &a, y + T * n, n);
+    const int same = memcmp(y, y + T * n, sizeof(float) * T * n) == 0;
+    free(qs), free(x), free(y), free(ka), free(xq), free(kd), free(xdt), free(kb);
+    return same;
+}
+
+static void amx_kq_check(void) {
+    amx_kq_state = amx_ok() && amx_kq_agrees(FMT_Q4_K) && amx_kq_agrees(FMT_Q6_K);
+    if (amx_ok() && !amx_kq_state)
+        fprintf(stderr, "radixlm: AMX int8 tiles disagree with the 512-bit kernels on K-quant "
+                        "rows; K-quants stay on the 512-bit kernels\n");
+}
+
+static int amx_kq_ok(void) {
+    pthread_once(&amx_kq_once, amx_kq_check);
+    return amx_kq_state;
+}
+
 /* y[t, n] for Q8, Q4 or K-quant rows n in [n0, n1), all T tokens, from the packed tiles
  * (a->xq, a->xdt, a->xst). */
 static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,

@@ -150,7 +150,7 @@ static Act prep_rows(const float *x, int T, int k, const Work *w, int mode, int 
 #endif
 #ifdef RLM_AMX_I8 /* B tiles in the bf16 rows' space (T k bytes + T nb scales fit): the
                      blocks of 32, or the K-quants' where those are all the step reads */
-    const int amx_i8 = mode == ACT_INT8 && (need == NEED_B32 || need == NEED_K) &&
+    const int amx_i8 = mode == ACT_INT8 && (need == NEED_B32 || (need == NEED_K && amx_kq_ok())) &&
                        T >= RLM_AMX_I8_MIN_ROWS && amx_ok();
     int8_t *xq = amx_i8 ? (int8_t *)w->xb : NULL;
     float *xdt = amx_i8 ? (float *)(xq + (int64_t)(T + 15) / 16 * 16 * k) : NULL;
@@ -642,6 +642,16 @@ int32_t rlm_amx(void) {
 int32_t rlm_amx_i8(void) {
 #ifdef RLM_AMX_I8
     return amx_ok();
+#else
+    return 0;
+#endif
+}
+
+/* 1 when K-quant rows run on the AMX int8 tiles too (amx_kq_ok: the tiles agreed with the
+ * 512-bit kernels bit for bit once this process), else 0. */
+int32_t rlm_amx_kq(void) {
+#ifdef RLM_AMX_I8
+    return amx_kq_ok();
 #else
     return 0;
 #endif

@@ -45,6 +45,7 @@
 #define RLM_H
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
@@ -436,6 +437,8 @@ void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out);
 const char *rlm_isa(void);
 int32_t rlm_bf16(void);
 int32_t rlm_amx(void);
+int32_t rlm_amx_i8(void);
+int32_t rlm_amx_kq(void);
 int32_t rlm_bf16_min_rows(void);
 
 #endif /* RLM_H */
