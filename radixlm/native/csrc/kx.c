@@ -22,9 +22,13 @@
  * + e in its high) and one of high bits (byte 4 r + e, bits 2 t and 2 t + 1: element 4 t + e's
  * top two). */
 #define KX_BYTES 2368
-#define KX5_BYTES 2880 /* Q5_K: Q4_K's, then per sub-block j 64 bytes of fifth bits at
-                          KX_BYTES + 64 j: byte 4 r + e, bit t = element 4 t + e's */
+#define KX5_BYTES 2880 /* Q5_K: Q4_K's fields, a sub-block's 4 nibble vectors followed by
+                          its 64 bytes of fifth bits (byte 4 r + e, bit t = element 4 t +
+                          e's): one stream through memory (kx_sub_at, kx_fifth_at) */
 #define KX6_BYTES 3360
+/* Where sub-block j's nibble vectors and (Q5_K) fifth bits start in a group's super-block. */
+static inline int kx_sub_at(int five, int j) { return 320 + (five ? 320 : 256) * j; }
+static inline int kx_fifth_at(int j) { return kx_sub_at(1, j) + 256; }
 static inline int64_t kx_sb_bytes(int fmt) {
     return fmt == FMT_Q6_K ? KX6_BYTES : fmt == FMT_Q5_K ? KX5_BYTES : KX_BYTES;
 }
@@ -86,13 +90,13 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
                 const uint32_t m = (uint32_t)_mm256_movemask_epi8(
                     _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j))), 7 - j));
                 for (int e = 0; e < 4; e++)
-                    o[KX_BYTES + 64 * j + 4 * r + e] = (uint8_t)_pext_u32(m, 0x11111111u << e);
+                    o[kx_fifth_at(j) + 4 * r + e] = (uint8_t)_pext_u32(m, 0x11111111u << e);
                 continue;
 #endif
                 for (int e = 0; e < 4; e++) {
                     uint8_t b = 0;
                     for (int t = 0; t < 8; t++) b |= (uint8_t)(((p[16 + 4 * t + e] >> j) & 1) << t);
-                    o[KX_BYTES + 64 * j + 4 * r + e] = b;
+                    o[kx_fifth_at(j) + 4 * r + e] = b;
                 }
             }
             uint8_t sc[8], mn[8];
@@ -104,7 +108,7 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
                 o[192 + 16 * j + r] = mn[j];
                 const uint8_t *qs = p + (five ? 48 : 16) + 32 * (j / 2);
                 const int sh = 4 * (j & 1);
-                uint8_t *v = o + 320 + 256 * j + 4 * r;
+                uint8_t *v = o + kx_sub_at(five, j) + 4 * r;
 #ifdef RLM_AVX2
                 /* 16 bytes: element e's nibble low, 16 + e's high; 4 bytes to a vector */
                 const __m128i a = _mm_loadu_si128((const __m128i *)qs);
@@ -153,7 +157,7 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
         for (int j = 0; j < 8; j++) {
             ds[8 * s + j] = d * (float)o[64 + 16 * j + r];
             dm[8 * s + j] = dmin * (float)o[192 + 16 * j + r];
-            const uint8_t *v = o + 320 + 256 * j + 4 * r;
+            const uint8_t *v = o + kx_sub_at(five, j) + 4 * r;
             for (int e = 0; e < 16; e++) {
                 const uint8_t b = v[64 * (e / 4) + e % 4];
                 q[256 * s + 32 * j + e] = b & 15;
@@ -161,7 +165,7 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
             }
             for (int e = 0; five && e < 32; e++)
                 q[256 * s + 32 * j + e] |=
-                    (uint8_t)(((o[KX_BYTES + 64 * j + 4 * r + e % 4] >> (e / 4)) & 1) << 4);
+                    (uint8_t)(((o[kx_fifth_at(j) + 4 * r + e % 4] >> (e / 4)) & 1) << 4);
         }
     }
 }
@@ -227,12 +231,12 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
             const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)));
             __m256i st[8];
             for (int v = 0; v < 4; v++) {
-                const __m256i b = _mm256_loadu_si256((const __m256i *)(o + 320 + 256 * j + 64 * v + 32 * h));
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(o + kx_sub_at(five, j) + 64 * v + 32 * h));
                 st[v] = _mm256_and_si256(b, m4);
                 st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
             }
             if (five) { /* step v's fifth bits (bit v of the plane) to bit 4 */
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + KX_BYTES + 64 * j + 32 * h));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + kx_fifth_at(j) + 32 * h));
                 const __m256i u[8] = {_mm256_slli_epi16(hb, 4), _mm256_slli_epi16(hb, 3),
                                       _mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb,
                                       _mm256_srli_epi16(hb, 1), _mm256_srli_epi16(hb, 2),
@@ -355,12 +359,12 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
             const __m512i scv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)));
             __m512i st[8];
             for (int v = 0; v < 4; v++) {
-                const __m512i b = _mm512_loadu_si512((const void *)(o + 320 + 256 * j + 64 * v));
+                const __m512i b = _mm512_loadu_si512((const void *)(o + kx_sub_at(five, j) + 64 * v));
                 st[v] = _mm512_and_si512(b, m4);
                 st[v + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
             }
             if (five) { /* step v's fifth bits (bit v of the plane) to bit 4: st | (h & 0x10) */
-                const __m512i h = _mm512_loadu_si512((const void *)(o + KX_BYTES + 64 * j));
+                const __m512i h = _mm512_loadu_si512((const void *)(o + kx_fifth_at(j)));
                 const __m512i u[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
                                       _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1), h,
                                       _mm512_srli_epi16(h, 1), _mm512_srli_epi16(h, 2),
