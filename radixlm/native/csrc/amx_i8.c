@@ -66,6 +66,15 @@ static inline void lane_tree(const __m512 *acc, __m512 *out) {
     }
 }
 
+/* 16 rows' results for token group g (out[r]: row r's 16 tokens) into y[t, n + r] for the
+ * group's tokens below T. */
+static inline void store_group(const __m512 *out, int g, int T, float *y, int64_t ldy, int n) {
+    float cbuf[256] __attribute__((aligned(64)));
+    for (int r = 0; r < 16; r++) _mm512_store_ps(cbuf + r * 16, out[r]);
+    const int t0 = g * 16, nt = T - t0 < 16 ? T - t0 : 16;
+    store_transposed(cbuf, nt, 16, y + (int64_t)t0 * ldy + n, ldy);
+}
+
 /* Block b's tile product (16 rows from wa, lda bytes apart; the token group's B tiles at
  * bq) on tile set `set` (a tile's number is part of the instruction). width 16: half b % 2
  * of 32-block b / 2's B tile. */
@@ -230,10 +239,7 @@ static void kq_gemm_amx(const QMat *w, int n0, int n1, int T, const Act *a, floa
                                                   _mm512_cvtepi32_ps(msum[r]), acc[r]);
                 }
             }
-            float cbuf[256] __attribute__((aligned(64)));
-            for (int r = 0; r < 16; r++) _mm512_store_ps(cbuf + r * 16, acc[r]);
-            const int t0 = g * 16, nt = T - t0 < 16 ? T - t0 : 16;
-            store_transposed(cbuf, nt, 16, y + (int64_t)t0 * ldy + n, ldy);
+            store_group(acc, g, T, y, ldy, n);
         }
     }
     _tile_release();
@@ -330,11 +336,8 @@ static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, flo
             if (q4) rows_group_i8(wa, k, nb, 32, 1, 1, bq, xdt, xst, wdt, wmt, acc);
             else rows_group_i8(wa, k, nb, 32, 1, 0, bq, xdt, xst, wdt, wmt, acc);
             __m512 out[16];
-            float cbuf[256] __attribute__((aligned(64)));
             lane_tree(acc, out);
-            for (int r = 0; r < 16; r++) _mm512_store_ps(cbuf + r * 16, out[r]);
-            const int t0 = g * 16, nt = T - t0 < 16 ? T - t0 : 16;
-            store_transposed(cbuf, nt, 16, y + (int64_t)t0 * ldy + n, ldy);
+            store_group(out, g, T, y, ldy, n);
         }
     }
     _tile_release();
