@@ -95,32 +95,31 @@ static inline __attribute__((always_inline)) void tile_block(int set, const int8
     }
 }
 
-/* The block lane l takes from chunk i (blocks 16 i ..) of a row of nbk blocks, or -1: block
- * 16 i + l, or in a full chunk of Q4 / Q8 rows 16 i + chunk_block(l) (the transposed
- * chunks' lanes, see chunk_fma and q8_full_fma). */
-static inline int lane_block(int chunked, int nbk, int l, int i) {
+/* The block lane l takes from chunk i (blocks 16 i ..) of a row of nbk blocks, or -1: in a
+ * full chunk 16 i + chunk_block(l) (the transposed chunks' lanes, see chunk_fma and
+ * q8_full_fma), in the last partial one 16 i + l. */
+static inline int lane_block(int nbk, int l, int i) {
     const int c = 16 * i;
-    if (chunked && c + 16 <= nbk) return c + chunk_block(l);
+    if (c + 16 <= nbk) return c + chunk_block(l);
     return c + l < nbk ? c + l : -1;
 }
 
-/* 16 rows (wa, lda; wdt: their scales by block, 16 a block; Q4: wmt their m by block)
- * against one token group (bq: its B tiles, xdt / xst: its scales and scaled sums by
- * 32-block) over nbk blocks of `width`: lane by lane, the lane's blocks chunk after chunk
+/* 16 Q8 / Q4 rows (wa, lda; wdt: their scales by block, 16 a block; Q4: wmt their m by
+ * block) against one token group (bq: its B tiles, xdt / xst: its scales and scaled sums by
+ * block) over nbk blocks of 32: lane by lane, the lane's blocks chunk after chunk
  * (lane_block), their integers scaled into the rows' registers (Q4: the chunk's m term
  * m_{16 i + l} xs first, as qdot_group adds it), each lane stored at acc[l * 16 ..]. The
  * blocks run as one sequence, the next one's tile product issued before the last one's
  * integers are read back. */
 static inline __attribute__((always_inline)) void rows_group_i8(
-    const int8_t *wa, int64_t lda, int nbk, const int width, const int chunked, const int q4,
-    const int8_t *bq,
+    const int8_t *wa, int64_t lda, int nbk, const int q4, const int8_t *bq,
     const float *xdt, const float *xst, const float *wdt, const float *wmt, __m512 *acc) {
     const int lanes = nbk < 16 ? nbk : 16, chunks = (nbk + 15) / 16;
     int32_t c[2][256] __attribute__((aligned(64)));
     __m512 a[16];
     for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
-    int l = 0, i = 0, j = 0, b = lane_block(chunked, nbk, 0, 0); /* lane-major */
-    tile_block(0, wa, lda, bq, b, width);
+    int l = 0, i = 0, j = 0, b = lane_block(nbk, 0, 0); /* lane-major */
+    tile_block(0, wa, lda, bq, b, 32);
     for (;;) {
         const int pb = b, pl = l, pi = i, set = j & 1;
         do { /* the next block */
@@ -128,8 +127,8 @@ static inline __attribute__((always_inline)) void rows_group_i8(
                 i = 0;
                 l++;
             }
-        } while (l < lanes && (b = lane_block(chunked, nbk, l, i)) < 0);
-        if (l < lanes) tile_block(!set, wa, lda, bq, b, width);
+        } while (l < lanes && (b = lane_block(nbk, l, i)) < 0);
+        if (l < lanes) tile_block(!set, wa, lda, bq, b, 32);
         if (set) _tile_stored(3, c[1], 64);
         else _tile_stored(0, c[0], 64);
         if (q4) {
@@ -138,7 +137,7 @@ static inline __attribute__((always_inline)) void rows_group_i8(
             for (int r = 0; r < 16; r++)
                 a[r] = _mm512_fmadd_ps(_mm512_set1_ps(wmt[mb * 16 + r]), sv, a[r]);
         }
-        const __m512 xv = _mm512_loadu_ps(xdt + (int64_t)(width == 32 ? pb : pb >> 1) * 16);
+        const __m512 xv = _mm512_loadu_ps(xdt + (int64_t)pb * 16);
         for (int r = 0; r < 16; r++)
             a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[set] + r * 16)),
                                    _mm512_mul_ps(_mm512_set1_ps(wdt[pb * 16 + r]), xv), a[r]);
@@ -333,8 +332,8 @@ static void qgemm_amx_i8(const QMat *w, int n0, int n1, int T, const Act *a, flo
             const int8_t *bq = a->xq + (int64_t)g * nb * 512;
             const float *xdt = a->xdt + (int64_t)g * nb * 16;
             const float *xst = a->xst + (int64_t)g * nb * 16;
-            if (q4) rows_group_i8(wa, k, nb, 32, 1, 1, bq, xdt, xst, wdt, wmt, acc);
-            else rows_group_i8(wa, k, nb, 32, 1, 0, bq, xdt, xst, wdt, wmt, acc);
+            if (q4) rows_group_i8(wa, k, nb, 1, bq, xdt, xst, wdt, wmt, acc);
+            else rows_group_i8(wa, k, nb, 0, bq, xdt, xst, wdt, wmt, acc);
             __m512 out[16];
             lane_tree(acc, out);
             store_group(out, g, T, y, ldy, n);
