@@ -28,9 +28,9 @@ BLOCKS32 = (FMT_Q8, FMT_Q4)  # likewise where every step is int8 (Arena, csrc/kx
 
 class Arena:
     """All of a model's block weights in one anonymous mapping, in the order a step reads
-    them, 2 MB aligned with transparent huge pages asked for (``MADV_HUGEPAGE``): a decode
-    step streams every weight once, and with 4 KB pages scattered over the heap each of its
-    ~25k pages cost a TLB walk. ``qmat`` copies a QWeight in and returns its C view.
+    them, 2 MB aligned (huge pages where the kernel gives them unasked): a decode step
+    streams every weight once, in order. ``qmat`` copies a QWeight in and returns its C
+    view.
 
     K-quant rows that lie in a file map (a GGUF's own, contiguous) are used where they lie
     (``in_place``): the map is held, its pages populated once, nothing copied. A 1B decode
@@ -63,15 +63,11 @@ class Arena:
                    if not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
-        # (a shared map, i.e. shmem: no transparent huge pages where shmem_enabled is
-        # "never", as on the 2-core VMs; a private map got them there, but its start took
-        # 3.1-4.9 s against 2.0-3.0 s, the huge pages' compaction stalling the other threads)
-        self._map = mmap.mmap(-1, size + self.HUGE)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # a kernel without THP: plain pages
-                pass
+        # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
+        # against 2.0-3.0 s (compaction stalls); a shared map (shmem) fills at half the rate
+        # of a private one (10 GiB: 11.7-12.8 s against 5.3 s, Zen 4 VM). Where THP is
+        # "always" the kernel still gives huge pages where it has them free.
+        self._map = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE)
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
