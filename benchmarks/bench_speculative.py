@@ -62,6 +62,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_common import add_extra_bufts_arg, extra_bufts_on  # noqa: E402
 from spec_tasks import agent_turn, build_prompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +125,7 @@ class LlamaCpp:
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", gguf, "--threads", str(threads),
              "--llama-num-pred", str(num_pred)]
-            + (["--llama-extra-bufts"] if extra_bufts else []),
+            + ["--llama-extra-bufts", "on" if extra_bufts else "off"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = json.loads(self.proc.stdout.readline())
         self.version, self.features = ready["ready"], ready.get("features", "")
@@ -613,11 +614,12 @@ def main() -> None:
                     help="interpreter with llama_cpp (default .venv-llamacpp/bin/python)")
     ap.add_argument("--llama-num-pred", type=int, default=10,
                     help="LlamaPromptLookupDecoding(num_pred_tokens=...)")
-    ap.add_argument("--llama-extra-bufts", action="store_true")
+    add_extra_bufts_arg(ap)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 round, 1 prompt per task, 32 tokens, no batches")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.llama_extra_bufts = extra_bufts_on(args.llama_extra_bufts)
     if args.worker:
         worker(args.worker, args.threads, args.llama_extra_bufts, args.llama_num_pred)
         return
@@ -679,7 +681,8 @@ def online(results: dict, off, cases: list[Case], args, gguf: str) -> None:
         systems["llama"] = lambda c, n: llama.run("plain", c, n, stop)
         systems["llama_pld"] = lambda c, n: llama.run("lookup", c, n, stop)
         results["llama_cpp"] = {"version": llama.version, "features": llama.features,
-                                "num_pred_tokens": args.llama_num_pred}
+                                "num_pred_tokens": args.llama_num_pred,
+                                "extra_bufts": args.llama_extra_bufts}
     for run in systems.values():  # warm-up
         run(cases[0], 8)
     results["single_stream"] = single_stream(systems, cases, args)

@@ -52,7 +52,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_common import mem_available, status_kib  # noqa: E402
+from llamacpp_common import (  # noqa: E402
+    add_extra_bufts_arg,
+    extra_bufts_on,
+    mem_available,
+    status_kib,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -298,9 +303,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096, help="KV cache tokens of both systems")
     ap.add_argument("--llama-python", default=None,
                     help="interpreter with llama_cpp (default .venv-llamacpp/bin/python)")
-    ap.add_argument("--llama-extra-bufts", action="store_true",
-                    help="let llama.cpp use AMX / repacked weights (crashes where AMX is "
-                         "not granted, as on the development VM)")
+    add_extra_bufts_arg(ap)
     ap.add_argument("--native-activations", default="auto",
                     help="radixlm's native_activations (auto | fp32 | int8 | bf16), or a "
                          "comma list (e.g. fp32,int8): one engine each, alternating with "
@@ -318,6 +321,7 @@ def main() -> None:
                          "guard stops the workers before it is reached")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.llama_extra_bufts = extra_bufts_on(args.llama_extra_bufts)
     if args.worker:
         llama_worker(args.worker, args.threads, args.llama_extra_bufts, args.ctx)
         return
@@ -389,7 +393,7 @@ def _argv(args, system: str, gguf: str, mode: str = "auto") -> list[str]:
         if not Path(python).exists():
             python = sys.executable
         return ([python, __file__, "--worker", gguf, *common]
-                + (["--llama-extra-bufts"] if args.llama_extra_bufts else []))
+                + ["--llama-extra-bufts", "on" if args.llama_extra_bufts else "off"])
     return ([sys.executable, __file__, "--radixlm-worker", gguf, "--mode", mode, *common]
             + (["--speculative-algorithm", args.speculative_algorithm]
                if args.speculative_algorithm else []))
@@ -484,7 +488,8 @@ def report(args, state: dict) -> None:
     print(f"\n{host_line(state['host'])}; {args.threads} threads; model {state['gguf']}")
     if "llama_cpp_version" in state:
         print(f"llama-cpp-python {state['llama_cpp_version']}, built for: "
-              f"{state['llama_cpp_features']}")
+              f"{state['llama_cpp_features']}; extra buffer types (repacked weights) "
+              + ("on" if args.llama_extra_bufts else "off"))
     if not state["alternated"]:
         print("systems ran one after the other (they do not fit in memory together)")
     for name, why in state["does_not_fit"].items():

@@ -6,6 +6,28 @@ from __future__ import annotations
 import json
 
 
+def add_extra_bufts_arg(ap) -> None:
+    """``--llama-extra-bufts auto|on|off`` (bare: on) on ``ap``; ``extra_bufts_on`` reads it."""
+    ap.add_argument("--llama-extra-bufts", choices=("auto", "on", "off"), default="auto",
+                    nargs="?", const="on",
+                    help="llama.cpp's extra weight buffer types (repacked layouts, AMX); "
+                         "auto: llama.cpp's own default (on) except on a CPU with AMX tiles, "
+                         "where its AMX matmul segfaults unless the tiles are granted (as on "
+                         "the development VM)")
+
+
+def extra_bufts_on(choice: str) -> bool:
+    """Whether llama.cpp runs with its extra buffer types under ``choice`` (auto: as a user's
+    llama.cpp would, but off where the CPU has AMX tiles; see ``add_extra_bufts_arg``)."""
+    if choice != "auto":
+        return choice == "on"
+    try:
+        with open("/proc/cpuinfo") as f:
+            return not any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return True
+
+
 def use_plain_buffers(llama_cpp) -> None:
     """Turn off llama.cpp's extra weight buffer types (AMX and repacked layouts) for every
     model loaded after this: its AMX matmul segfaults where AMX tiles are not granted (as on
