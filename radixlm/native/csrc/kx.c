@@ -177,10 +177,73 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
  * bits. Without VNNI a step's u8 x s8 pairs are summed in int16 over a sub-block's 8 steps
  * (nibbles times |a| <= 128: at most 8 x 2 x 15 x 128 = 30720, no saturation), Q6_K's per
  * step (6 bits: 2 x 63 x 128 = 16128), then widened. */
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define RLM_KX_VNNI256 /* 256-bit dot instructions: int32 sums, then times sc_j */
+#endif
+
 static inline __m256i kx_bcast4_256(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
+}
+
+/* Q6_K's integer I_s of super-block s (at o) for tokens t .. t + G - 1, half h of a group:
+ * per group l of 16 weights the rows' sums of q a times sc_l, less 32 sum_l sc_l (sum a)_l
+ * (the rows' scales in int16 pairs against the token's sums by 16, once a super-block, as
+ * kx6_group). Without VNNI two steps' u8 x s8 pairs are summed in int16 (2 x 2 x 63 x 128 =
+ * 32256) and widened by madd against (sc_l, sc_l): the same integers. */
+static inline __attribute__((always_inline)) void kx6_half_sums(const uint8_t *o, int h,
+                                                                const Act *a, int t, const int G,
+                                                                int k, int s, __m256i *isum) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
+    for (int l = 0; l < 16; l++) {
+        const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
+#ifndef RLM_KX_VNNI256
+        const __m256i sc2 = _mm256_blend_epi16(scv, _mm256_slli_epi32(scv, 16), 0xAA);
+#endif
+        const uint8_t *v = o + 288 + 192 * l + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
+        const __m256i st[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+        for (int i = 0; i < G; i++) {
+            const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
+#ifdef RLM_KX_VNNI256
+            __m256i p = dot_u8s8(st[0], kx_bcast4_256(x));
+            for (int e = 1; e < 4; e++)
+                p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
+#else
+            const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[0], kx_bcast4_256(x)),
+                                                 _mm256_maddubs_epi16(st[1], kx_bcast4_256(x + 4)));
+            const __m256i q16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[2], kx_bcast4_256(x + 8)),
+                                                 _mm256_maddubs_epi16(st[3], kx_bcast4_256(x + 12)));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p16, sc2),
+                                                                 _mm256_madd_epi16(q16, sc2)));
+#endif
+        }
+    }
+    __m256i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row 8 h + r as int16 */
+    for (int m = 0; m < 8; m++) {
+        const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 32 * m + 8 * h)));
+        const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 48 + 32 * m + 8 * h)));
+        sp[m] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
+    }
+    for (int i = 0; i < G; i++) {
+        const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+        __m256i c = _mm256_setzero_si256();
+        for (int m = 0; m < 8; m++) {
+            const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
+            c = _mm256_add_epi32(c, _mm256_madd_epi16(sp[m], _mm256_set1_epi32((int32_t)pair)));
+        }
+        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(c, 5));
+    }
 }
 
 static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
@@ -188,10 +251,9 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
                                                           const int G, int k, float *y,
                                                           int64_t ldy, int n, int h) {
     const int six = fmt == FMT_Q6_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m10 = _mm256_set1_epi8(0x10);
     const int five = fmt == FMT_Q5_K;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4]; /* (fixed sizes: registers once G is a constant; a VLA stays in memory) */
     for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
@@ -200,27 +262,7 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
         __m256i isum[4];
         for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
         if (six) {
-            for (int l = 0; l < 16; l++) {
-                const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
-                const uint8_t *v = o + 288 + 192 * l + 32 * h;
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
-                const __m256i st[4] = {
-                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
-                for (int i = 0; i < G; i++) {
-                    const int64_t ti = t + i;
-                    const int8_t *x = a->ka + ti * k + 256 * s + 16 * l;
-                    __m256i p = _mm256_set1_epi32(-32 * a->kb[ti * (k / 16) + 16 * s + l]);
-                    for (int e = 0; e < 4; e++)
-                        p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
-                    isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
-                }
-            }
+            kx6_half_sums(o, h, a, t, G, k, s, isum);
             for (int i = 0; i < G; i++) {
                 const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
@@ -229,6 +271,9 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
         }
         for (int j = 0; j < 8; j++) {
             const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)));
+#ifndef RLM_KX_VNNI256
+            const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16)); /* (sc_j, sc_j) */
+#endif
             __m256i st[8];
             for (int v = 0; v < 4; v++) {
                 const __m256i b = _mm256_loadu_si256((const __m256i *)(o + kx_sub_at(five, j) + 64 * v + 32 * h));
@@ -245,23 +290,25 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
             }
             for (int i = 0; i < G; i++) {
                 const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 32 * j;
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#ifdef RLM_KX_VNNI256
                 __m256i p = _mm256_setzero_si256();
                 for (int v = 0; v < 8; v++)
                     p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
 #else
-                /* (Q5_K's 5 bits: int16 sums over 4 steps at most, 4 x 2 x 31 x 128 = 31744) */
-                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x)), p = _mm256_setzero_si256();
+                /* (Q5_K's 5 bits: int16 sums over 4 steps at most, 4 x 2 x 31 x 128 = 31744);
+                 * the int16 sums widened by madd against the rows' sc_j pairs: sc_j times
+                 * the pair's sum, exactly what the mullo of their int32 sum gives */
+                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
                 for (int v = 1; v < 8; v++) {
                     if (five && v == 4) {
-                        p = _mm256_madd_epi16(p16, ones);
+                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
                         p16 = _mm256_setzero_si256();
                     }
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
                 }
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(p16, ones));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
 #endif
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
             }
         }
         __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + 8 h + r as int16 */
@@ -283,7 +330,6 @@ static inline __attribute__((always_inline)) void kx_half(const int fmt, const u
             acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmv, kdv), _mm256_cvtepi32_ps(ms), acc[i]);
         }
     }
-    (void)ones;
     for (int i = 0; i < G; i++) _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, acc[i]);
 }
 
