@@ -175,8 +175,9 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
  * The repacked groups (kx_repack_group) 8 rows a 256-bit vector, the two halves of a group
  * one after the other; the 512-bit kernels' operations per row (kx_group), so the same
  * bits. Without VNNI a step's u8 x s8 pairs are summed in int16 over a sub-block's 8 steps
- * (nibbles times |a| <= 128: at most 8 x 2 x 15 x 128 = 30720, no saturation), Q6_K's per
- * step (6 bits: 2 x 63 x 128 = 16128), then widened. */
+ * (nibbles times |a| <= 128: at most 8 x 2 x 15 x 128 = 30720, no saturation), Q6_K's over
+ * two steps (6 bits: 2 x 2 x 63 x 128 = 32256), then widened by madd against the rows'
+ * scales in int16 pairs (sc, sc): the scale applied in the widening, no mullo. */
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
 #define RLM_KX_VNNI256 /* 256-bit dot instructions: int32 sums, then times sc_j */
 #endif
