@@ -247,94 +247,116 @@ static inline __attribute__((always_inline)) void kx6_half_sums(const uint8_t *o
     }
 }
 
+/* Super-block s (at o) of half h of a repacked group, tokens t .. t + G - 1, into acc: the
+ * 512-bit kernels' operations per row (kx_group, kx6_group). */
+static inline __attribute__((always_inline)) void kx_half_sb(const int fmt, const uint8_t *o,
+                                                             int h, const Act *a, int t,
+                                                             const int G, int k, int s, int nsb,
+                                                             __m256 *acc) {
+    const int six = fmt == FMT_Q6_K, five = fmt == FMT_Q5_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
+    __m256i isum[4];
+    for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
+    if (six) {
+        kx6_half_sums(o, h, a, t, G, k, s, isum);
+        for (int i = 0; i < G; i++) {
+            const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+        }
+        return;
+    }
+    for (int j = 0; j < 8; j++) {
+        const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)));
+#ifndef RLM_KX_VNNI256
+        const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16)); /* (sc_j, sc_j) */
+#endif
+        __m256i st[8];
+        for (int v = 0; v < 4; v++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(o + kx_sub_at(five, j) + 64 * v + 32 * h));
+            st[v] = _mm256_and_si256(b, m4);
+            st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+        }
+        if (five) { /* step v's fifth bits (bit v of the plane) to bit 4 */
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + kx_fifth_at(j) + 32 * h));
+            const __m256i u[8] = {_mm256_slli_epi16(hb, 4), _mm256_slli_epi16(hb, 3),
+                                  _mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb,
+                                  _mm256_srli_epi16(hb, 1), _mm256_srli_epi16(hb, 2),
+                                  _mm256_srli_epi16(hb, 3)};
+            for (int v = 0; v < 8; v++) st[v] = _mm256_or_si256(st[v], _mm256_and_si256(u[v], m10));
+        }
+        for (int i = 0; i < G; i++) {
+            const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 32 * j;
+#ifdef RLM_KX_VNNI256
+            __m256i p = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++)
+                p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
+#else
+            /* (Q5_K's 5 bits: int16 sums over 4 steps at most, 4 x 2 x 31 x 128 = 31744);
+             * the int16 sums widened by madd against the rows' sc_j pairs: sc_j times
+             * the pair's sum, exactly what the mullo of their int32 sum gives */
+            __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
+            for (int v = 1; v < 8; v++) {
+                if (five && v == 4) {
+                    isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
+                    p16 = _mm256_setzero_si256();
+                }
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
+            }
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
+#endif
+        }
+    }
+    __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + 8 h + r as int16 */
+    for (int q = 0; q < 4; q++)
+        mp[q] = _mm256_or_si256(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 192 + 32 * q + 8 * h))),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 208 + 32 * q + 8 * h))), 16));
+    const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
+    for (int i = 0; i < G; i++) {
+        const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+        __m256i ms = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            const uint32_t lo = (uint16_t)(b[4 * q] + b[4 * q + 1]);
+            const uint32_t hi = (uint16_t)(b[4 * q + 2] + b[4 * q + 3]);
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[q], _mm256_set1_epi32((int32_t)(lo | hi << 16))));
+        }
+        const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+        acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmv, kdv), _mm256_cvtepi32_ps(ms), acc[i]);
+    }
+}
+
 static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
                                                           int nsb, const Act *a, int t,
                                                           const int G, int k, float *y,
                                                           int64_t ldy, int n, int h) {
-    const int six = fmt == FMT_Q6_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m10 = _mm256_set1_epi8(0x10);
-    const int five = fmt == FMT_Q5_K;
     __m256 acc[4]; /* (fixed sizes: registers once G is a constant; a VLA stays in memory) */
     for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
-    for (int s = 0; s < nsb; s++) {
-        const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
-        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
-        __m256i isum[4];
-        for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
-        if (six) {
-            kx6_half_sums(o, h, a, t, G, k, s, isum);
-            for (int i = 0; i < G; i++) {
-                const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
-            }
-            continue;
-        }
-        for (int j = 0; j < 8; j++) {
-            const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * h)));
-#ifndef RLM_KX_VNNI256
-            const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16)); /* (sc_j, sc_j) */
-#endif
-            __m256i st[8];
-            for (int v = 0; v < 4; v++) {
-                const __m256i b = _mm256_loadu_si256((const __m256i *)(o + kx_sub_at(five, j) + 64 * v + 32 * h));
-                st[v] = _mm256_and_si256(b, m4);
-                st[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            }
-            if (five) { /* step v's fifth bits (bit v of the plane) to bit 4 */
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(o + kx_fifth_at(j) + 32 * h));
-                const __m256i u[8] = {_mm256_slli_epi16(hb, 4), _mm256_slli_epi16(hb, 3),
-                                      _mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb,
-                                      _mm256_srli_epi16(hb, 1), _mm256_srli_epi16(hb, 2),
-                                      _mm256_srli_epi16(hb, 3)};
-                for (int v = 0; v < 8; v++) st[v] = _mm256_or_si256(st[v], _mm256_and_si256(u[v], m10));
-            }
-            for (int i = 0; i < G; i++) {
-                const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 32 * j;
-#ifdef RLM_KX_VNNI256
-                __m256i p = _mm256_setzero_si256();
-                for (int v = 0; v < 8; v++)
-                    p = _mm256_add_epi32(p, dot_u8s8(st[v], kx_bcast4_256(x + 4 * v)));
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
-#else
-                /* (Q5_K's 5 bits: int16 sums over 4 steps at most, 4 x 2 x 31 x 128 = 31744);
-                 * the int16 sums widened by madd against the rows' sc_j pairs: sc_j times
-                 * the pair's sum, exactly what the mullo of their int32 sum gives */
-                __m256i p16 = _mm256_maddubs_epi16(st[0], kx_bcast4_256(x));
-                for (int v = 1; v < 8; v++) {
-                    if (five && v == 4) {
-                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
-                        p16 = _mm256_setzero_si256();
-                    }
-                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(st[v], kx_bcast4_256(x + 4 * v)));
-                }
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p16, sc2));
-#endif
-            }
-        }
-        __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + 8 h + r as int16 */
-        for (int q = 0; q < 4; q++)
-            mp[q] = _mm256_or_si256(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 192 + 32 * q + 8 * h))),
-                _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 208 + 32 * q + 8 * h))), 16));
-        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * h)));
-        for (int i = 0; i < G; i++) {
-            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
-            __m256i ms = _mm256_setzero_si256();
-            for (int q = 0; q < 4; q++) {
-                const uint32_t lo = (uint16_t)(b[4 * q] + b[4 * q + 1]);
-                const uint32_t hi = (uint16_t)(b[4 * q + 2] + b[4 * q + 3]);
-                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[q], _mm256_set1_epi32((int32_t)(lo | hi << 16))));
-            }
-            const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
-            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]), acc[i]);
-            acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmv, kdv), _mm256_cvtepi32_ps(ms), acc[i]);
-        }
-    }
+    for (int s = 0; s < nsb; s++)
+        kx_half_sb(fmt, qx + (int64_t)s * kx_sb_bytes(fmt), h, a, t, G, k, s, nsb, acc);
     for (int i = 0; i < G; i++) _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, acc[i]);
 }
 
-/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time. */
+/* kx_half for one token and both halves in one pass over the group's super-blocks: a
+ * one-token step reads each line of the group once while it is being fetched (two passes
+ * left the first DRAM-bound, the second compute-bound). The same operations per half. */
+static inline __attribute__((always_inline)) void kx_both1(const int fmt, const uint8_t *qx,
+                                                           int nsb, const Act *a, int t, int k,
+                                                           float *y, int64_t ldy, int n) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
+        kx_half_sb(fmt, o, 0, a, t, 1, k, s, nsb, acc);
+        kx_half_sb(fmt, o, 1, a, t, 1, k, s, nsb, acc + 1);
+    }
+    _mm256_storeu_ps(y + (int64_t)t * ldy + n, acc[0]);
+    _mm256_storeu_ps(y + (int64_t)t * ldy + n + 8, acc[1]);
+}
+
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time (one
+ * token: kx_both1). */
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                     int64_t ldy) {
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
@@ -343,6 +365,12 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
         const int t1 = T - t0 < 32 ? T : t0 + 32;
         for (int g = g0; g < g1; g++) {
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
+            if (t1 - t0 == 1) { /* one token: both halves in one pass */
+                if (six) kx_both1(FMT_Q6_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
+                else if (w->fmt == FMT_Q5_K) kx_both1(FMT_Q5_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
+                else kx_both1(FMT_Q4_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
+                continue;
+            }
             for (int h = 0; h < 2; h++)
                 for (int t = t0; t < t1;) {
                     const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
