@@ -328,35 +328,27 @@ static inline __attribute__((always_inline)) void kx_half_sb(const int fmt, cons
     }
 }
 
-static inline __attribute__((always_inline)) void kx_half(const int fmt, const uint8_t *qx,
+/* G (up to 4) tokens against both 8-row halves of a group in one pass over its super-blocks:
+ * each line of the group is used while it is being fetched (a pass per half left the first
+ * DRAM-bound, the second compute-bound); each half's operations are kx_half_sb's. */
+static inline __attribute__((always_inline)) void kx_both(const int fmt, const uint8_t *qx,
                                                           int nsb, const Act *a, int t,
                                                           const int G, int k, float *y,
-                                                          int64_t ldy, int n, int h) {
-    __m256 acc[4]; /* (fixed sizes: registers once G is a constant; a VLA stays in memory) */
-    for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
-    for (int s = 0; s < nsb; s++)
-        kx_half_sb(fmt, qx + (int64_t)s * kx_sb_bytes(fmt), h, a, t, G, k, s, nsb, acc);
-    for (int i = 0; i < G; i++) _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8 * h, acc[i]);
-}
-
-/* kx_half for one token and both halves in one pass over the group's super-blocks: a
- * one-token step reads each line of the group once while it is being fetched (two passes
- * left the first DRAM-bound, the second compute-bound). The same operations per half. */
-static inline __attribute__((always_inline)) void kx_both1(const int fmt, const uint8_t *qx,
-                                                           int nsb, const Act *a, int t, int k,
-                                                           float *y, int64_t ldy, int n) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                                                          int64_t ldy, int n) {
+    __m256 acc[2][4]; /* (fixed sizes: registers once G is a constant) */
+    for (int i = 0; i < G; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
-        kx_half_sb(fmt, o, 0, a, t, 1, k, s, nsb, acc);
-        kx_half_sb(fmt, o, 1, a, t, 1, k, s, nsb, acc + 1);
+        kx_half_sb(fmt, o, 0, a, t, G, k, s, nsb, acc[0]);
+        kx_half_sb(fmt, o, 1, a, t, G, k, s, nsb, acc[1]);
     }
-    _mm256_storeu_ps(y + (int64_t)t * ldy + n, acc[0]);
-    _mm256_storeu_ps(y + (int64_t)t * ldy + n + 8, acc[1]);
+    for (int i = 0; i < G; i++) {
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[0][i]);
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8, acc[1][i]);
+    }
 }
 
-/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, a half at a time (one
- * token: kx_both1). */
+/* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, up to 4 at a time. */
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                     int64_t ldy) {
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
@@ -365,24 +357,17 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
         const int t1 = T - t0 < 32 ? T : t0 + 32;
         for (int g = g0; g < g1; g++) {
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
-            if (t1 - t0 == 1) { /* one token: both halves in one pass */
-                if (six) kx_both1(FMT_Q6_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
-                else if (w->fmt == FMT_Q5_K) kx_both1(FMT_Q5_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
-                else kx_both1(FMT_Q4_K, qx, nsb, a, t0, k, y, ldy, 16 * g);
-                continue;
-            }
-            for (int h = 0; h < 2; h++)
-                for (int t = t0; t < t1;) {
-                    const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
-                    switch (G + 8 * six + 16 * (w->fmt == FMT_Q5_K)) {
-#define RLM_G(G) case G: kx_half(FMT_Q4_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break; \
-                 case G + 8: kx_half(FMT_Q6_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break; \
-                 case G + 16: kx_half(FMT_Q5_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, h); break;
-                    RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
+                switch (G + 8 * six + 16 * (w->fmt == FMT_Q5_K)) {
+#define RLM_G(G) case G: kx_both(FMT_Q4_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
+                 case G + 8: kx_both(FMT_Q6_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
+                 case G + 16: kx_both(FMT_Q5_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
 #undef RLM_G
-                    }
-                    t += G;
                 }
+                t += G;
+            }
         }
     }
 }
