@@ -308,7 +308,7 @@ static inline __attribute__((always_inline)) void kx_half_sb(const int fmt, cons
 #endif
         }
     }
-    __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of row n + 8 h + r as int16 */
+    __m256i mp[4]; /* lane r: (m_2q, m_2q+1) of the group's row 8 h + r as int16 */
     for (int q = 0; q < 4; q++)
         mp[q] = _mm256_or_si256(
             _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 192 + 32 * q + 8 * h))),
