@@ -463,3 +463,61 @@ def test_json_whitespace_default_style_none_and_patterns(tokenizer, backend):
     assert accepts(spec, loose) and accepts(spec, compact) and accepts(spec, styled)
     spec = spec_from_sampling_params({"json_schema": schema, "whitespace_pattern": ""}, server)
     assert not accepts(spec, styled)  # the request's own pattern wins
+
+
+def test_byte_level_token_bytes_match_gpt2s_alphabet():
+    """A byte-level token's bytes are its characters through the inverse of GPT-2's
+    ``bytes_to_unicode`` (transformers' table); a character outside that alphabet (a raw
+    space, U+0080, a Euro sign, an emoji) spells no bytes: None, never a guess."""
+    import random
+
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from radixlm.constraints.vocab import token_bytes
+
+    alphabet = bytes_to_unicode()  # byte -> its stand-in character
+    rng = random.Random(7)
+    for _ in range(2000):
+        data = bytes(rng.randrange(256) for _ in range(rng.randint(1, 6)))
+        assert token_bytes("".join(alphabet[b] for b in data), True) == data
+    assert token_bytes("", True) == b""
+    for bad in (" ", "\x80", "\u20ac", "\U0001f600"):
+        token = alphabet[ord("a")] + bad
+        assert token_bytes(token, True) is None, repr(bad)
+    assert token_bytes("\u2581hi<", False) == b" hi<"
+    assert token_bytes("<0x0A>", False) == b"\n"
+
+
+def test_llguidance_tokenizer_json_is_what_llguidance_serializes(tokenizer):
+    """The backend parses the JSON ``llguidance.hf.from_tokenizer`` would (padding and
+    truncation off) whether or not the tokenizer has them set, and never changes the
+    caller's tokenizer; its tokenizer is made once, on first use, by whichever caller
+    comes first."""
+    import copy
+
+    import llguidance.hf
+
+    from radixlm.constraints.llguidance_backend import LLGuidanceBackend, _tokenizer_json
+
+    def reference(tok) -> str:  # llguidance.hf.from_tokenizer's serialization
+        backend = copy.copy(tok.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        return backend.to_str()
+
+    tok = copy.deepcopy(tokenizer)
+    assert _tokenizer_json(tok) == reference(tok)
+    tok.backend_tokenizer.enable_truncation(max_length=7)
+    tok.backend_tokenizer.enable_padding(length=9)
+    assert json.loads(_tokenizer_json(tok))["truncation"] is None
+    assert _tokenizer_json(tok) == reference(tok)
+    assert tok.backend_tokenizer.truncation["max_length"] == 7  # the caller's, untouched
+    backend = LLGuidanceBackend(tok, vocab_size=len(tok), eos_token_ids=[tok.eos_token_id])
+    try:
+        assert backend._ll_tokenizer is None  # nothing parsed before a compile needs it
+        text = "Hello, world! 123"
+        ours = backend.ll_tokenizer.tokenize_str(text)
+        assert ours == llguidance.hf.from_tokenizer(tok).tokenize_str(text)
+        assert backend.ll_tokenizer is backend.ll_tokenizer
+    finally:
+        backend.shutdown()

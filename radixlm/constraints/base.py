@@ -131,6 +131,10 @@ class GrammarBackend(ABC):
         for grammar, row in rows:
             grammar.fill_bitmask(bitmask, row)
 
+    def warm(self) -> None:  # noqa: B027
+        """Start, off the calling thread, what the first compile would otherwise make
+        (called once the engine is ready; default: nothing)."""
+
     def shutdown(self) -> None:  # noqa: B027
         """Release worker threads."""
 

@@ -24,6 +24,7 @@ error state and the request is aborted with its message, never continued unconst
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -33,8 +34,8 @@ from typing import Any
 
 import jsonschema
 import llguidance as llg
-import llguidance.hf
 import numpy as np
+import transformers
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixlm.constraints import specs
@@ -331,6 +332,22 @@ class LLGuidanceGrammar(Grammar):
         return None
 
 
+def _tokenizer_json(tokenizer) -> str:
+    """A fast tokenizer's JSON without padding or truncation, as ``llguidance.hf.
+    from_tokenizer`` serializes it (a copy of the backend with both turned off; the backend
+    itself where neither is set: the same text, without the ~0.1 s copy)."""
+    if not isinstance(tokenizer, transformers.PreTrainedTokenizerFast):
+        raise ValueError("llguidance needs a fast (tokenizers-backed) tokenizer, got "
+                         f"{type(tokenizer).__name__}")
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is None and backend.truncation is None:
+        return backend.to_str()
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend.to_str()
+
+
 class LLGuidanceBackend(CompilingBackend):
     """Compiles specs to llguidance matchers for one tokenizer (HF fast tokenizers).
 
@@ -351,14 +368,31 @@ class LLGuidanceBackend(CompilingBackend):
             compile_timeout_s=compile_timeout_s, max_regex_chars=max_regex_chars,
             enable_jump_forward=enable_jump_forward, memory=LRUCache(memory_cache_size),
             counters=("compiles", "memory_hits", "failures"))
-        self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
-                                                         eos_token=list(self.eos_ids))
+        self._ll_json = _tokenizer_json(tokenizer)  # (read here: the caller's thread)
+        self._ll_tokenizer = None  # parsed on first use or by warm() (~0.2-0.4 s)
+        self._ll_lock = threading.Lock()
         bits = np.zeros(self.words * 32, dtype=np.bool_)
         bits[list(self.eos_ids)] = True
         self.eos_row = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
         self.limits = limits
         self._executor = llg.LLExecutor(max(1, mask_threads))
         self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
+
+    @property
+    def ll_tokenizer(self) -> llg.LLTokenizer:
+        """llguidance's tokenizer (its own parse of the fast tokenizer's JSON), made once
+        by the first caller (a compile worker or ``warm``); the others wait for it."""
+        with self._ll_lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = llg.LLTokenizer(self._ll_json, n_vocab=self.vocab_size,
+                                                     eos_token=list(self.eos_ids))
+            return self._ll_tokenizer
+
+    def warm(self) -> None:
+        """Make ``ll_tokenizer`` on a thread of its own now (the engine calls this once it
+        is ready, so its start does not wait for it; a compile before it is done waits)."""
+        threading.Thread(target=lambda: self.ll_tokenizer, name="llguidance-tokenizer",
+                         daemon=True).start()
 
     # ------------------------------------------------------------------- spec -> grammar
 

@@ -38,13 +38,22 @@ def _is_byte_level(tokenizer) -> bool:
     return decoder is not None and "ByteLevel" in repr(decoder)
 
 
+@lru_cache(maxsize=1)
+def _byte_level_table() -> dict[int, str]:
+    """``str.translate`` table of ``unicode_to_bytes``: a stand-in to the Latin-1 character of
+    its byte; any other character below 256 to one Latin-1 cannot encode (a character
+    outside the table spells no byte; those from 256 up fail the encoding unchanged)."""
+    table = {c: "\U0010ffff" for c in range(256)}
+    table.update({ord(ch): chr(b) for ch, b in unicode_to_bytes().items()})
+    return table
+
+
 def token_bytes(token: str, byte_level: bool) -> bytes | None:
     """The bytes a vocabulary string stands for (None if it can't be decoded losslessly)."""
-    if byte_level:
-        table = unicode_to_bytes()
+    if byte_level:  # (per character in C: a 49k vocabulary in ~30 ms, not ~150)
         try:
-            return bytes(table[c] for c in token)
-        except KeyError:
+            return token.translate(_byte_level_table()).encode("latin-1")
+        except UnicodeEncodeError:
             return None
     if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
         return bytes([int(token[3:5], 16)])

@@ -182,8 +182,9 @@ def _grammar_backend(tokenizer, config: EngineConfig, eos_ids, vocab_size: int):
 def _text_side(config: EngineConfig, model_path, hf_config) -> tuple:
     """The engine's tokenizer (its chat template as configured), its end-of-turn ids, and
     the future of its grammar backend for the config's vocabulary size (None without one):
-    made on a thread of their own while the weights load (a GGUF's vocabulary ~0.5-0.7 s,
-    the backend's tables ~0.5-1 s; the weights are mostly C code, the GIL released)."""
+    made on a thread of their own while the weights load (a GGUF's vocabulary ~0.5-0.9 s,
+    the backend ~0.15 s: llguidance's own tokenizer tables are parsed after the engine is
+    ready, ``GrammarBackend.warm``; the weights are mostly C code, the GIL released)."""
     tokenizer = load_tokenizer(config.tokenizer_path or model_path)
     if config.chat_template is not None:
         tokenizer.chat_template = load_chat_template(config.chat_template)
@@ -251,6 +252,8 @@ class Engine:
         envs.trim_malloc(0)  # (what the setup threads' arenas freed: theirs alone, unused)
         envs.freeze_gc()
         self.scheduler.start()
+        if self.grammar_backend is not None:  # (its tokenizer tables: after ready, ~0.3 s)
+            self.grammar_backend.warm()
 
     def _make_grammar_backend(self, setup: Future):
         """The grammar backend ``setup`` made (None, with ``_grammar_error`` set, where
