@@ -53,3 +53,34 @@ def test_populate_write_maps_fresh_memory():
     assert not buf.any()  # zero pages, as a fault would give
     del buf
     m.close()
+
+
+def test_populate_on_threads_maps_every_part_of_the_range(monkeypatch):
+    """Split over threads, every part is mapped: the whole range resident, the split at
+    page boundaries with nothing left out (an unaligned start and end included)."""
+    monkeypatch.setattr(pages, "PARALLEL_MIN", 4 << 20)  # (a small range still splits)
+    m = mmap.mmap(-1, 24 << 20, flags=mmap.MAP_PRIVATE)
+    buf = np.frombuffer(m, dtype=np.uint8)
+    seen: list[tuple[int, int]] = []
+    madvise = pages._libc().madvise
+
+    class Spy:
+        def madvise(self, address, length, advice):
+            seen.append((address, length))
+            return madvise(address, length, advice)
+
+    monkeypatch.setattr(pages, "_libc", lambda: Spy())
+    before = _rss_kb("VmRSS")
+    start, size = buf.ctypes.data + 100, buf.nbytes - 5000
+    assert pages.populate(start, size, write=True, threads=3)
+    assert len(seen) == 3  # three parts, one madvise each
+    seen.sort()
+    page = mmap.PAGESIZE
+    assert seen[0][0] == start // page * page
+    assert all(a + n == b for (a, n), (b, _) in zip(seen, seen[1:]))  # no gap, no overlap
+    assert seen[-1][0] + seen[-1][1] == -(-(start + size) // page) * page
+    assert all(a % page == 0 and n % page == 0 for a, n in seen)
+    assert _rss_kb("VmRSS") - before >= 22 << 10
+    assert not buf.any()
+    del buf
+    m.close()

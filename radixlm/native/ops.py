@@ -71,7 +71,8 @@ class Arena:
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
-        pages.populate(self._buf.ctypes.data, size, write=True)  # all of it is written next
+        pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
+                       threads=max(1, threads))
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:

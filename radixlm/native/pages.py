@@ -17,11 +17,13 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
+import threading
 
 import numpy as np
 
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
+PARALLEL_MIN = 64 << 20  # bytes a thread, at least, for ``populate`` to split a range
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,10 +70,14 @@ def release(a: np.ndarray | None) -> int:
     return hi - lo if libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0 else 0
 
 
-def populate(address: int, size: int, write: bool) -> bool:
+def populate(address: int, size: int, write: bool, threads: int = 1) -> bool:
     """Map the pages of ``[address, address + size)`` now (``write``: for writing, e.g. fresh
     anonymous memory; else for reading, e.g. a file map). False where the kernel or libc
-    cannot (the pages then fault in as they are touched: slower, the same result)."""
+    cannot (the pages then fault in as they are touched: slower, the same result).
+
+    With ``threads`` > 1 a range of at least ``PARALLEL_MIN`` bytes a thread is split into
+    that many parts, each mapped by a thread of its own (madvise drops the GIL): fresh
+    memory on the 2-core VMs, 4 GiB, 1.4-2.2 s on one thread, 0.67 s on two."""
     libc = _libc()
     if libc is None or size <= 0:
         return False
@@ -79,7 +85,22 @@ def populate(address: int, size: int, write: bool) -> bool:
     lo = address // page * page
     hi = -(-(address + size) // page) * page
     advice = MADV_POPULATE_WRITE if write else MADV_POPULATE_READ
-    return libc.madvise(lo, hi - lo, advice) == 0
+    parts = max(1, min(threads, (hi - lo) // PARALLEL_MIN))
+    if parts == 1:
+        return libc.madvise(lo, hi - lo, advice) == 0
+    cut = [lo + (hi - lo) // parts * i // page * page for i in range(parts)] + [hi]
+    ok = [False] * parts
+
+    def part(i: int) -> None:
+        ok[i] = libc.madvise(cut[i], cut[i + 1] - cut[i], advice) == 0
+
+    helpers = [threading.Thread(target=part, args=(i,)) for i in range(1, parts)]
+    for t in helpers:
+        t.start()
+    part(0)
+    for t in helpers:
+        t.join()
+    return all(ok)
 
 
 def populate_read(a: np.ndarray | None) -> bool:
