@@ -50,7 +50,7 @@ def _byte_level_table() -> dict[int, str]:
 
 def token_bytes(token: str, byte_level: bool) -> bytes | None:
     """The bytes a vocabulary string stands for (None if it can't be decoded losslessly)."""
-    if byte_level:  # (per character in C: a 49k vocabulary in ~30 ms, not ~150)
+    if byte_level:  # (in C: TokenVocab of a 49k vocabulary 0.08 s; a character at a time 0.19)
         try:
             return token.translate(_byte_level_table()).encode("latin-1")
         except UnicodeEncodeError:
