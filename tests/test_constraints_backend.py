@@ -521,3 +521,34 @@ def test_llguidance_tokenizer_json_is_what_llguidance_serializes(tokenizer):
         assert backend.ll_tokenizer is backend.ll_tokenizer
     finally:
         backend.shutdown()
+
+
+def test_a_tokenizer_llguidance_cannot_parse_fails_each_compile_by_name(tokenizer, caplog,
+                                                                        monkeypatch):
+    """Where llguidance cannot parse the tokenizer (made after the engine is ready), warm()
+    logs it and every compile fails with a ValueError saying so; the parse is tried once."""
+    from radixlm.constraints import llguidance_backend as lb
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("unknown pre-tokenizer")
+
+    monkeypatch.setattr(lb.llg, "LLTokenizer", refuse)
+    backend = lb.LLGuidanceBackend(tokenizer, vocab_size=len(tokenizer),
+                                   eos_token_ids=[tokenizer.eos_token_id])
+    try:
+        with caplog.at_level("WARNING", logger=lb.__name__):
+            backend.warm()
+            for _ in range(200):
+                if "cannot read" in caplog.text:
+                    break
+                threading.Event().wait(0.05)
+        assert "llguidance cannot read this tokenizer: unknown pre-tokenizer" in caplog.text
+        for _ in range(2):
+            with pytest.raises(ValueError, match="cannot read this tokenizer: unknown pre-"):
+                backend.compile(ConstraintSpec("regex", "[ab]+"))
+        assert len(calls) == 1
+    finally:
+        backend.shutdown()

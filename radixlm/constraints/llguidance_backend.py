@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 import threading
 import time
@@ -57,6 +58,8 @@ from radixlm.constraints.schema.llg_rewrite import (
 from radixlm.constraints.schema.metaschema import check_whitespace_pattern, meta_check
 from radixlm.constraints.schema.regex_translator import SchemaTranslator
 from radixlm.constraints.specs import DEFAULT_SEPARATORS, ConstraintSpec
+
+logger = logging.getLogger(__name__)
 
 
 def structural_tag_grammar(value: Any) -> str:
@@ -370,6 +373,7 @@ class LLGuidanceBackend(CompilingBackend):
             counters=("compiles", "memory_hits", "failures"))
         self._ll_json = _tokenizer_json(tokenizer)  # (read here: the caller's thread)
         self._ll_tokenizer = None  # parsed on first use or by warm() (~0.2-0.4 s)
+        self._ll_error: str | None = None  # why llguidance could not parse it (kept)
         self._ll_lock = threading.Lock()
         bits = np.zeros(self.words * 32, dtype=np.bool_)
         bits[list(self.eos_ids)] = True
@@ -381,18 +385,33 @@ class LLGuidanceBackend(CompilingBackend):
     @property
     def ll_tokenizer(self) -> llg.LLTokenizer:
         """llguidance's tokenizer (its own parse of the fast tokenizer's JSON), made once
-        by the first caller (a compile worker or ``warm``); the others wait for it."""
+        by the first caller (a compile worker or ``warm``); the others wait for it. Where
+        llguidance cannot parse it, every caller gets a ``ValueError`` saying so (the parse
+        is not retried)."""
         with self._ll_lock:
+            if self._ll_tokenizer is None and self._ll_error is None:
+                try:
+                    self._ll_tokenizer = llg.LLTokenizer(
+                        self._ll_json, n_vocab=self.vocab_size, eos_token=list(self.eos_ids))
+                except Exception as exc:  # noqa: BLE001  # (llguidance's own error types)
+                    self._ll_error = f"llguidance cannot read this tokenizer: {exc}"
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = llg.LLTokenizer(self._ll_json, n_vocab=self.vocab_size,
-                                                     eos_token=list(self.eos_ids))
+                raise ValueError(self._ll_error)
             return self._ll_tokenizer
 
     def warm(self) -> None:
         """Make ``ll_tokenizer`` on a thread of its own now (the engine calls this once it
-        is ready, so its start does not wait for it; a compile before it is done waits)."""
-        threading.Thread(target=lambda: self.ll_tokenizer, name="llguidance-tokenizer",
-                         daemon=True).start()
+        is ready, so its start does not wait for it; a compile before it is done waits).
+        A tokenizer llguidance cannot parse is logged here; constrained requests then fail
+        with the same message."""
+
+        def run() -> None:
+            try:
+                _ = self.ll_tokenizer
+            except ValueError as exc:
+                logger.warning("%s: constrained requests will fail", exc)
+
+        threading.Thread(target=run, name="llguidance-tokenizer", daemon=True).start()
 
     # ------------------------------------------------------------------- spec -> grammar
 
