@@ -206,8 +206,9 @@ class RealServer:
                 self.proc.kill()
             self.proc.wait(timeout=60)
             self.proc = None
-        if self._log is not None:
+        if self._log is not None:  # (its tail is in any start failure's message)
             self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
             self._log = None
 
 

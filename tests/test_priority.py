@@ -160,6 +160,7 @@ def test_priority_order_through_launch_server(tiny_model_dir) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+    log_path.unlink(missing_ok=True)  # (kept where a check failed: the exception skips this)
 
 
 def _check_server_priority_order(url: str) -> None:

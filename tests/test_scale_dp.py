@@ -79,6 +79,7 @@ def dp() -> Iterator[DPServer]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=60)
+        log.unlink(missing_ok=True)
 
 
 def _generate(url: str, text: str, max_new_tokens: int = 4) -> dict:
