@@ -33,43 +33,59 @@ static inline int64_t kx_sb_bytes(int fmt) {
     return fmt == FMT_Q6_K ? KX6_BYTES : fmt == FMT_Q5_K ? KX5_BYTES : KX_BYTES;
 }
 
-/* Q6_K rows src [16, nsb * 210] (row stride rb) as one repacked group at dst. */
+/* Q6_K group i of 16 weights e16 (one byte each) as the three dwords a row takes in the
+ * repacked layout: bytes 0-3 elements e | 8 + e << 4, 4-7 4 + e | 12 + e << 4, 8-11 the top
+ * bits of e, 4 + e, 8 + e, 12 + e two by two (dword 3: anything). */
+#ifdef RLM_AVX2
+static inline __m128i kx6_row_dwords(const uint8_t *e16) {
+    const __m128i x = _mm_load_si128((const __m128i *)e16);
+    const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
+    const __m128i hb = _mm_srli_epi16(_mm_andnot_si128(_mm_set1_epi8(15), x), 4);
+    const __m128i t = _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_si128(lo, 8), 4));
+    const __m128i u = _mm_or_si128(
+        _mm_or_si128(hb, _mm_slli_epi16(_mm_srli_si128(hb, 4), 2)),
+        _mm_or_si128(_mm_slli_epi16(_mm_srli_si128(hb, 8), 4),
+                     _mm_slli_epi16(_mm_srli_si128(hb, 12), 6)));
+    return _mm_unpacklo_epi64(t, u);
+}
+#endif
+
+/* Q6_K rows src [16, nsb * 210] (row stride rb) as one repacked group at dst: dword k of
+ * group i of row r at 288 + 192 i + 64 k + 4 r (4 rows' dwords transposed, 16-byte stores). */
 static void kx6_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
-    uint8_t q[256] __attribute__((aligned(64)));
+    uint8_t q[4][256] __attribute__((aligned(64)));
     float ds[16], dm[8];
     for (int s = 0; s < nsb; s++) {
         uint8_t *o = dst + (int64_t)s * KX6_BYTES;
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *p = src + r * rb + (int64_t)s * 210;
-            kq_unpack_sb(FMT_Q6_K, p, q, ds, dm);
-            memcpy(o + 2 * r, p + 208, 2);
+        for (int r4 = 0; r4 < 16; r4 += 4) {
+            for (int k = 0; k < 4; k++) {
+                const int r = r4 + k;
+                const uint8_t *p = src + r * rb + (int64_t)s * 210;
+                kq_unpack_sb(FMT_Q6_K, p, q[k], ds, dm);
+                memcpy(o + 2 * r, p + 208, 2);
+                for (int i = 0; i < 16; i++) o[32 + 16 * i + r] = p[192 + i];
+            }
             for (int i = 0; i < 16; i++) {
-                o[32 + 16 * i + r] = p[192 + i];
-                const uint8_t *e16 = q + 16 * i;
-                uint8_t *v = o + 288 + 192 * i + 4 * r;
+                uint8_t *v = o + 288 + 192 * i + 4 * r4;
 #ifdef RLM_AVX2
-                /* bytes 0-3: elements e | 8 + e << 4; 4-7: 4 + e | 12 + e << 4; the top bits
-                 * of e, 4 + e, 8 + e, 12 + e two by two */
-                const __m128i x = _mm_load_si128((const __m128i *)e16);
-                const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
-                const __m128i hb = _mm_srli_epi16(_mm_andnot_si128(_mm_set1_epi8(15), x), 4);
-                const __m128i t = _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_si128(lo, 8), 4));
-                const __m128i u = _mm_or_si128(
-                    _mm_or_si128(hb, _mm_slli_epi16(_mm_srli_si128(hb, 4), 2)),
-                    _mm_or_si128(_mm_slli_epi16(_mm_srli_si128(hb, 8), 4),
-                                 _mm_slli_epi16(_mm_srli_si128(hb, 12), 6)));
-                const int32_t w0 = _mm_cvtsi128_si32(t), w1 = _mm_extract_epi32(t, 1),
-                              w2 = _mm_cvtsi128_si32(u);
-                memcpy(v, &w0, 4);
-                memcpy(v + 64, &w1, 4);
-                memcpy(v + 128, &w2, 4);
+                const __m128i t0 = kx6_row_dwords(q[0] + 16 * i), t1 = kx6_row_dwords(q[1] + 16 * i);
+                const __m128i t2 = kx6_row_dwords(q[2] + 16 * i), t3 = kx6_row_dwords(q[3] + 16 * i);
+                const __m128i a0 = _mm_unpacklo_epi32(t0, t1), a1 = _mm_unpacklo_epi32(t2, t3);
+                const __m128i a2 = _mm_unpackhi_epi32(t0, t1), a3 = _mm_unpackhi_epi32(t2, t3);
+                _mm_storeu_si128((__m128i *)v, _mm_unpacklo_epi64(a0, a1));
+                _mm_storeu_si128((__m128i *)(v + 64), _mm_unpackhi_epi64(a0, a1));
+                _mm_storeu_si128((__m128i *)(v + 128), _mm_unpacklo_epi64(a2, a3));
                 continue;
 #endif
-                for (int e = 0; e < 4; e++) {
-                    v[e] = (uint8_t)((e16[e] & 15) | (e16[8 + e] & 15) << 4);
-                    v[64 + e] = (uint8_t)((e16[4 + e] & 15) | (e16[12 + e] & 15) << 4);
-                    v[128 + e] = (uint8_t)((e16[e] >> 4) | (e16[4 + e] >> 4) << 2 |
-                                           (e16[8 + e] >> 4) << 4 | (e16[12 + e] >> 4) << 6);
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *e16 = q[k] + 16 * i;
+                    for (int e = 0; e < 4; e++) {
+                        v[4 * k + e] = (uint8_t)((e16[e] & 15) | (e16[8 + e] & 15) << 4);
+                        v[64 + 4 * k + e] = (uint8_t)((e16[4 + e] & 15) | (e16[12 + e] & 15) << 4);
+                        v[128 + 4 * k + e] = (uint8_t)((e16[e] >> 4) | (e16[4 + e] >> 4) << 2 |
+                                                       (e16[8 + e] >> 4) << 4 |
+                                                       (e16[12 + e] >> 4) << 6);
+                    }
                 }
             }
         }
@@ -106,25 +122,37 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
             for (int j = 0; j < 8; j++) {
                 o[64 + 16 * j + r] = sc[j];
                 o[192 + 16 * j + r] = mn[j];
-                const uint8_t *qs = p + (five ? 48 : 16) + 32 * (j / 2);
-                const int sh = 4 * (j & 1);
-                uint8_t *v = o + kx_sub_at(five, j) + 4 * r;
+            }
+        }
+        /* sub-block j's 16 bytes a row: element e's nibble low, 16 + e's high; dword e of
+         * row r at kx_sub_at(j) + 64 e + 4 r */
+        for (int j = 0; j < 8; j++) {
+            const int qo = (five ? 48 : 16) + 32 * (j / 2), sh = 4 * (j & 1);
+            uint8_t *v = o + kx_sub_at(five, j);
 #ifdef RLM_AVX2
-                /* 16 bytes: element e's nibble low, 16 + e's high; 4 bytes to a vector */
-                const __m128i a = _mm_loadu_si128((const __m128i *)qs);
-                const __m128i b = _mm_loadu_si128((const __m128i *)(qs + 16));
-                const __m128i m = _mm_set1_epi8(15);
-                const __m128i t = sh ? _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m),
-                                                    _mm_andnot_si128(m, b))
-                                     : _mm_or_si128(_mm_and_si128(a, m),
-                                                    _mm_slli_epi16(_mm_and_si128(b, m), 4));
-                const int32_t w[4] = {_mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1),
-                                      _mm_extract_epi32(t, 2), _mm_extract_epi32(t, 3)};
-                for (int e = 0; e < 4; e++) memcpy(v + 64 * e, &w[e], 4);
-                continue;
+            const __m128i m = _mm_set1_epi8(15);
+            for (int r = 0; r < 16; r += 4) { /* 4 rows' 16 bytes, dwords transposed */
+                __m128i t[4];
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t *qs = src + (r + i) * rb + (int64_t)s * (five ? 176 : 144) + qo;
+                    const __m128i a = _mm_loadu_si128((const __m128i *)qs);
+                    const __m128i b = _mm_loadu_si128((const __m128i *)(qs + 16));
+                    t[i] = sh ? _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m), _mm_andnot_si128(m, b))
+                              : _mm_or_si128(_mm_and_si128(a, m), _mm_slli_epi16(_mm_and_si128(b, m), 4));
+                }
+                const __m128i a0 = _mm_unpacklo_epi32(t[0], t[1]), a1 = _mm_unpacklo_epi32(t[2], t[3]);
+                const __m128i a2 = _mm_unpackhi_epi32(t[0], t[1]), a3 = _mm_unpackhi_epi32(t[2], t[3]);
+                _mm_storeu_si128((__m128i *)(v + 4 * r), _mm_unpacklo_epi64(a0, a1));
+                _mm_storeu_si128((__m128i *)(v + 64 + 4 * r), _mm_unpackhi_epi64(a0, a1));
+                _mm_storeu_si128((__m128i *)(v + 128 + 4 * r), _mm_unpacklo_epi64(a2, a3));
+                _mm_storeu_si128((__m128i *)(v + 192 + 4 * r), _mm_unpackhi_epi64(a2, a3));
+            }
+            continue;
 #endif
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *qs = src + r * rb + (int64_t)s * (five ? 176 : 144) + qo;
                 for (int e = 0; e < 16; e++)
-                    v[64 * (e / 4) + e % 4] =
+                    v[64 * (e / 4) + 4 * r + e % 4] =
                         (uint8_t)(((qs[e] >> sh) & 15) | ((qs[16 + e] >> sh) & 15) << 4);
             }
         }
