@@ -1,0 +1,115 @@
+"""Where an engine's start goes: a fresh process per round, its stages timed from the
+interpreter's start to the engine being ready.
+
+    .venv/bin/python benchmarks/bench_start.py [--model PATH] [--rounds 5] [--json r.json]
+
+Each round runs ``Engine(model)`` in a new interpreter (a start is only a start once) with the
+engine's own stage functions wrapped by timers, on two threads as the engine runs them:
+
+* main thread: ``imports`` (``radixlm.runtime.engine``: torch and the runtime), ``config``
+  (the GGUF header walk and the config: ``load_hf_config``), ``runner`` (``ModelRunner``: the
+  KV pool, the arena, every weight placed), of it ``arena`` (the map made and populated) and
+  ``place`` (the weights copied or repacked in, summed), then ``scheduler`` and ``gc_freeze``;
+* the engine's setup thread: ``tokenizer`` (``load_tokenizer``) and ``grammar``
+  (``_grammar_backend``: the backend, not llguidance's tokenizer tables, which ``warm`` makes
+  after ready).
+
+A stage is its wall time; the two threads overlap but share the GIL. ``ready`` is the time
+from the interpreter's start (``time.perf_counter`` against the process start time) to the
+constructor's return. Reported: the median per stage over the rounds, and each round's
+``ready``. Prints the host line (CPU model, cores, ISA flags), a table and the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_CHILD = r"""
+import json, os, sys, threading, time
+def since_start():  # seconds since this process started (its start time in clock ticks)
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    return up - ticks / os.sysconf("SC_CLK_TCK")
+t_boot = time.perf_counter() - since_start()
+stages = {}
+def timed(name, fn):
+    def run(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            stages[name] = stages.get(name, 0.0) + time.perf_counter() - t
+    return run
+t = time.perf_counter()
+import radixlm
+from radixlm import envs
+from radixlm.native import ops
+from radixlm.runtime import engine as E
+stages["imports"] = time.perf_counter() - t
+for name, attr in (("config", "load_hf_config"), ("tokenizer", "load_tokenizer"),
+                   ("grammar", "_grammar_backend"), ("runner", "ModelRunner"),
+                   ("scheduler", "Scheduler")):
+    setattr(E, attr, timed(name, getattr(E, attr)))
+envs.freeze_gc = timed("gc_freeze", envs.freeze_gc)
+ops.Arena.__init__ = timed("arena", ops.Arena.__init__)
+ops.Arena.place = timed("place", ops.Arena.place)
+engine = E.Engine(sys.argv[1], log_level="warning")
+stages["ready"] = time.perf_counter() - t_boot
+stages["construct"] = time.perf_counter() - t - stages["imports"]
+engine.shutdown()
+print("STAGES " + json.dumps(stages), flush=True)
+os._exit(0)
+"""
+
+ORDER = ("imports", "config", "tokenizer", "grammar", "runner", "arena", "place",
+         "scheduler", "gc_freeze", "construct", "ready")
+
+
+def one_round(model: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _CHILD, model], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("STAGES "):
+            return json.loads(line[len("STAGES "):])
+    raise RuntimeError(f"the round failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="an alias, HF directory or .gguf file")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", help="write the summary here")
+    args = ap.parse_args()
+    from radixlm.hostinfo import host_line
+    from radixlm.native.build import host_info
+
+    host = host_line(host_info())
+    rounds = [one_round(args.model) for _ in range(args.rounds)]
+    median = {k: statistics.median(r[k] for r in rounds) for k in ORDER
+              if all(k in r for r in rounds)}
+    summary = {"host": host, "model": args.model, "rounds": rounds,
+               "median_s": median}
+    print(json.dumps(summary, indent=2))
+    print(f"\n{host}\nmodel {args.model}; {args.rounds} fresh processes; seconds, "
+          "medians (tokenizer and grammar: the setup thread, beside runner)")
+    for k, v in median.items():
+        print(f"{k:<12}{v:8.3f}")
+    print("ready per round: " + " ".join(f"{r['ready']:.2f}" for r in rounds))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
