@@ -31,16 +31,18 @@ def kquant_rows(type_name: str, n: int, k: int, seed: int, top: float = 2e-3) ->
     """Raw rows ``[n, k/256 * bytes]`` of random super-blocks: every bit pattern of the
     quants and scales, with finite fp16 super-scales up to ``top`` (weights up to ~500x)."""
     rng = np.random.default_rng(seed)
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
+    size, offsets = SUPER_BLOCKS[type_name]
     raw = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
-    scale = lambda: (rng.uniform(top / 20, top, (n, k // 256)) *  # noqa: E731
-                     rng.choice([1, -1], (n, k // 256))).astype(np.float16).view(np.uint8)
-    scale2 = lambda: scale().reshape(n, k // 256, 2)  # noqa: E731
-    if type_name == "Q6_K":
-        raw[..., 208:210] = scale2()
-    else:
-        raw[..., 0:2], raw[..., 2:4] = scale2(), scale2()
+    for at in offsets:
+        raw[..., at:at + 2] = (rng.uniform(top / 20, top, (n, k // 256)) *
+                               rng.choice([1, -1], (n, k // 256))).astype(np.float16)[
+            ..., None].view(np.uint8)
     return raw.reshape(n, -1)
+
+
+# GGUF K-quant type -> (bytes a super-block, offsets of its fp16 super-scales)
+SUPER_BLOCKS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+                "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
 
 
 def kquant_weight(type_name: str, n: int, k: int, seed: int):
@@ -191,8 +193,16 @@ def kquant_gguf(request, tmp_path_factory) -> Path:
     """A random-weight GGUF of a tiny shape (Llama with a tied head; Qwen2 with q/k/v biases
     and its own head) in K-quant super-blocks (random bytes: every bit pattern of quants and
     scales), with the embedded tokenizer."""
-    shape = make_gguf.SHAPES[request.param]
     path = tmp_path_factory.mktemp("kq") / f"{request.param}-kmix.gguf"
+    return write_tiny_gguf(path, request.param, _type_of)
+
+
+def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
+    """A random-weight GGUF of ``make_gguf``'s tiny shape ``shape_name`` at ``path``, each
+    matrix of the type ``type_of(tensor name)`` names (K-quants: random super-blocks of
+    ``kquant_rows``; Q8_0 / Q5_0 / Q5_1: gguf-py's quantization of random weights), norms
+    of ones, the embedded tokenizer."""
+    shape = make_gguf.SHAPES[shape_name]
     writer = gguf.GGUFWriter(str(path), shape.arch)
     for key, value in (("block_count", shape.layers), ("context_length", shape.context),
                        ("embedding_length", shape.hidden),
@@ -208,10 +218,10 @@ def kquant_gguf(request, tmp_path_factory) -> Path:
         if len(dims) == 1:
             writer.add_tensor(tname, np.ones(dims, dtype=np.float32))
             continue
-        kind = _type_of(tname)
-        if kind == "Q8_0":
+        kind = type_of(tname)
+        if kind not in SUPER_BLOCKS:
             raw = gguf.quants.quantize(np.random.default_rng(i).standard_normal(dims).astype(
-                np.float32) * 0.05, gguf.GGMLQuantizationType.Q8_0)
+                np.float32) * 0.05, gguf.GGMLQuantizationType[kind])
         else:
             raw = kquant_rows(kind, dims[0], dims[1], seed=i, top=TOP)
         writer.add_tensor(tname, raw, raw_shape=raw.shape,

@@ -178,35 +178,6 @@ def test_dtype_auto_is_the_checkpoints_own(monkeypatch, checkpoint, native_bf16,
                                     checkpoint)[1] == torch.bfloat16
 
 
-def test_other_gguf_block_types_run_as_q8_0(tmp_path):
-    """A GGUF tensor of a block type the kernels do not read (Q5_0 here; K-quants alike)
-    runs as Q8_0 blocks of its dequantized values (within Q8 rounding of them), named by
-    its origin; dense tensors (F32) are left to run as dense rows."""
-    import gguf
-
-    from radixlm.native.decoder import describe_weights
-    from radixlm.native.qweights import gguf_blocks
-
-    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
-    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0)
-    path = tmp_path / "t.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_shape=raw.shape,
-                      raw_dtype=gguf.GGMLQuantizationType.Q5_0)
-    writer.add_tensor("blk.0.ffn_down.weight", w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    blocks = gguf_blocks(path)
-    assert set(blocks) == {"blk.0.ffn_up.weight"}
-    up = blocks["blk.0.ffn_up.weight"]
-    assert (up.kind, up.origin) == ("q8_0", "Q5_0")
-    source = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_0)
-    assert np.abs(up.dequantize() - source).max() <= np.abs(source).max() / 127
-    assert describe_weights([up], up) == "gguf q8_0 (from Q5_0)"
-
-
 @needs_native
 def test_dense_rows_on_an_int8_kv_pool(llama_dir, tokenizer):
     """A checkpoint's dense rows beside an int8 K/V pool (--kv-cache-dtype int8): the native

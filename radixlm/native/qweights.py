@@ -16,9 +16,9 @@ precision (``BF16``: the bf16 bits as uint16, ``F32``), which the kernels read a
 bytes per scale: at one token per step the weights stream from DRAM, and fp32 scales
 were 24 bytes per Q4 block instead of 20).
 Weights from GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors are the file's own
-numbers; other quantized GGUF types become Q8_0 blocks of their dequantized values where a
-caller asks (``gguf_blocks``); checkpoints are quantized here only on request
-(``quantize``).
+numbers; other quantized GGUF types are rewritten into one of these formats where a caller
+asks (``gguf_blocks``, ``recode.py``: exactly for Q3_K and Q5_0); checkpoints are quantized
+here only on request (``quantize``).
 """
 
 from __future__ import annotations
@@ -200,12 +200,11 @@ DENSE_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 def gguf_blocks(path: Path) -> dict[str, QWeight]:
     """GGUF tensor name -> blocks, for every quantized 2-D tensor: Q4_0 / Q4_1 / Q8_0 /
-    Q4_K / Q5_K / Q6_K as the file has them, other quantized types as Q8_0 blocks of their
-    dequantized values (``origin`` names the file's type). Dense tensors (F32, F16, BF16)
-    are left out: they run as dense rows."""
-    import gguf
-
+    Q4_K / Q5_K / Q6_K as the file has them, other quantized types ``recoded`` (``origin``
+    names the file's type). Dense tensors (F32, F16, BF16) are left out: they run as dense
+    rows."""
     from radixlm.native.gguf_file import read_gguf
+    from radixlm.native.recode import recoded
 
     out = {}
     for t in read_gguf(path)[1]:
@@ -213,10 +212,5 @@ def gguf_blocks(path: Path) -> dict[str, QWeight]:
         name = t.tensor_type.name
         if raw.dtype != np.uint8 or raw.ndim != 2 or name in DENSE_GGUF_TYPES:
             continue
-        w = from_gguf_raw(name, raw)
-        if w is None:
-            dense = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
-            w = quantize_q8(dense.reshape(raw.shape[0], -1))
-            w.origin = name
-        out[t.name] = w
+        out[t.name] = from_gguf_raw(name, raw) or recoded(name, raw)
     return out

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from radixlm.native.recode import EXACT, REQUANTIZED, recoded
+
 logger = logging.getLogger(__name__)
 
 GGUF_TO_HF = {
@@ -169,36 +171,33 @@ def native_blocks(path, hf_config) -> NativeGGUF:
         else:
             w = from_gguf_raw(kind, np.asarray(t.data))
             if w is None:
-                w = _reencoded(t, kind, path)
+                w = _recoded(t, kind, path)
             blocks[name] = w
-    if reencoded := sorted({w.origin for w in blocks.values() if w.kind == "q8_0"
-                            and w.origin and w.origin != "Q8_0"}):
-        logger.warning("%s: %s tensors run as Q8_0 blocks of their values (no native "
-                       "kernel for the type: more bytes a step reads)",
-                       Path(path).name, ", ".join(reencoded))
+    recoded = sorted({(w.origin, w.kind) for w in blocks.values()
+                      if w.origin and w.origin.lower() != w.kind})
+    if exact := [f"{o} as {k.upper()}" for o, k in recoded if o in EXACT]:
+        logger.info("%s: %s tensors run as blocks of the same numbers (no native kernel for "
+                    "the type: more bytes a step reads)", Path(path).name, ", ".join(exact))
+    if lossy := [o for o, _ in recoded if o not in EXACT]:
+        logger.warning("%s: %s tensors run re-quantized to Q8_0 (no native format holds their "
+                       "numbers: close to the file's, not equal)", Path(path).name,
+                       ", ".join(lossy))
     return NativeGGUF(blocks, vectors, permuted(mt), total)
 
 
-# Quantized types the native library has no kernel for, run as Q8_0 blocks of their
-# values (named in the start log and the weights label, e.g. "q8_0 (from Q3_K)"). Q4_K,
-# Q5_K and Q6_K run in their own super-blocks (csrc/kquants.c).
-REENCODED_TYPES = ("Q2_K", "Q3_K", "Q5_0", "Q5_1")
+# Quantized types the native library has no kernel for (radixlm/native/recode.py): Q3_K and
+# Q5_0 run as Q6_K / Q8_0 blocks of the same numbers, Q2_K and Q5_1 re-quantized to Q8_0
+# (named in the start log and the weights label, e.g. "q6_k (from Q3_K)"). Q4_K, Q5_K and
+# Q6_K run in their own super-blocks (csrc/kquants.c).
+RECODED_TYPES = (*EXACT, *REQUANTIZED)
 
 
-def _reencoded(t, kind: str, path):
-    import gguf
-
-    from radixlm.native.qweights import quantize_q8
-
-    if kind not in REENCODED_TYPES:
+def _recoded(t, kind: str, path):
+    if kind not in RECODED_TYPES:
         raise ValueError(f"{path}: tensor {t.name} has type {kind}, which the native library "
                          "does not run (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16; "
-                         f"{', '.join(REENCODED_TYPES)} as Q8_0 blocks)")
-    raw = np.asarray(t.data)
-    dense = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
-    w = quantize_q8(dense.reshape(raw.shape[0], -1))
-    w.origin = kind
-    return w
+                         f"{', '.join(RECODED_TYPES)} in another format)")
+    return recoded(kind, np.asarray(t.data))
 
 
 def dequantized_state(path, hf_config) -> dict[str, torch.Tensor]:

@@ -1,0 +1,95 @@
+"""GGUF quantized types the native library has no kernel for, rewritten into one it has.
+
+Where a kernel's format holds the type's numbers exactly, the rewrite is lossless and the
+kernels compute what the file says (same integers, same scales, same float products as
+llama.cpp's and gguf-py's dequantization):
+
+- ``Q3_K`` -> ``Q6_K``: a Q3_K weight is ``(d * (s - 32)) * q`` with ``q`` in [-4, 3] and a
+  6-bit scale ``s`` a sub-block of 16; Q6_K is ``(d * sc) * q`` with ``q`` in [-32, 31] and an
+  int8 ``sc`` a sub-block of 16, the same fp16 ``d`` a super-block of 256 (210 bytes a
+  super-block against the file's 110: 1.9x the bytes, Q8_0's 2.5x);
+- ``Q5_0`` -> ``Q8_0``: ``d * (q - 16)`` with ``q`` 5-bit a block of 32 is ``d * q8`` with
+  ``q8 = q - 16`` (34 bytes a block against 22).
+
+The others (``Q2_K``, ``Q5_1``: a minimum per block that no kernel format carries) are
+re-quantized: Q8_0 blocks of their dequantized values, close to the file's numbers but not
+equal to them. ``recoded`` says which happened (``QWeight.origin`` names the file's type).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixlm.native.qweights import FMT_Q6_K, FMT_Q8, QWeight, _fp16, quantize_q8
+
+EXACT = {"Q3_K": "Q6_K", "Q5_0": "Q8_0"}  # file type -> the kernel format holding it exactly
+REQUANTIZED = ("Q2_K", "Q5_1")  # run as Q8_0 blocks of their values (not exact)
+Q3_K_BYTES, Q5_0_BYTES = 110, 22
+
+
+def recoded(type_name: str, raw: np.ndarray) -> QWeight:
+    """A GGUF tensor of ``type_name`` (one of ``EXACT`` or ``REQUANTIZED``; raw bytes
+    ``[n, bytes per row]``) as blocks of a native format; ``origin`` is ``type_name``. A
+    ValueError for any other type."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if type_name == "Q3_K":
+        return QWeight(FMT_Q6_K, q3_k_as_q6_k(raw), None, None, "q6_k", type_name)
+    if type_name == "Q5_0":
+        q, d = q5_0_as_q8_0(raw)
+        return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)
+    if type_name not in REQUANTIZED:
+        raise ValueError(f"no native format holds GGUF type {type_name}")
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    dense = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32)
+    w = quantize_q8(dense.reshape(raw.shape[0], -1))
+    w.origin = type_name
+    return w
+
+
+def _blocks(raw: np.ndarray, size: int, name: str) -> np.ndarray:
+    if raw.ndim != 2 or raw.shape[1] % size:
+        raise ValueError(f"{name} rows of {raw.shape[-1]} bytes are not whole blocks of {size}")
+    return raw.reshape(-1, size)
+
+
+def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
+    """Q3_K rows ``[n, nb * 110]`` as Q6_K rows ``[n, nb * 210]`` of the same numbers."""
+    b = _blocks(raw, Q3_K_BYTES, "Q3_K")
+    hmask, qs, sc, d = b[:, :32], b[:, 32:96], b[:, 96:108], b[:, 108:110]
+    # element h*128 + s*32 + l: bits 2s..2s+1 of qs[h*32 + l]; its high bit: bit h*4 + s of
+    # hmask[l], set meaning "no -4" (the layout of gguf-py's and llama.cpp's dequantize)
+    low = (qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    high = (hmask.reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+    q = low.reshape(-1, 256).astype(np.int8) - 4 * (1 - high.reshape(-1, 256)).astype(np.int8)
+    lo = (sc[:, :8, None] >> np.array([0, 4], np.uint8)).transpose(0, 2, 1).reshape(-1, 16)
+    hi = (sc[:, 8:, None] >> np.array([0, 2, 4, 6], np.uint8)).transpose(0, 2, 1).reshape(-1, 16)
+    scales = ((lo & 0x0F) | ((hi & 0x03) << 4)).astype(np.int8) - np.int8(32)
+    return _q6_k_blocks(q, scales, d).reshape(raw.shape[0], -1)
+
+
+def _q6_k_blocks(q: np.ndarray, scales: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks ``[nb, 210]`` of values ``q`` int8 ``[nb, 256]`` in [-32, 31], int8
+    ``scales`` ``[nb, 16]`` and fp16 bytes ``d`` ``[nb, 2]``."""
+    u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(-1, 2, 128)
+    lo, hi = u & 0x0F, u >> 4
+    ql = lo[:, :, :64] | (lo[:, :, 64:] << 4)  # element h*128 + b | h*128 + 64 + b
+    qh = np.zeros((u.shape[0], 2, 32), np.uint8)
+    for s in range(4):  # element h*128 + s*32 + l -> bits 2s..2s+1 of qh[h*32 + l]
+        qh |= hi[:, :, s * 32:(s + 1) * 32] << (2 * s)
+    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64),
+                           scales.view(np.uint8), d], axis=1)
+
+
+def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_0 rows ``[n, nb * 22]`` as Q8_0's int8 values ``[n, nb, 32]`` and fp16 scales
+    ``[n, nb]`` of the same numbers."""
+    b = _blocks(raw, Q5_0_BYTES, "Q5_0")
+    qh = b[:, 2:6].copy().view("<u4")  # element j's fifth bit: bit j
+    bits = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    qs = b[:, 6:]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # element j | j + 16
+    q = (low | (bits << 4)).astype(np.int8) - np.int8(16)
+    n = raw.shape[0]
+    return q.reshape(n, -1, 32), _fp16(b[:, :2]).reshape(n, -1)

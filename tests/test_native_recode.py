@@ -1,0 +1,119 @@
+"""GGUF types without a native kernel (radixlm/native/recode.py): Q3_K and Q5_0 rewritten
+into Q6_K / Q8_0 blocks of the same numbers (bit-equal to gguf-py's dequantization), Q2_K
+and Q5_1 re-quantized to Q8_0 (within its rounding), each named by its origin; a file of
+them served with transformers' choices."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_native_kquants import _chosen_are_argmax, kquant_rows, write_tiny_gguf
+
+from radixlm.native.decoder import describe_weights
+from radixlm.native.qweights import gguf_blocks
+from radixlm.native.recode import EXACT, REQUANTIZED, recoded
+
+
+def _raw(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random rows of ``type_name``: K-quants every bit pattern of quants and scales (finite
+    super-scales), the 32-blocks gguf-py's quantization of random weights."""
+    if type_name.endswith("_K"):
+        return kquant_rows(type_name, n, k, seed, top=1e-2)
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[type_name])
+
+
+def _source(type_name: str, raw: np.ndarray) -> np.ndarray:
+    kind = gguf.GGMLQuantizationType[type_name]
+    return np.asarray(gguf.quants.dequantize(raw, kind), np.float32).reshape(raw.shape[0], -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(EXACT))
+def test_exact_recodes_hold_the_files_numbers(type_name):
+    """Q3_K as Q6_K, Q5_0 as Q8_0: every weight the same float32 bits as gguf-py's
+    dequantization of the file's blocks (signed zeros and all), in the kernel format's own
+    block layout (what the native kernels read)."""
+    raw = _raw(type_name, 8, 512, seed=1)
+    w = recoded(type_name, raw)
+    assert (w.kind, w.origin) == (EXACT[type_name].lower(), type_name)
+    assert (w.n, w.k) == (8, 512)
+    assert np.array_equal(w.dequantize().view(np.uint32), _source(type_name, raw).view(np.uint32))
+    if type_name == "Q3_K":  # the Q6_K bytes dequantized by gguf-py's own Q6_K rule
+        again = _source("Q6_K", w.qs)
+        assert np.array_equal(again.view(np.uint32), _source("Q3_K", raw).view(np.uint32))
+
+
+@pytest.mark.parametrize("type_name", REQUANTIZED)
+def test_requantized_types_are_within_q8_rounding(type_name):
+    """Q2_K, Q5_1 (a minimum a block that no kernel format carries): Q8_0 blocks of their
+    values, within half a Q8 step of each, and not all equal to them (a real rounding)."""
+    raw = _raw(type_name, 8, 512, seed=2)
+    w = recoded(type_name, raw)
+    assert (w.kind, w.origin) == ("q8_0", type_name)
+    source = _source(type_name, raw)
+    step = (np.abs(source).reshape(8, -1, 32).max(-1) / 127).repeat(32, -1)
+    err = np.abs(w.dequantize() - source)
+    assert np.all(err <= step * 0.5 + 1e-3 * step + 1e-12) and err.max() > 0
+
+
+def test_recode_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="not whole blocks of 110"):
+        recoded("Q3_K", np.zeros((2, 100), np.uint8))
+    with pytest.raises(ValueError, match="not whole blocks of 22"):
+        recoded("Q5_0", np.zeros((2, 23), np.uint8))
+    with pytest.raises(ValueError, match="IQ2_XS"):
+        recoded("IQ2_XS", np.zeros((2, 66), np.uint8))
+
+
+def test_gguf_blocks_recode_and_name_the_origin(tmp_path):
+    """``gguf_blocks`` over a written file: a Q3_K and a Q5_0 tensor come back recoded and
+    named by their origin; a dense (F32) tensor is left to run as dense rows."""
+    w = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for tname, kind in (("blk.0.ffn_up.weight", "Q5_0"), ("blk.0.ffn_gate.weight", "Q3_K")):
+        raw = _raw(kind, 8, 256, seed=3)
+        writer.add_tensor(tname, raw, raw_shape=raw.shape,
+                          raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.add_tensor("blk.0.ffn_down.weight", w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    blocks = gguf_blocks(path)
+    assert set(blocks) == {"blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"}
+    up, gate = blocks["blk.0.ffn_up.weight"], blocks["blk.0.ffn_gate.weight"]
+    assert describe_weights([up], up) == "gguf q8_0 (from Q5_0)"
+    assert describe_weights([gate], gate) == "gguf q6_k (from Q3_K)"
+
+
+# A Q3_K_M-like mix over the tiny shape: Q3_K for q, k, gate and up, Q5_0 for v, a Q5_1
+# output projection, Q4_K / Q6_K elsewhere (down, the head).
+MIX = {"attn_q": "Q3_K", "attn_k": "Q3_K", "ffn_gate": "Q3_K", "ffn_up": "Q3_K",
+       "attn_v": "Q5_0", "attn_output": "Q5_1", "ffn_down": "Q4_K"}
+
+
+def _mix(tname: str) -> str:
+    parts = tname.split(".")
+    return MIX[parts[2]] if parts[0] == "blk" else "Q6_K"
+
+
+@pytest.mark.parametrize("act,tol", [("fp32", 1e-3), ("int8", 0.02)])
+def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path_factory, act, tol):
+    """A tiny Llama file of Q3_K / Q5_0 / Q5_1 / Q4_K / Q6_K tensors: the label names each
+    recoded type's origin, and prefill plus 16 greedy steps choose transformers' argmax on
+    the file (fp32 activations: up to summation order; int8: within the activations'
+    rounding)."""
+    from radixlm.runtime.engine import Engine
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("q3") / "tiny-q3mix.gguf", "tiny", _mix)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    with Engine(str(path), dtype="float32", native_activations=act, max_total_tokens=2048,
+                log_level="warning") as engine:
+        weights = engine.runner.precision["weights"]
+        for label in ("q6_k (from Q3_K)", "q8_0 (from Q5_0)", "q8_0 (from Q5_1)", "q4_k"):
+            assert label in weights, weights
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
+                                         "ignore_eos": True})
+    _chosen_are_argmax(path, prompts, outs, tol)
