@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from server_fakes import STARTUP_POLL_S, free_port, health_ok, wait_until
@@ -177,10 +178,12 @@ class RealServer:
         cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
                "--context-length", str(self.CONTEXT),
                "--max-total-tokens", str(self.MAX_TOTAL_TOKENS),
-               "--max-running-requests", str(self.MAX_RUNNING), "--log-level", "warning",
-               # fp32 activations: a cache hit's answer is then the miss's (int8 small steps
-               # round a prompt's last token unlike its prefill, which can flip a near-tie)
-               "--native-activations", "fp32"]
+               # the default activations: int8 blocks at every step size (batch-invariant),
+               # so a cache hit's answer is the miss's bit for bit, and a request's the same
+               # alone or beside others (fp32 activations would not be: their kernels sum
+               # by step size, and a hit recomputes the prompt's last token in a 1-token
+               # step, unlike its prefill, which can flip a near-tie)
+               "--max-running-requests", str(self.MAX_RUNNING), "--log-level", "warning"]
         env = {**os.environ, "PYTHONPATH": str(root)}
         log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"radixlm-e2e-{port}.log", "w+")  # noqa: SIM115
         self._log, self.url = log, f"http://127.0.0.1:{port}"
@@ -196,6 +199,9 @@ class RealServer:
 
         try:
             wait_until(up, "the server to start", limit_s=300, interval=STARTUP_POLL_S)
+            # what the modules' comparisons of two answers rest on (see cmd above)
+            info = httpx.get(self.url + "/get_server_info", timeout=60).json()
+            assert info["batch_invariant"] is True, info.get("activations")
         except BaseException:
             self.stop()
             raise

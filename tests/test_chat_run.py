@@ -234,7 +234,7 @@ def test_run_in_a_terminal_streams_and_obeys_commands(real_server, tmp_path: Pat
     expected = server_answer(real_server.url, question, 40)
     log = tmp_path / "stderr.log"
     tmux = Tmux(f"cd {ROOT} && {sys.executable} -m radixlm.cli run --max-tokens 40 "
-                f"--context-length 512 --max-total-tokens 4096 --native-activations fp32 2>{log}")
+                f"--context-length 512 --max-total-tokens 4096 2>{log}")
     try:
         # (the program loads its engine meanwhile: polls 10 times a second leave it the CPU)
         tmux.wait_for(lambda s: prompts(s) == 1, "the first prompt", interval=0.1)
