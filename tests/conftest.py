@@ -141,13 +141,32 @@ def hf_model(model_dir):
 
 @pytest.fixture(scope="session")
 def engine_fp32():
-    """The real model in fp32 (exact comparisons with transformers): fp32 activations in
-    every native step too (the default runs int8 one-token steps on a GGUF where the CPU
-    has u8 x s8 SIMD, llama.cpp's numbers)."""
+    """The real model in fp32 (close comparisons with transformers and the reference
+    path): fp32 activations in every native step too (the default runs int8 activation
+    blocks on a GGUF where the CPU has u8 x s8 SIMD, llama.cpp's numbers). Not
+    batch-invariant: the fp32 kernels sum in an order chosen by the step's size (under 4
+    tokens, from 4, AVX2's panel from 16), so a token's logits can differ in the last bits
+    between two runs scheduled into other steps (alone or batched, a cache hit or a miss):
+    tests that compare two runs exactly use ``engine_default``."""
     from radixlm.runtime.engine import Engine
 
     engine = Engine(dtype="float32", native_activations="fp32", max_total_tokens=16384,
                     log_level="warning")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_default():
+    """The real model on the defaults, for tests that compare two runs exactly (alone and
+    batched, a cache hit and a miss, streamed and not): the GGUF runs every step natively
+    in int8 activation blocks, one rounding at every step size (batch-invariant,
+    ``STEP_INVARIANT_MODES``), so a token's logits are the same bits however its steps
+    were scheduled and the comparisons hold by construction."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(max_total_tokens=16384, log_level="warning")
+    assert engine.batch_invariant, engine.runner.precision
     yield engine
     engine.shutdown()
 

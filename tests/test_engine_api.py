@@ -26,66 +26,66 @@ PROMPT = "Write one sentence about the ocean."
     ({"input_ids": [10**7]}, "token id"),
     ({"prompt": "hi", "input_ids": [1]}, "exactly one"),
 ])
-def test_bad_input_raises_value_error_naming_the_field(engine_fp32, kwargs, field):
+def test_bad_input_raises_value_error_naming_the_field(engine_default, kwargs, field):
     with pytest.raises(ValueError, match=field):
-        engine_fp32.generate(**kwargs)
-    engine_fp32.check_integrity()
+        engine_default.generate(**kwargs)
+    engine_default.check_integrity()
 
 
-def test_prompt_longer_than_context(engine_fp32):
+def test_prompt_longer_than_context(engine_default):
     with pytest.raises(ValueError, match="context"):
-        engine_fp32.generate(input_ids=[100] * (engine_fp32.context_len + 1))
+        engine_default.generate(input_ids=[100] * (engine_default.context_len + 1))
 
 
-def test_stop_string_across_token_boundary_is_trimmed(engine_fp32, tokenizer):
-    base = engine_fp32.generate(PROMPT, GREEDY)
+def test_stop_string_across_token_boundary_is_trimmed(engine_default, tokenizer):
+    base = engine_default.generate(PROMPT, GREEDY)
     ids = base["output_ids"]
     # a stop string that starts inside token 3 and ends inside token 4
     t3, t4 = tokenizer.decode(ids[3:4]), tokenizer.decode(ids[4:5])
     assert len(t3) >= 2 and len(t4) >= 2, (t3, t4)
     stop = t3[-2:] + t4[:2]
     prefix = tokenizer.decode(ids[:3]) + t3[:-2]
-    out = engine_fp32.generate(PROMPT, {**GREEDY, "stop": [stop]})
+    out = engine_default.generate(PROMPT, {**GREEDY, "stop": [stop]})
     assert out["text"] == base["text"][: base["text"].index(stop)]
     assert out["text"].startswith(prefix)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    kept = engine_fp32.generate(PROMPT, {**GREEDY, "stop": stop, "no_stop_trim": True})
+    kept = engine_default.generate(PROMPT, {**GREEDY, "stop": stop, "no_stop_trim": True})
     assert kept["text"].endswith(stop)
 
 
-def test_stop_token_ids_stop_regex_min_and_max_tokens(engine_fp32):
-    base = engine_fp32.generate(PROMPT, GREEDY)
+def test_stop_token_ids_stop_regex_min_and_max_tokens(engine_default):
+    base = engine_default.generate(PROMPT, GREEDY)
     ids = base["output_ids"]
-    out = engine_fp32.generate(PROMPT, {**GREEDY, "stop_token_ids": [ids[5]]})
+    out = engine_default.generate(PROMPT, {**GREEDY, "stop_token_ids": [ids[5]]})
     assert out["output_ids"] == ids[:6]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[5]}
     word = base["text"].split()[3]
-    out = engine_fp32.generate(PROMPT, {**GREEDY, "stop_regex": [rf"\b{word}\b"]})
+    out = engine_default.generate(PROMPT, {**GREEDY, "stop_regex": [rf"\b{word}\b"]})
     assert word not in out["text"].split()[3:] and out["meta_info"]["finish_reason"]["type"] == \
         "stop"
-    short = engine_fp32.generate(PROMPT, {**GREEDY, "max_new_tokens": 3})
+    short = engine_default.generate(PROMPT, {**GREEDY, "max_new_tokens": 3})
     assert short["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
     assert short["output_ids"] == ids[:3]
     # without min_new_tokens this chat prompt stops early at <|im_end|>
     chat = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
-    free = engine_fp32.generate(chat, {"temperature": 0, "max_new_tokens": 40})
+    free = engine_default.generate(chat, {"temperature": 0, "max_new_tokens": 40})
     assert free["meta_info"]["finish_reason"]["type"] == "stop"
     n_free = free["meta_info"]["completion_tokens"]
-    forced = engine_fp32.generate(chat, {"temperature": 0, "max_new_tokens": 40,
+    forced = engine_default.generate(chat, {"temperature": 0, "max_new_tokens": 40,
                                          "min_new_tokens": n_free + 5})
     assert forced["meta_info"]["completion_tokens"] >= n_free + 5
 
 
-def test_prefill_only_and_prompt_logprobs_from_start_len(engine_fp32, tokenizer):
+def test_prefill_only_and_prompt_logprobs_from_start_len(engine_default, tokenizer):
     ids = tokenizer.encode("The sun rises in the east and sets in the west.")
-    full = engine_fp32.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+    full = engine_default.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
                                 return_logprob=True, logprob_start_len=0)
     meta = full["meta_info"]
     assert full["output_ids"] == [] and meta["finish_reason"]["type"] == "length"
     assert len(meta["input_token_logprobs"]) == len(ids)
     assert meta["input_token_logprobs"][0][0] is None
     assert all(lp <= 0 for lp, _, _ in meta["input_token_logprobs"][1:])
-    part = engine_fp32.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+    part = engine_default.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
                                 return_logprob=True, logprob_start_len=5, top_logprobs_num=3,
                                 return_text_in_logprobs=True)
     pm = part["meta_info"]
@@ -96,8 +96,8 @@ def test_prefill_only_and_prompt_logprobs_from_start_len(engine_fp32, tokenizer)
     assert all(len(t) == 3 for t in pm["input_top_logprobs"])
 
 
-def test_output_logprobs_shapes(engine_fp32):
-    out = engine_fp32.generate(PROMPT, {**GREEDY, "max_new_tokens": 5}, return_logprob=True,
+def test_output_logprobs_shapes(engine_default):
+    out = engine_default.generate(PROMPT, {**GREEDY, "max_new_tokens": 5}, return_logprob=True,
                                top_logprobs_num=4)
     meta = out["meta_info"]
     assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
@@ -106,29 +106,29 @@ def test_output_logprobs_shapes(engine_fp32):
     assert meta["input_token_logprobs"] == []
 
 
-def test_seed_reproducible_across_batches_and_n(engine_fp32):
+def test_seed_reproducible_across_batches_and_n(engine_default):
     params = {"temperature": 1.0, "max_new_tokens": 12, "seed": 1234}
-    alone = engine_fp32.generate(PROMPT, params)
-    batch = engine_fp32.generate(["Hello there", PROMPT, "Name a fruit."],
+    alone = engine_default.generate(PROMPT, params)
+    batch = engine_default.generate(["Hello there", PROMPT, "Name a fruit."],
                                  [{"temperature": 1.0, "max_new_tokens": 9}, params,
                                   {"temperature": 0.7, "max_new_tokens": 5}])
     assert batch[1]["output_ids"] == alone["output_ids"]
-    many = engine_fp32.generate(PROMPT, {**params, "n": 3})
+    many = engine_default.generate(PROMPT, {**params, "n": 3})
     assert len(many) == 3 and many[0]["output_ids"] == alone["output_ids"]
     assert len({tuple(m["output_ids"]) for m in many}) > 1
 
 
-def test_stream_concatenates_to_final_and_async(engine_fp32):
-    final = engine_fp32.generate(PROMPT, GREEDY)
-    chunks = list(engine_fp32.generate(PROMPT, GREEDY, stream=True))
+def test_stream_concatenates_to_final_and_async(engine_default):
+    final = engine_default.generate(PROMPT, GREEDY)
+    chunks = list(engine_default.generate(PROMPT, GREEDY, stream=True))
     assert len(chunks) > 3
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative
     assert texts[-1] == final["text"] and chunks[-1]["meta_info"]["finish_reason"]
 
     async def run():
-        single = await engine_fp32.async_generate(PROMPT, GREEDY)
-        it = await engine_fp32.async_generate(PROMPT, GREEDY, stream=True)
+        single = await engine_default.async_generate(PROMPT, GREEDY)
+        it = await engine_default.async_generate(PROMPT, GREEDY, stream=True)
         streamed = [c async for c in it]
         return single, streamed
 
@@ -136,41 +136,41 @@ def test_stream_concatenates_to_final_and_async(engine_fp32):
     assert single["text"] == final["text"] and streamed[-1]["text"] == final["text"]
 
 
-def test_async_generate_tokenizes_off_the_event_loop(engine_fp32, monkeypatch):
+def test_async_generate_tokenizes_off_the_event_loop(engine_default, monkeypatch):
     """A text prompt through async_generate is tokenized on a worker thread, not on the
     caller's loop (which a long prompt would hold); the result is the same."""
     import threading
 
     threads = []
-    encode = engine_fp32.tokenizer.encode
+    encode = engine_default.tokenizer.encode
 
     def spy(*a, **kw):
         threads.append(threading.current_thread())
         return encode(*a, **kw)
 
-    monkeypatch.setattr(engine_fp32.tokenizer, "encode", spy)
+    monkeypatch.setattr(engine_default.tokenizer, "encode", spy)
 
     async def run():
-        return threading.current_thread(), await engine_fp32.async_generate(PROMPT, GREEDY)
+        return threading.current_thread(), await engine_default.async_generate(PROMPT, GREEDY)
 
     loop_thread, out = asyncio.run(run())
     assert threads and all(t is not loop_thread for t in threads)
-    assert out["text"] == engine_fp32.generate(PROMPT, GREEDY)["text"]
+    assert out["text"] == engine_default.generate(PROMPT, GREEDY)["text"]
 
 
-def test_abort_running_request(engine_fp32):
-    it = engine_fp32.generate(PROMPT, {"temperature": 0, "max_new_tokens": 400,
+def test_abort_running_request(engine_default):
+    it = engine_default.generate(PROMPT, {"temperature": 0, "max_new_tokens": 400,
                                        "ignore_eos": True}, stream=True, rid="to-abort")
     first = next(it)
-    engine_fp32.abort("to-abort")
+    engine_default.abort("to-abort")
     rest = list(it)
     last = (rest or [first])[-1]
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert last["meta_info"]["completion_tokens"] < 400
-    engine_fp32.check_integrity()
+    engine_default.check_integrity()
 
 
-def test_detokenizer_never_emits_broken_utf8(engine_fp32, tokenizer):
+def test_detokenizer_never_emits_broken_utf8(engine_default, tokenizer):
     from radixlm.runtime.detokenizer import IncrementalDetokenizer
 
     text = "Emoji 🎉🚀 and 漢字かな, café — done."

@@ -32,7 +32,7 @@ def jf_off_engine():
         yield engine
 
 
-def test_mixed_batch_each_row_follows_its_own_constraint(engine_fp32, tokenizer):
+def test_mixed_batch_each_row_follows_its_own_constraint(engine_default, tokenizer):
     prompts = [chat(tokenizer, "Describe Ada Lovelace as JSON."),
                chat(tokenizer, "What is the phone number of the office?"),
                chat(tokenizer, "Is the sky blue? Answer yes or no."),
@@ -45,17 +45,17 @@ def test_mixed_batch_each_row_follows_its_own_constraint(engine_fp32, tokenizer)
         {"temperature": 0, "max_new_tokens": 12},
         {"temperature": 0.8, "max_new_tokens": 8, "dtype": "int", "seed": 3},
     ]
-    free_alone = engine_fp32.generate(prompts[3], params[3])
-    outs = engine_fp32.generate(prompts, params)
+    free_alone = engine_default.generate(prompts[3], params[3])
+    outs = engine_default.generate(prompts, params)
     jsonschema.validate(json.loads(outs[0]["text"]), PERSON)
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", outs[1]["text"])
     assert outs[2]["text"] in ("yes", "no", "maybe not")
     assert outs[3]["output_ids"] == free_alone["output_ids"]  # no mask leaked into it
     assert re.fullmatch(r"-?\d+[ \n]?", outs[4]["text"])  # may end in the space it stopped on
-    engine_fp32.check_integrity()
+    engine_default.check_integrity()
 
 
-def test_jump_forward_on_and_off_both_valid(engine_fp32, jf_off_engine, tokenizer):
+def test_jump_forward_on_and_off_both_valid(engine_default, jf_off_engine, tokenizer):
     schema = {"type": "object", "properties": {
         "first_name_of_the_person": {"type": "string", "maxLength": 12},
         "last_name_of_the_person": {"type": "string", "maxLength": 12},
@@ -64,17 +64,17 @@ def test_jump_forward_on_and_off_both_valid(engine_fp32, jf_off_engine, tokenize
                      "is_currently_employed"]}
     prompt = chat(tokenizer, "Invent a person and give their details as JSON.")
     params = {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(schema)}
-    on = engine_fp32.generate(prompt, params)
+    on = engine_default.generate(prompt, params)
     off = jf_off_engine.generate(prompt, params)
     for out in (on, off):
         jsonschema.validate(json.loads(out["text"]), schema)
     assert on["meta_info"].get("forced_tokens", 0) > 0
     assert off["meta_info"].get("forced_tokens", 0) == 0
-    assert engine_fp32.get_stats()["forced_tokens_total"] > 0
+    assert engine_default.get_stats()["forced_tokens_total"] > 0
 
 
-def test_constrained_logprobs_report_masked_distribution(engine_fp32, tokenizer):
-    out = engine_fp32.generate(chat(tokenizer, "Pick a color."),
+def test_constrained_logprobs_report_masked_distribution(engine_default, tokenizer):
+    out = engine_default.generate(chat(tokenizer, "Pick a color."),
                                {"temperature": 0, "max_new_tokens": 4,
                                 "choices": ["red", "green"]},
                                return_logprob=True, top_logprobs_num=3)
@@ -91,10 +91,10 @@ def test_constrained_logprobs_report_masked_distribution(engine_fp32, tokenizer)
     ({"regex": "(unclosed"}, "regex"),
     ({"regex": "a", "json_schema": {"type": "string"}}, "constraint"),
 ])
-def test_bad_constraints_raise_before_queueing(engine_fp32, params, words):
+def test_bad_constraints_raise_before_queueing(engine_default, params, words):
     with pytest.raises(ValueError, match=f"(?i){words}"):
-        engine_fp32.generate("hi", {"max_new_tokens": 4, **params})
-    engine_fp32.check_integrity()
+        engine_default.generate("hi", {"max_new_tokens": 4, **params})
+    engine_default.check_integrity()
 
 
 def test_outlines_backend_stays_selectable(tokenizer):
@@ -112,7 +112,7 @@ def test_outlines_backend_stays_selectable(tokenizer):
             engine.generate("x", {"ebnf": 'root ::= "a"'})
 
 
-def test_json_whitespace_default_style_and_none(engine_fp32, tokenizer, monkeypatch):
+def test_json_whitespace_default_style_and_none(engine_default, tokenizer, monkeypatch):
     """By default JSON output is json.dumps's style (``", "`` and ``": "``, nothing else);
     ``whitespace_pattern: ""`` and the server default SGLang's
     ``--constrained-json-disable-any-whitespace`` sets: valid JSON with no whitespace
@@ -121,14 +121,14 @@ def test_json_whitespace_default_style_and_none(engine_fp32, tokenizer, monkeypa
 
     prompt = chat(tokenizer, "Describe Ada Lovelace as JSON.")
     params = {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(PERSON)}
-    styled = engine_fp32.generate(prompt, params)["text"]
+    styled = engine_default.generate(prompt, params)["text"]
     value = json.loads(styled)
     jsonschema.validate(value, PERSON)
     assert styled == json.dumps(value, ensure_ascii=False)
-    runs = [engine_fp32.generate(prompt, {**params, "whitespace_pattern": ""})]
-    monkeypatch.setattr(engine_fp32, "config", dataclasses.replace(
-        engine_fp32.config, constrained_json_disable_any_whitespace=True))
-    runs.append(engine_fp32.generate(prompt, params))
+    runs = [engine_default.generate(prompt, {**params, "whitespace_pattern": ""})]
+    monkeypatch.setattr(engine_default, "config", dataclasses.replace(
+        engine_default.config, constrained_json_disable_any_whitespace=True))
+    runs.append(engine_default.generate(prompt, params))
     for out in runs:
         value = json.loads(out["text"])
         jsonschema.validate(value, PERSON)

@@ -1,8 +1,14 @@
-"""RadixAttention on the real model (fp32): greedy outputs are the same with the radix cache
-on and off, for the sharing patterns the cache exists for (few-shot prefixes, forks of one
-prefix, a multi-turn chat) and under eviction pressure; the cache is actually hit.
+"""RadixAttention on the real model: greedy outputs are the same with the radix cache on and
+off, for the sharing patterns the cache exists for (few-shot prefixes, forks of one prefix,
+a multi-turn chat) and under eviction pressure; the cache is actually hit.
 
-The cache-on engine is the session's ``engine_fp32``; the cache-off one is module-scoped."""
+Every engine runs the defaults, which are batch-invariant (int8 activation blocks at every
+step size): a hit's steps differ from a miss's (the cached prefix is not recomputed, the
+prompt's last token runs in a smaller step, the batch is admitted otherwise), and only a
+rounding that does not depend on the step makes the outputs equal by construction (fp32
+activations sum by step size: equal only where no near-tie meets the last bits).
+
+The cache-on engine is the session's ``engine_default``; the cache-off one is module-scoped."""
 
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ QUESTIONS = ["What is the opposite of hot?", "Which fruit is yellow and long?",
 
 @pytest.fixture(scope="module")
 def engine_off():
-    with Engine(dtype="float32", native_activations="fp32", disable_radix_cache=True,
-                max_total_tokens=4096, log_level="warning") as engine:
+    with Engine(disable_radix_cache=True, max_total_tokens=4096, log_level="warning") as engine:
+        assert engine.batch_invariant
         yield engine
 
 
@@ -63,21 +69,21 @@ def run_both(on: Engine, off: Engine, ids: list[list[int]], params=GREEDY):
     return got_on, got_off
 
 
-def test_few_shot_prefix(engine_fp32, engine_off, tokenizer):
+def test_few_shot_prefix(engine_default, engine_off, tokenizer):
     prefix = encode(tokenizer, FEW_SHOT)
     ids = [prefix + encode(tokenizer, f"Question: {q}\nAnswer:") for q in QUESTIONS]
-    on, _ = run_both(engine_fp32, engine_off, ids)
+    on, _ = run_both(engine_default, engine_off, ids)
     cached = sorted(r["meta_info"]["cached_tokens"] for r in on)
     # submitted together: the first prefills the prefix, the others find it cached
     assert all(c >= len(prefix) for c in cached[1:]), cached
     assert all(c < len(p) for c, p in zip((r["meta_info"]["cached_tokens"] for r in on), ids))
     # a later question reuses the prefix too, and gives the uncached engine's answer
     late = [prefix + encode(tokenizer, "Question: What is the color of grass?\nAnswer:")]
-    again, _ = run_both(engine_fp32, engine_off, late)
+    again, _ = run_both(engine_default, engine_off, late)
     assert again[0]["meta_info"]["cached_tokens"] >= len(prefix)
 
 
-def test_forks_of_one_prefix(engine_fp32, engine_off, tokenizer):
+def test_forks_of_one_prefix(engine_default, engine_off, tokenizer):
     prefix = encode(tokenizer, "Once upon a time, in a quiet harbour town by the northern sea, "
                                "an old lighthouse keeper walked along the cold beach every morning "
                                "before sunrise. One day he found a green glass bottle half buried "
@@ -86,30 +92,30 @@ def test_forks_of_one_prefix(engine_fp32, engine_off, tokenizer):
                 (" that the treasure", " that his brother", ": meet me at", " nothing at all")]
     # the bare prefix, the branches, and the same prompt twice, all at once
     level1 = [prefix] + branches + [branches[0]]
-    on, _ = run_both(engine_fp32, engine_off, level1)
+    on, _ = run_both(engine_default, engine_off, level1)
     assert on[-1]["output_ids"] == on[1]["output_ids"]
     assert sum(r["meta_info"]["cached_tokens"] >= len(prefix) - 1 for r in on) >= len(level1) - 1
     # second level: each branch continues from its own prompt + output
     level2 = [p + r["output_ids"] + encode(tokenizer, " Then")
               for p, r in zip(level1[1:-1], on[1:-1])]
-    on2, _ = run_both(engine_fp32, engine_off, level2)
+    on2, _ = run_both(engine_default, engine_off, level2)
     for parent, res, child in zip(level1[1:-1], on[1:-1], on2):
         # everything the parent computed is reused (its last sampled token has no K/V)
         assert child["meta_info"]["cached_tokens"] >= len(parent) + len(res["output_ids"]) - 1
 
 
-def test_multi_turn_chat(engine_fp32, engine_off, tokenizer):
+def test_multi_turn_chat(engine_default, engine_off, tokenizer):
     convos = [[{"role": "user", "content": "Name a large animal that lives in the ocean."}],
               [{"role": "user", "content": "Give me a word that rhymes with cat."}]]
     params = {"temperature": 0, "max_new_tokens": 12}
     turn1 = [chat_ids(tokenizer, c) for c in convos]
-    on1, _ = run_both(engine_fp32, engine_off, turn1, params)
+    on1, _ = run_both(engine_default, engine_off, turn1, params)
     turn2 = []
     for c, r in zip(convos, on1):
         c += [{"role": "assistant", "content": r["text"]},
               {"role": "user", "content": "Tell me one more fact about it."}]
         turn2.append(chat_ids(tokenizer, c))
-    on2, _ = run_both(engine_fp32, engine_off, turn2, params)
+    on2, _ = run_both(engine_default, engine_off, turn2, params)
     for p1, r1, p2, r2 in zip(turn1, on1, turn2, on2):
         assert p2[:len(p1)] == p1  # the template really extends turn 1
         history = p1 + r1["output_ids"]
@@ -128,8 +134,8 @@ def test_eviction_pressure(engine_off, tokenizer):
     ids = [g + encode(tokenizer, t) for g in groups for t in tails]
     distinct = sum(map(len, groups)) + sum(len(i) - len(groups[0]) for i in ids) // 2
     assert distinct + GREEDY["max_new_tokens"] * len(ids) > pool
-    with Engine(dtype="float32", native_activations="fp32", max_total_tokens=pool,
-                log_level="warning") as small:
+    with Engine(max_total_tokens=pool, log_level="warning") as small:
+        assert small.batch_invariant
         on, off = run_both(small, engine_off, ids)
         stats = small.get_stats()
         assert stats["num_retractions_total"] > 0  # decode ran out of slots even after evicting

@@ -1,10 +1,13 @@
 """`POST /v1/embeddings` through the official `openai` client and SGLang's `POST /encode`, on
-a real server on loopback (uvicorn serving the session's fp32 engine on the embedded
+a real server on loopback (uvicorn serving the session's default engine on the embedded
 model, with an API key, a queue bound and a body cap; one per module). What the server
 answers is what `Engine.encode` computes (tests/test_embeddings.py compares that with
 transformers), bit for bit: float32 values sent as JSON numbers or as base64, which the
-client asks for by default and decodes. Both routes take generation's admission: the API
-key (401), the queue bound (429), the body cap (413) and an abort when the client leaves.
+client asks for by default and decodes. (The default engine is batch-invariant, so a text
+embedded alone or in a batch, by the server or directly, is the same bits by
+construction; fp32 activations sum by step size and would be equal only by luck.) Both
+routes take generation's admission: the API key (401), the queue bound (429), the body cap
+(413) and an abort when the client leaves.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ TEXTS = ["The cat sat on the mat.", "How do I bake bread at home?"]
 
 
 @pytest.fixture(scope="module")
-def server(engine_fp32) -> Iterator[ThreadServer]:
+def server(engine_default) -> Iterator[ThreadServer]:
     settings = ServerSettings(api_key=KEY, max_queued_requests=QUEUE, max_body_bytes=BODY_CAP)
-    srv = ThreadServer(create_app(engine_fp32, settings)).start()
+    srv = ThreadServer(create_app(engine_default, settings)).start()
     try:
         yield srv
     finally:
@@ -46,8 +49,8 @@ def client(server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def expected(engine_fp32) -> list[list[float]]:
-    return [out["embedding"] for out in engine_fp32.encode(TEXTS)]
+def expected(engine_default) -> list[list[float]]:
+    return [out["embedding"] for out in engine_default.encode(TEXTS)]
 
 
 def _post(server, path: str, body: dict, key: str | None = KEY,
@@ -56,7 +59,7 @@ def _post(server, path: str, body: dict, key: str | None = KEY,
     return httpx.post(server.base_url + path, json=body, headers=headers, timeout=timeout)
 
 
-def test_string_list_and_usage(client, expected, engine_fp32):
+def test_string_list_and_usage(client, expected, engine_default):
     one = client.embeddings.create(model="smol", input=TEXTS[0], encoding_format="float")
     assert one.object == "list" and one.model == "smol"
     assert one.data[0].object == "embedding" and one.data[0].index == 0
@@ -65,7 +68,7 @@ def test_string_list_and_usage(client, expected, engine_fp32):
                                      user="u1")
     assert [d.index for d in batch.data] == [0, 1]
     assert [d.embedding for d in batch.data] == expected
-    tokens = sum(len(engine_fp32.tokenizer.encode(t, add_special_tokens=False)) for t in TEXTS)
+    tokens = sum(len(engine_default.tokenizer.encode(t, add_special_tokens=False)) for t in TEXTS)
     assert batch.usage.prompt_tokens == batch.usage.total_tokens == tokens
 
 
@@ -78,8 +81,8 @@ def test_base64_is_the_clients_default_and_decodes_to_the_floats(client, server,
     assert np.frombuffer(base64.b64decode(data), dtype="<f4").tolist() == expected[1]
 
 
-def test_token_ids_and_dimensions(client, engine_fp32, expected):
-    ids = [engine_fp32.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+def test_token_ids_and_dimensions(client, engine_default, expected):
+    ids = [engine_default.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
     assert client.embeddings.create(model="m", input=ids[0], encoding_format="float"
                                     ).data[0].embedding == expected[0]
     both = client.embeddings.create(model="m", input=ids, encoding_format="float")
@@ -109,8 +112,8 @@ def test_bad_bodies_are_400s_naming_the_field(client, body, param, words):
     assert error["param"] == param and words in error["message"]
 
 
-def test_input_over_the_context_is_a_400(client, engine_fp32):
-    ctx = engine_fp32.context_len
+def test_input_over_the_context_is_a_400(client, engine_default):
+    ctx = engine_default.context_len
     with pytest.raises(openai.BadRequestError) as info:
         client.embeddings.create(model="m", input=[5] * (ctx + 1))
     assert info.value.body["param"] == "input"
@@ -118,13 +121,13 @@ def test_input_over_the_context_is_a_400(client, engine_fp32):
     assert f"{ctx + 1} tokens" in info.value.body["message"]
 
 
-def test_encode_answers_like_sglang(server, expected, engine_fp32):
+def test_encode_answers_like_sglang(server, expected, engine_default):
     one = _post(server, "/encode", {"text": TEXTS[0], "rid": "e1"}).json()
     assert one["embedding"] == expected[0]
     assert one["meta_info"]["id"] == "e1" and one["meta_info"]["prompt_tokens"] > 0
     batch = _post(server, "/encode", {"text": TEXTS}).json()
     assert [out["embedding"] for out in batch] == expected
-    ids = [engine_fp32.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    ids = [engine_default.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
     assert _post(server, "/encode", {"input_ids": ids[1]}).json()["embedding"] == expected[1]
     assert [o["embedding"] for o in _post(server, "/encode", {"input_ids": ids}).json()] \
         == expected
@@ -136,10 +139,10 @@ def test_encode_answers_like_sglang(server, expected, engine_fp32):
 
 @pytest.mark.parametrize("path, body", [("/v1/embeddings", {"input": "hi"}),
                                         ("/encode", {"text": "hi"})])
-def test_admission_key_queue_bound_and_body_cap(server, engine_fp32, path, body):
+def test_admission_key_queue_bound_and_body_cap(server, engine_default, path, body):
     assert _post(server, path, body, key=None).status_code == 401
     assert _post(server, path, body, key="wrong").status_code == 401
-    held = engine_fp32.reserve(QUEUE)  # the waiting queue is full
+    held = engine_default.reserve(QUEUE)  # the waiting queue is full
     try:
         r = _post(server, path, body)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
@@ -154,7 +157,7 @@ def test_admission_key_queue_bound_and_body_cap(server, engine_fp32, path, body)
 
 @pytest.mark.parametrize("path, body", [("/v1/embeddings", {"input": ["a", "b"]}),
                                         ("/encode", {"text": ["a", "b"], "rid": ["r1", "r2"]})])
-def test_client_leaving_aborts_the_requests(server, engine_fp32, monkeypatch, path, body):
+def test_client_leaving_aborts_the_requests(server, engine_default, monkeypatch, path, body):
     started, aborted = [], []
     gate = threading.Event()
 
@@ -164,8 +167,8 @@ def test_client_leaving_aborts_the_requests(server, engine_fp32, monkeypatch, pa
             await asyncio.sleep(0.01)
         raise AssertionError("not aborted")
 
-    monkeypatch.setattr(engine_fp32, "async_encode", slow_encode)
-    monkeypatch.setattr(engine_fp32, "abort", aborted.append)
+    monkeypatch.setattr(engine_default, "async_encode", slow_encode)
+    monkeypatch.setattr(engine_default, "abort", aborted.append)
     try:
         with pytest.raises(httpx.ReadTimeout):
             _post(server, path, body, timeout=1.0)

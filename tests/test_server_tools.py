@@ -50,8 +50,8 @@ NUMBER: /[0-9]{1,3}/
 
 
 @pytest.fixture(scope="module")
-def url(engine_fp32) -> Iterator[str]:
-    server = ThreadServer(create_app(engine_fp32)).start()
+def url(engine_default) -> Iterator[str]:
+    server = ThreadServer(create_app(engine_default)).start()
     try:
         yield server.base_url
     finally:
