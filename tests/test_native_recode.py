@@ -8,8 +8,10 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from test_native import needs_compiler
 from test_native_kquants import _chosen_are_argmax, kquant_rows, write_tiny_gguf
 
+from radixlm.native import recode
 from radixlm.native.decoder import describe_weights
 from radixlm.native.qweights import gguf_blocks
 from radixlm.native.recode import EXACT, REQUANTIZED, recoded
@@ -42,6 +44,14 @@ def test_exact_recodes_hold_the_files_numbers(type_name):
     if type_name == "Q3_K":  # the Q6_K bytes dequantized by gguf-py's own Q6_K rule
         again = _source("Q6_K", w.qs)
         assert np.array_equal(again.view(np.uint32), _source("Q3_K", raw).view(np.uint32))
+
+
+@needs_compiler
+def test_the_librarys_q3_k_rewrite_is_the_numpy_rule():
+    """``rlm_q3k_as_q6k`` (csrc/recode.c) writes the bytes of the numpy rule, rows split
+    over the threads (an odd row count: parts of unequal size)."""
+    raw = kquant_rows("Q3_K", 13, 1024, seed=4)
+    assert np.array_equal(recode.q3_k_as_q6_k(raw), recode.q3_k_as_q6_k_numpy(raw))
 
 
 @pytest.mark.parametrize("type_name", REQUANTIZED)

@@ -10,6 +10,7 @@
 #include "amx.c"
 #include "matmul_i8.c"
 #include "kquants.c"
+#include "recode.c"
 #include "kx.c"
 #include "kx32.c"
 #include "amx_i8.c"

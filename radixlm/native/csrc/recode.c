@@ -1,0 +1,39 @@
+/* GGUF Q3_K super-blocks rewritten as Q6_K super-blocks of the same numbers (native/recode.py
+ * says why it is exact, and holds the numpy twin this is tested against).
+ *   Q3_K (110 bytes): 32 bytes of high bits (bit 4 h + t of byte l: element 128 h + 32 t + l,
+ *        set meaning no -4), 64 of 2-bit pairs (bits 2 t of byte 32 h + l: the same element's
+ *        low two), 12 of 6-bit scales (16, each biased by 32; llama.cpp's packing), fp16 d.
+ *        W = (d (s_i - 32)) q, q in -4..3.
+ *   Q6_K (210 bytes): kquants.c's layout.  W = (d sc_i) (q - 32), here q - 32 in -4..3. */
+#include "rlm.h"
+
+static void q3k_as_q6k_sb(const uint8_t *p, uint8_t *o) {
+    const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
+    uint8_t u[256]; /* element e's Q6_K value (q + 32, in 28..35) */
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 4; t++)
+            for (int l = 0; l < 32; l++)
+                u[128 * h + 32 * t + l] = (uint8_t)(((qs[32 * h + l] >> (2 * t)) & 3) + 28 +
+                                                    4 * ((hm[l] >> (4 * h + t)) & 1));
+    for (int j = 0; j < 16; j++) {
+        const int lo = (sc[j & 7] >> (4 * (j >> 3))) & 15;
+        const int hi = (sc[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        o[192 + j] = (uint8_t)(int8_t)((lo | hi << 4) - 32);
+    }
+    for (int h = 0; h < 2; h++) {
+        for (int b = 0; b < 64; b++)
+            o[64 * h + b] = (uint8_t)((u[128 * h + b] & 15) | (u[128 * h + 64 + b] & 15) << 4);
+        for (int l = 0; l < 32; l++) {
+            uint8_t v = 0;
+            for (int t = 0; t < 4; t++) v |= (uint8_t)((u[128 * h + 32 * t + l] >> 4) << (2 * t));
+            o[128 + 32 * h + l] = v;
+        }
+    }
+    o[208] = p[108];
+    o[209] = p[109];
+}
+
+/* nsb Q3_K super-blocks at src as Q6_K super-blocks at dst (nsb * 210 bytes). */
+void rlm_q3k_as_q6k(const uint8_t *src, int64_t nsb, uint8_t *dst) {
+    for (int64_t s = 0; s < nsb; s++) q3k_as_q6k_sb(src + 110 * s, dst + 210 * s);
+}
