@@ -13,8 +13,8 @@ from test_native_kquants import _chosen_are_argmax, kquant_rows, write_tiny_gguf
 
 from radixlm.native import recode
 from radixlm.native.decoder import describe_weights
-from radixlm.native.qweights import gguf_blocks
-from radixlm.native.recode import EXACT, REQUANTIZED, recoded
+from radixlm.native.qweights import gguf_blocks, recoded
+from radixlm.native.recode import EXACT, REQUANTIZED
 
 
 def _raw(type_name: str, n: int, k: int, seed: int) -> np.ndarray:

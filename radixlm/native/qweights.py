@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from radixlm.native import recode
+
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
 FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as in the file
@@ -195,6 +197,27 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
     return None
 
 
+def recoded(type_name: str, raw: np.ndarray) -> QWeight:
+    """A GGUF tensor of a type the library has no kernel for (``recode.EXACT`` or
+    ``recode.REQUANTIZED``; raw bytes ``[n, bytes per row]``) as blocks of a native format
+    (recode.py's rules); ``origin`` is ``type_name``. A ValueError for any other type."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if type_name == "Q3_K":
+        return QWeight(FMT_Q6_K, recode.q3_k_as_q6_k(raw), None, None, "q6_k", type_name)
+    if type_name == "Q5_0":
+        q, d = recode.q5_0_as_q8_0(raw)
+        return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)
+    if type_name not in recode.REQUANTIZED:
+        raise ValueError(f"no native format holds GGUF type {type_name}")
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    dense = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32)
+    w = quantize_q8(dense.reshape(raw.shape[0], -1))
+    w.origin = type_name
+    return w
+
+
 DENSE_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -204,7 +227,6 @@ def gguf_blocks(path: Path) -> dict[str, QWeight]:
     names the file's type). Dense tensors (F32, F16, BF16) are left out: they run as dense
     rows."""
     from radixlm.native.gguf_file import read_gguf
-    from radixlm.native.recode import recoded
 
     out = {}
     for t in read_gguf(path)[1]:

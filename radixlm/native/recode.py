@@ -13,7 +13,8 @@ llama.cpp's and gguf-py's dequantization):
 
 The others (``Q2_K``, ``Q5_1``: a minimum per block that no kernel format carries) are
 re-quantized: Q8_0 blocks of their dequantized values, close to the file's numbers but not
-equal to them. ``recoded`` says which happened (``QWeight.origin`` names the file's type).
+equal to them. ``qweights.recoded`` applies these rules (``QWeight.origin`` names the file's
+type).
 """
 
 from __future__ import annotations
@@ -22,33 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from radixlm.native.qweights import FMT_Q6_K, FMT_Q8, QWeight, _fp16, quantize_q8
-
 EXACT = {"Q3_K": "Q6_K", "Q5_0": "Q8_0"}  # file type -> the kernel format holding it exactly
 REQUANTIZED = ("Q2_K", "Q5_1")  # run as Q8_0 blocks of their values (not exact)
 Q3_K_BYTES, Q5_0_BYTES = 110, 22
 THREADS = 2  # (a 1B Q3_K_M file's 0.27 GB of Q3_K: numpy 3.6 s, the library 0.1 s a thread)
-
-
-def recoded(type_name: str, raw: np.ndarray) -> QWeight:
-    """A GGUF tensor of ``type_name`` (one of ``EXACT`` or ``REQUANTIZED``; raw bytes
-    ``[n, bytes per row]``) as blocks of a native format; ``origin`` is ``type_name``. A
-    ValueError for any other type."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if type_name == "Q3_K":
-        return QWeight(FMT_Q6_K, q3_k_as_q6_k(raw), None, None, "q6_k", type_name)
-    if type_name == "Q5_0":
-        q, d = q5_0_as_q8_0(raw)
-        return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)
-    if type_name not in REQUANTIZED:
-        raise ValueError(f"no native format holds GGUF type {type_name}")
-    import gguf
-
-    kind = gguf.GGMLQuantizationType[type_name]
-    dense = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32)
-    w = quantize_q8(dense.reshape(raw.shape[0], -1))
-    w.origin = type_name
-    return w
 
 
 def _blocks(raw: np.ndarray, size: int, name: str) -> np.ndarray:
@@ -116,4 +94,4 @@ def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # element j | j + 16
     q = (low | (bits << 4)).astype(np.int8) - np.int8(16)
     n = raw.shape[0]
-    return q.reshape(n, -1, 32), _fp16(b[:, :2]).reshape(n, -1)
+    return q.reshape(n, -1, 32), b[:, :2].copy().view(np.float16).reshape(n, -1)

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixlm.native.recode import EXACT, REQUANTIZED, recoded
+from radixlm.native.qweights import recoded
+from radixlm.native.recode import EXACT, REQUANTIZED
 
 logger = logging.getLogger(__name__)
 
