@@ -180,6 +180,7 @@ MIX = {"attn_v": "Q6_K", "ffn_down": ("Q5_K", "Q6_K"), "attn_output": "Q8_0"}
 
 
 TOP = 1e-4  # super-scales: weights of ~0.05, a model whose int8 rounding stays small
+TOP_SCALE = {"Q3_K": 10}  # (3-bit values under 6-bit scales: ~30x smaller weights at one d)
 
 
 def _type_of(tname: str) -> str:
@@ -223,7 +224,7 @@ def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
             raw = gguf.quants.quantize(np.random.default_rng(i).standard_normal(dims).astype(
                 np.float32) * 0.05, gguf.GGMLQuantizationType[kind])
         else:
-            raw = kquant_rows(kind, dims[0], dims[1], seed=i, top=TOP)
+            raw = kquant_rows(kind, dims[0], dims[1], seed=i, top=TOP * TOP_SCALE.get(kind, 1))
         writer.add_tensor(tname, raw, raw_shape=raw.shape,
                           raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()

@@ -98,23 +98,25 @@ def test_gguf_blocks_recode_and_name_the_origin(tmp_path):
     assert describe_weights([gate], gate) == "gguf q6_k (from Q3_K)"
 
 
-# A Q3_K_M-like mix over the tiny shape: Q3_K for q, k, gate and up, Q5_0 for v, a Q5_1
-# output projection, Q4_K / Q6_K elsewhere (down, the head).
+# A Q3_K_M-like mix over the tiny shape: Q3_K for q, k, gate and up and the (tied)
+# embedding, Q5_0 for v, a Q5_1 output projection, Q4_K for down.
 MIX = {"attn_q": "Q3_K", "attn_k": "Q3_K", "ffn_gate": "Q3_K", "ffn_up": "Q3_K",
        "attn_v": "Q5_0", "attn_output": "Q5_1", "ffn_down": "Q4_K"}
 
 
 def _mix(tname: str) -> str:
     parts = tname.split(".")
-    return MIX[parts[2]] if parts[0] == "blk" else "Q6_K"
+    return MIX[parts[2]] if parts[0] == "blk" else "Q3_K"
 
 
 @pytest.mark.parametrize("act,tol", [("fp32", 1e-3), ("int8", 0.02)])
 def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path_factory, act, tol):
-    """A tiny Llama file of Q3_K / Q5_0 / Q5_1 / Q4_K / Q6_K tensors: the label names each
-    recoded type's origin, and prefill plus 16 greedy steps choose transformers' argmax on
-    the file (fp32 activations: up to summation order; int8: within the activations'
-    rounding)."""
+    """A tiny Llama file of Q3_K / Q5_0 / Q5_1 / Q4_K tensors: the label names each recoded
+    type's origin, and prefill plus 16 greedy steps choose transformers' argmax on the file
+    (fp32 activations: up to summation order; int8: within the activations' rounding).
+    Where every step is int8 on a build that repacks K-quant rows, the rewritten Q6_K rows
+    are kept repacked only (the head's too: the token embedding's rows are unpacked from
+    them), else beside their repacked copy."""
     from radixlm.runtime.engine import Engine
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("q3") / "tiny-q3mix.gguf", "tiny", _mix)
@@ -124,6 +126,9 @@ def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path_factory, act, t
         weights = engine.runner.precision["weights"]
         for label in ("q6_k (from Q3_K)", "q8_0 (from Q5_0)", "q8_0 (from Q5_1)", "q4_k"):
             assert label in weights, weights
+        native = engine.runner.native
+        assert native.arena.int8_only == (act == "int8" and bool(native.lib.rlm_kx_rows()))
+        assert (native.head.qs is None) == native.arena.int8_only  # (the tied embedding)
         outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                          "ignore_eos": True})
     _chosen_are_argmax(path, prompts, outs, tol)

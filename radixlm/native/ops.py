@@ -42,7 +42,8 @@ class Arena:
     (``repacked``: Q4_K 2.8% and Q5_K 2.3% more bytes than the file's, Q6_K the same) and the file's
     pages given back (``pages.release``): the int8 steps read the repacked rows, the other
     paths (fp32 / bf16 activations, the embedding lookup) the file's, faulting in only what
-    they touch.
+    they touch. K-quant rows with no file behind them (rewritten at load: ``recode.py``)
+    are kept repacked only where every step is int8 (the embedding lookup unpacks them).
 
     With ``int8_only`` (every step's activations int8 blocks) on a build whose kernel reads
     Q8 / Q4 rows 16 side by side (``lib.rlm_kx32_rows()``: 512-bit VNNI without AMX int8
@@ -57,6 +58,7 @@ class Arena:
         self._held: list[np.ndarray] = []  # file-map arrays the C views point into
         self._lib, self._threads, self._in_place_bytes, self.repacked_bytes = lib, threads, 0, 0
         self._kx = lib is not None and bool(lib.rlm_kx_rows())
+        self._every_int8 = int8_only
         self._kx32 = int8_only and lib is not None and bool(lib.rlm_kx32_rows())
         self._int8_only = False  # (set once a matrix is placed repacked only)
         size = sum(self._padded(a.nbytes) for w in weights
@@ -89,7 +91,7 @@ class Arena:
     @property
     def int8_only(self) -> bool:
         """Whether some matrix here is readable by int8 steps only (Q8 / Q4 rows
-        repacked)."""
+        repacked, rewritten K-quant rows)."""
         return self._int8_only
 
     @property
@@ -133,6 +135,9 @@ class Arena:
                                     self._threads)
             self._used += self._padded(nbytes)
             self.repacked_bytes += nbytes
+            if self._every_int8 and w.n % 16 == 0 and not pages.file_mapped(w.qs):
+                self._int8_only = True  # rows made at load (recode.py): not kept twice
+                return _qmat(w, [], dst), []
             pages.release(w.qs)  # (read again only by the paths that need the file's rows)
             self._held.append(w.qs)
             return _qmat(w, [w.qs], dst), [w.qs]

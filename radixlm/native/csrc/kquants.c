@@ -120,11 +120,21 @@ static void kq_unpack_row(const QMat *w, const uint8_t *wq, uint8_t *q, float *d
 /* Row wq dequantized to fp32, rounded as gguf-py's dequantize: Q4_K / Q5_K (d sc) q, then
  * minus (dmin m); Q6_K (d sc) (q - 32). The product is kept apart from the difference
  * (gcc would otherwise fuse them into one multiply-add and round once). */
+static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds,
+                                const float *dm, float *out);
 static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
-    const int k = w->k, ns = kq_scales_per_sb(w->fmt);
+    const int k = w->k;
     uint8_t q[k] __attribute__((aligned(64)));
     float ds[k / 256 * 16 + 1], dm[k / 32 + 1];
     kq_unpack_row(w, wq, q, ds, dm);
+    kq_dequant_unpacked(w, q, ds, dm, out);
+}
+
+/* kq_dequant_row from a row's unpacked bytes q and products ds, dm (kq_unpack_row's, or
+ * kx_unpack_row's from repacked rows: the same values). */
+static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds,
+                                const float *dm, float *out) {
+    const int k = w->k, ns = kq_scales_per_sb(w->fmt);
     const int six = w->fmt == FMT_Q6_K;
     for (int j = 0; j < k; j += 16) { /* 16 weights share a scale in every format */
         const float s = ds[j / 256 * ns + (six ? j % 256 / 16 : j % 256 / 32)];

@@ -466,6 +466,13 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
     const int64_t row_bytes = row_bytes_of(w);
     for (int i = 0; i < count; i++) {
         const int64_t n = rows[i];
+        if (!w->qs && is_kquant(w)) { /* K-quant rows repacked only (Arena: rewritten rows) */
+            uint8_t q[w->k] __attribute__((aligned(64)));
+            float ds[w->k / 256 * 16 + 1], dm[w->k / 32 + 1];
+            kx_unpack_row(w, n, q, ds, dm);
+            kq_dequant_unpacked(w, q, ds, dm, out + (int64_t)i * w->k);
+            continue;
+        }
         if (!w->qs) { /* Q8 / Q4 rows repacked only (kx32.c) */
             uint8_t q[w->k] __attribute__((aligned(64)));
             f16 d[nb], m[nb];
