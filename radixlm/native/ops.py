@@ -61,8 +61,10 @@ class Arena:
         self._every_int8 = int8_only
         self._kx32 = int8_only and lib is not None and bool(lib.rlm_kx32_rows())
         self._int8_only = False  # (set once a matrix is placed repacked only)
-        size = sum(self._padded(a.nbytes) for w in weights
-                   if not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
+        size = sum(self._padded(a.nbytes) for w in weights if not w.pending
+                   and not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
+        size += sum(self._padded(w.n * w.k // 256 * KQUANTS[w.fmt][1]) for w in weights
+                    if w.pending and not self.repacked(w))  # (rewritten, then copied)
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
         # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
@@ -114,7 +116,8 @@ class Arena:
     def in_place(w: QWeight) -> bool:
         """Whether ``w`` is read where it lies (K-quant rows in a file map) instead of copied:
         the kernels read those rows with unaligned loads only."""
-        return w.fmt in KQUANTS and w.qs.flags.c_contiguous and pages.file_mapped(w.qs)
+        return (w.fmt in KQUANTS and not w.pending and w.qs.flags.c_contiguous
+                and pages.file_mapped(w.qs))
 
     def _padded(self, n: int) -> int:
         return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
@@ -124,7 +127,9 @@ class Arena:
 
     def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
-        shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays)."""
+        shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays). A ``pending``
+        rewrite is done here (its rows live until copied or repacked)."""
+        w = w.materialized()
         if self.repacked(w) and w.fmt in BLOCKS32:
             return self._place_kx32(w)
         if self.repacked(w):
@@ -191,6 +196,7 @@ def qmat(w: QWeight, keep: list, lib=None) -> QMat:
     """The C view of ``w`` where its arrays lie (kernel tests; the engine copies into an
     ``Arena``); ``keep`` holds the arrays it points into. With ``lib``, K-quant rows are
     repacked for its int8 kernel where it reads them so (as the ``Arena`` does)."""
+    w = w.materialized()
     arrays = [np.ascontiguousarray(a) for a in Arena.arrays(w)]
     keep.extend(arrays)
     kx32 = w.fmt in BLOCKS32 and lib is not None and lib.rlm_kx32_rows() and w.n % 16 == 0

@@ -48,6 +48,9 @@ class QWeight:
     m: np.ndarray | None  # float16 [n, k/32] (Q4 only)
     kind: str = ""  # q4_0 | q4_1 | q8_0 | bf16 | fp32: what the numbers are
     origin: str | None = None  # the GGUF tensor type they were read from (None: made here)
+    # "Q3_K": ``qs`` still holds the file's Q3_K rows, rewritten into ``fmt``'s (Q6_K) by
+    # ``materialized`` where the weight is placed (one tensor's rewrite alive at a time)
+    pending: str | None = None
 
     @property
     def dense(self) -> bool:
@@ -59,9 +62,19 @@ class QWeight:
 
     @property
     def k(self) -> int:
+        if self.pending:
+            return int(self.qs.shape[1]) // recode.Q3_K_BYTES * SUPER
         if self.fmt in KQUANTS:
             return int(self.qs.shape[1]) // KQUANTS[self.fmt][1] * SUPER
         return int(self.qs.shape[1]) * (1 if self.dense else BLOCK)
+
+    def materialized(self) -> QWeight:
+        """This weight in ``fmt``'s own layout: a ``pending`` rewrite done (a new QWeight;
+        the file's rows untouched), else itself."""
+        if self.pending != "Q3_K":
+            return self
+        return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs), None, None, self.kind,
+                       self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:
@@ -73,7 +86,7 @@ class QWeight:
         if self.fmt in KQUANTS:  # gguf-py's float32 numbers (the format's own rule)
             import gguf
 
-            kind = gguf.GGMLQuantizationType[KQUANTS[self.fmt][0]]
+            kind = gguf.GGMLQuantizationType[self.pending or KQUANTS[self.fmt][0]]
             return gguf.quants.dequantize(self.qs, kind).reshape(self.n, self.k).astype(dtype)
         if self.fmt == FMT_Q4:
             q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=-1).astype(dtype)
@@ -200,10 +213,12 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
 def recoded(type_name: str, raw: np.ndarray) -> QWeight:
     """A GGUF tensor of a type the library has no kernel for (``recode.EXACT`` or
     ``recode.REQUANTIZED``; raw bytes ``[n, bytes per row]``) as blocks of a native format
-    (recode.py's rules); ``origin`` is ``type_name``. A ValueError for any other type."""
+    (recode.py's rules; Q3_K's rewrite ``pending`` until placed); ``origin`` is
+    ``type_name``. A ValueError for any other type."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if type_name == "Q3_K":
-        return QWeight(FMT_Q6_K, recode.q3_k_as_q6_k(raw), None, None, "q6_k", type_name)
+    if type_name == "Q3_K":  # (rewritten where it is placed: ``materialized``)
+        recode.check_rows(raw, recode.Q3_K_BYTES, "Q3_K")
+        return QWeight(FMT_Q6_K, raw, None, None, "q6_k", type_name, pending=type_name)
     if type_name == "Q5_0":
         q, d = recode.q5_0_as_q8_0(raw)
         return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)

@@ -29,7 +29,9 @@ Q3_K_BYTES, Q5_0_BYTES = 110, 22
 THREADS = 2  # (a 1B Q3_K_M file's 0.27 GB of Q3_K: numpy 3.6 s, the library 0.1 s a thread)
 
 
-def _blocks(raw: np.ndarray, size: int, name: str) -> np.ndarray:
+def check_rows(raw: np.ndarray, size: int, name: str) -> np.ndarray:
+    """``raw`` as blocks ``[n * blocks a row, size]``; a ValueError where its rows are not
+    whole blocks of ``size`` bytes."""
     if raw.ndim != 2 or raw.shape[1] % size:
         raise ValueError(f"{name} rows of {raw.shape[-1]} bytes are not whole blocks of {size}")
     return raw.reshape(-1, size)
@@ -41,7 +43,7 @@ def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
     threads, the call drops the GIL) where it is built, else ``q3_k_as_q6_k_numpy``."""
     from radixlm.native import build
 
-    b = _blocks(raw, Q3_K_BYTES, "Q3_K")
+    b = check_rows(raw, Q3_K_BYTES, "Q3_K")
     if (lib := build.load()) is None:
         return q3_k_as_q6_k_numpy(raw)
     out = np.empty((b.shape[0], 210), np.uint8)
@@ -58,7 +60,7 @@ def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
 
 def q3_k_as_q6_k_numpy(raw: np.ndarray) -> np.ndarray:
     """``q3_k_as_q6_k`` in numpy: the rule written out (and the library's test twin)."""
-    b = _blocks(raw, Q3_K_BYTES, "Q3_K")
+    b = check_rows(raw, Q3_K_BYTES, "Q3_K")
     hmask, qs, sc, d = b[:, :32], b[:, 32:96], b[:, 96:108], b[:, 108:110]
     # element h*128 + s*32 + l: bits 2s..2s+1 of qs[h*32 + l]; its high bit: bit h*4 + s of
     # hmask[l], set meaning "no -4" (the layout of gguf-py's and llama.cpp's dequantize)
@@ -87,7 +89,7 @@ def _q6_k_blocks(q: np.ndarray, scales: np.ndarray, d: np.ndarray) -> np.ndarray
 def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q5_0 rows ``[n, nb * 22]`` as Q8_0's int8 values ``[n, nb, 32]`` and fp16 scales
     ``[n, nb]`` of the same numbers."""
-    b = _blocks(raw, Q5_0_BYTES, "Q5_0")
+    b = check_rows(raw, Q5_0_BYTES, "Q5_0")
     qh = b[:, 2:6].copy().view("<u4")  # element j's fifth bit: bit j
     bits = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
     qs = b[:, 6:]
