@@ -234,16 +234,19 @@ def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
     return path
 
 
-def _chosen_are_argmax(path: Path, prompts: list[str], outs: list[dict], tol: float) -> None:
+def _chosen_are_argmax(path: Path, prompts: list[str], outs: list[dict], tol: float,
+                       also: tuple[tuple[list[dict], float], ...] = ()) -> None:
     """transformers' GGUF reader (fp32) on the file, teacher-forced on the engine's tokens:
     each token the engine chose is the reference's argmax within ``tol`` (greedy equality
-    that a near-tie between two tokens cannot flip)."""
+    that a near-tie between two tokens cannot flip); ``also``: more runs' (outs, tol)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    for prompt, out in zip(prompts, outs):
+    runs = [(prompt, out, tol) for prompt, out in zip(prompts, outs)]
+    runs += [(prompt, out, t) for more, t in also for prompt, out in zip(prompts, more)]
+    for prompt, out, tol in runs:
         ids = tok(prompt).input_ids
         full = torch.tensor([ids + out["output_ids"]])
         with torch.inference_mode():
