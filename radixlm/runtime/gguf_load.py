@@ -174,12 +174,12 @@ def native_blocks(path, hf_config) -> NativeGGUF:
             if w is None:
                 w = _recoded(t, kind, path)
             blocks[name] = w
-    recoded = sorted({(w.origin, w.kind) for w in blocks.values()
-                      if w.origin and w.origin.lower() != w.kind})
-    if exact := [f"{o} as {k.upper()}" for o, k in recoded if o in EXACT]:
+    rewritten = sorted({(w.origin, w.kind) for w in blocks.values()
+                        if w.origin and w.origin.lower() != w.kind})
+    if exact := [f"{o} as {k.upper()}" for o, k in rewritten if o in EXACT]:
         logger.info("%s: %s tensors run as blocks of the same numbers (no native kernel for "
                     "the type: more bytes a step reads)", Path(path).name, ", ".join(exact))
-    if lossy := [o for o, _ in recoded if o not in EXACT]:
+    if lossy := [o for o, _ in rewritten if o not in EXACT]:
         logger.warning("%s: %s tensors run re-quantized to Q8_0 (no native format holds their "
                        "numbers: close to the file's, not equal)", Path(path).name,
                        ", ".join(lossy))
