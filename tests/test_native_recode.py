@@ -138,3 +138,26 @@ def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path):
             outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                                   "ignore_eos": True})
     _chosen_are_argmax(path, prompts, outs["fp32"], 1e-3, also=((outs["int8"], 0.02),))
+
+
+def test_a_pending_rewrite_is_placed_in_its_own_bytes():
+    """The arena's copy path (a build that does not repack K-quant rows: no library here)
+    sizes a pending Q3_K weight for its Q6_K rows and copies the rewrite in; a repacking
+    arena holds it repacked only where every step is int8 (no rows kept beside)."""
+    from radixlm.native import build
+    from radixlm.native.ops import Arena
+
+    raw = kquant_rows("Q3_K", 32, 512, seed=5)
+    w = recoded("Q3_K", raw)
+    arena = Arena([w], lib=None)
+    mat, arrays = arena.place(w)
+    assert arena.copied_bytes == 32 * 2 * 210 and not arena.int8_only
+    assert np.array_equal(arrays[0], recode.q3_k_as_q6_k_numpy(raw))
+    assert mat.qs == arrays[0].ctypes.data and not mat.qx
+    lib = build.load()
+    if lib is not None and lib.rlm_kx_rows():
+        for every_int8 in (True, False):
+            arena = Arena([w], lib=lib, int8_only=every_int8)
+            mat, arrays = arena.place(w)
+            assert arena.int8_only == every_int8 and bool(mat.qx)
+            assert (mat.qs is None) == every_int8 and (arrays == []) == every_int8
