@@ -52,10 +52,12 @@ def test_exact_recodes_hold_the_files_numbers(type_name):
 
 @needs_compiler
 def test_the_librarys_q3_k_rewrite_is_the_numpy_rule():
-    """``rlm_q3k_as_q6k`` (csrc/recode.c) writes the bytes of the numpy rule, rows split
-    over the threads (an odd row count: parts of unequal size)."""
+    """``rlm_q3k_as_q6k`` (csrc/recode.c) writes the bytes of the numpy rule, alone and with
+    its super-blocks split over a team (13 x 4 of them over 2 and 3 threads: unequal parts)."""
     raw = kquant_rows("Q3_K", 13, 1024, seed=4)
-    assert np.array_equal(recode.q3_k_as_q6_k(raw), recode.q3_k_as_q6_k_numpy(raw))
+    expected = recode.q3_k_as_q6_k_numpy(raw)
+    for threads in (1, 2, 3):
+        assert np.array_equal(recode.q3_k_as_q6_k(raw, threads), expected)
 
 
 @pytest.mark.parametrize("type_name", REQUANTIZED)

@@ -228,7 +228,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_repack_kx32.restype = None
     lib.rlm_kq_unpack_row.argtypes = [ctypes.POINTER(QMat), i64, i32, p, p, p]
     lib.rlm_kq_unpack_row.restype = None
-    lib.rlm_q3k_as_q6k.argtypes = [p, i64, p]
+    lib.rlm_q3k_as_q6k.argtypes = [p, i64, p, i32]
     lib.rlm_q3k_as_q6k.restype = None
     lib.rlm_dequant_rows.argtypes = [ctypes.POINTER(QMat), p, i32, p]
     lib.rlm_dequant_rows.restype = None

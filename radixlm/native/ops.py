@@ -18,6 +18,7 @@ from radixlm.native.qweights import (
     FMT_Q6_K,
     FMT_Q8,
     KQUANTS,
+    SUPER,
     QWeight,
 )
 
@@ -61,10 +62,8 @@ class Arena:
         self._every_int8 = int8_only
         self._kx32 = int8_only and lib is not None and bool(lib.rlm_kx32_rows())
         self._int8_only = False  # (set once a matrix is placed repacked only)
-        size = sum(self._padded(a.nbytes) for w in weights if not w.pending
-                   and not self.in_place(w) and not self.repacked(w) for a in self.arrays(w))
-        size += sum(self._padded(w.n * w.k // 256 * KQUANTS[w.fmt][1]) for w in weights
-                    if w.pending and not self.repacked(w))  # (rewritten, then copied)
+        size = sum(self._plain_bytes(w) for w in weights
+                   if not self.in_place(w) and not self.repacked(w))
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
         # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
@@ -119,6 +118,13 @@ class Arena:
         return (w.fmt in KQUANTS and not w.pending and w.qs.flags.c_contiguous
                 and pages.file_mapped(w.qs))
 
+    def _plain_bytes(self, w: QWeight) -> int:
+        """Arena bytes of ``w``'s copy in its own layout (K-quant rows: from the format, so
+        a ``pending`` rewrite's too)."""
+        if w.fmt in KQUANTS:
+            return self._padded(w.n * (w.k // SUPER) * KQUANTS[w.fmt][1])
+        return sum(self._padded(a.nbytes) for a in self.arrays(w))
+
     def _padded(self, n: int) -> int:
         return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
 
@@ -129,7 +135,7 @@ class Arena:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays). A ``pending``
         rewrite is done here (its rows live until copied or repacked)."""
-        w = w.materialized()
+        w = w.materialized(self._threads)
         if self.repacked(w) and w.fmt in BLOCKS32:
             return self._place_kx32(w)
         if self.repacked(w):

@@ -68,13 +68,13 @@ class QWeight:
             return int(self.qs.shape[1]) // KQUANTS[self.fmt][1] * SUPER
         return int(self.qs.shape[1]) * (1 if self.dense else BLOCK)
 
-    def materialized(self) -> QWeight:
-        """This weight in ``fmt``'s own layout: a ``pending`` rewrite done (a new QWeight;
-        the file's rows untouched), else itself."""
-        if self.pending != "Q3_K":
+    def materialized(self, threads: int = 1) -> QWeight:
+        """This weight in ``fmt``'s own layout: a ``pending`` rewrite done on ``threads`` (a
+        new QWeight; the file's rows untouched), else itself."""
+        if not self.pending:
             return self
-        return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs), None, None, self.kind,
-                       self.origin)
+        return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs, threads), None, None,
+                       self.kind, self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:

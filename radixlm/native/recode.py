@@ -19,14 +19,11 @@ type).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 EXACT = {"Q3_K": "Q6_K", "Q5_0": "Q8_0"}  # file type -> the kernel format holding it exactly
 REQUANTIZED = ("Q2_K", "Q5_1")  # run as Q8_0 blocks of their values (not exact)
 Q3_K_BYTES, Q5_0_BYTES = 110, 22
-THREADS = 2  # (a 1B Q3_K_M file's 0.27 GB of Q3_K: numpy 3.6 s, the library ~0.4 s on two)
 
 
 def check_rows(raw: np.ndarray, size: int, name: str) -> np.ndarray:
@@ -37,24 +34,17 @@ def check_rows(raw: np.ndarray, size: int, name: str) -> np.ndarray:
     return raw.reshape(-1, size)
 
 
-def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
+def q3_k_as_q6_k(raw: np.ndarray, threads: int = 1) -> np.ndarray:
     """Q3_K rows ``[n, nb * 110]`` as Q6_K rows ``[n, nb * 210]`` of the same numbers: the
-    native library's ``rlm_q3k_as_q6k`` (csrc/recode.c; the rows split over ``THREADS``
-    threads, the call drops the GIL) where it is built, else ``q3_k_as_q6_k_numpy``."""
+    native library's ``rlm_q3k_as_q6k`` (csrc/recode.c, on its pool of ``threads``) where it
+    is built, else ``q3_k_as_q6_k_numpy``."""
     from radixlm.native import build
 
     b = check_rows(raw, Q3_K_BYTES, "Q3_K")
     if (lib := build.load()) is None:
         return q3_k_as_q6_k_numpy(raw)
     out = np.empty((b.shape[0], 210), np.uint8)
-    parts = np.array_split(np.arange(b.shape[0]), THREADS)
-
-    def part(idx: np.ndarray) -> None:
-        if len(idx):
-            lib.rlm_q3k_as_q6k(b[idx[0]:].ctypes.data, len(idx), out[idx[0]:].ctypes.data)
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(part, parts))
+    lib.rlm_q3k_as_q6k(b.ctypes.data, b.shape[0], out.ctypes.data, threads)
     return out.reshape(raw.shape[0], -1)
 
 

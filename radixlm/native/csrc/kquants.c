@@ -117,21 +117,11 @@ static void kq_unpack_row(const QMat *w, const uint8_t *wq, uint8_t *q, float *d
         kq_unpack_sb(w->fmt, wq + (int64_t)s * sb, q + 256 * s, ds + ns * s, dm + 8 * s);
 }
 
-/* Row wq dequantized to fp32, rounded as gguf-py's dequantize: Q4_K / Q5_K (d sc) q, then
- * minus (dmin m); Q6_K (d sc) (q - 32). The product is kept apart from the difference
- * (gcc would otherwise fuse them into one multiply-add and round once). */
-static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds,
-                                const float *dm, float *out);
-static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
-    const int k = w->k;
-    uint8_t q[k] __attribute__((aligned(64)));
-    float ds[k / 256 * 16 + 1], dm[k / 32 + 1];
-    kq_unpack_row(w, wq, q, ds, dm);
-    kq_dequant_unpacked(w, q, ds, dm, out);
-}
-
-/* kq_dequant_row from a row's unpacked bytes q and products ds, dm (kq_unpack_row's, or
- * kx_unpack_row's from repacked rows: the same values). */
+/* A row dequantized to fp32 from its unpacked bytes q and products ds, dm (kq_unpack_row's,
+ * or kx_unpack_row's from repacked rows: the same values), rounded as gguf-py's dequantize:
+ * Q4_K / Q5_K (d sc) q, then minus (dmin m); Q6_K (d sc) (q - 32). The product is kept
+ * apart from the difference (gcc would otherwise fuse them into one multiply-add and round
+ * once). */
 static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds,
                                 const float *dm, float *out) {
     const int k = w->k, ns = kq_scales_per_sb(w->fmt);
@@ -155,6 +145,15 @@ static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds
         }
 #endif
     }
+}
+
+/* Row wq (the file's layout) dequantized so. */
+static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
+    const int k = w->k;
+    uint8_t q[k] __attribute__((aligned(64)));
+    float ds[k / 256 * 16 + 1], dm[k / 32 + 1];
+    kq_unpack_row(w, wq, q, ds, dm);
+    kq_dequant_unpacked(w, q, ds, dm, out);
 }
 
 /* ------------------------------------------------------------------ int8 activations */

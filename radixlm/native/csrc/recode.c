@@ -33,7 +33,21 @@ static void q3k_as_q6k_sb(const uint8_t *p, uint8_t *o) {
     o[209] = p[109];
 }
 
-/* nsb Q3_K super-blocks at src as Q6_K super-blocks at dst (nsb * 210 bytes). */
-void rlm_q3k_as_q6k(const uint8_t *src, int64_t nsb, uint8_t *dst) {
-    for (int64_t s = 0; s < nsb; s++) q3k_as_q6k_sb(src + 110 * s, dst + 210 * s);
+typedef struct {
+    const uint8_t *src;
+    int64_t nsb;
+    uint8_t *dst;
+} RecodeJob;
+
+static void recode_job(void *ctx, int tid, int nth) {
+    const RecodeJob *j = (const RecodeJob *)ctx;
+    const int64_t s0 = j->nsb * tid / nth, s1 = j->nsb * (tid + 1) / nth;
+    for (int64_t s = s0; s < s1; s++) q3k_as_q6k_sb(j->src + 110 * s, j->dst + 210 * s);
+}
+
+/* nsb Q3_K super-blocks at src as Q6_K super-blocks at dst (nsb * 210 bytes), split over the
+ * team of nthreads. */
+void rlm_q3k_as_q6k(const uint8_t *src, int64_t nsb, uint8_t *dst, int32_t nthreads) {
+    RecodeJob j = {src, nsb, dst};
+    run_parallel(recode_job, &j, nthreads < 1 ? 1 : nthreads);
 }
