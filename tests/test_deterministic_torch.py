@@ -313,6 +313,25 @@ def test_fixed_rows_linear_gives_a_row_the_same_bits_in_any_batch():
                                    atol=tol, rtol=tol)
 
 
+def test_rowwise_activations_give_a_row_the_same_bits_in_any_batch():
+    """Gemma's gelu-tanh and the soft-cap one row a call: a row's bits at any batch size
+    and position (widths off the vector length, a gate that is a strided view), with the
+    values of the plain call; no rows is no rows."""
+    from radixlm.kernels import ref as kref
+    from radixlm.runtime.models.invariant import rowwise
+    from radixlm.runtime.models.llama import softcap
+
+    gen = torch.Generator().manual_seed(3)
+    cap = lambda x: softcap(x, 6.0)  # noqa: E731
+    for fn, width in ((kref.gelu_tanh_and_mul, 192), (kref.silu_and_mul, 200), (cap, 1001)):
+        x = torch.randn(205, width, generator=gen) * 3
+        whole = rowwise(fn, x)
+        torch.testing.assert_close(whole, fn(x), atol=1e-6, rtol=1e-6)
+        for size, at in ((1, 7), (2, 40), (90, 40), (90, 0), (170, 3)):
+            assert torch.equal(rowwise(fn, x[at:at + size]), whole[at:at + size]), (size, at)
+        assert rowwise(fn, x[:0]).shape == (0, whole.shape[1])
+
+
 def test_tree_sum_ignores_trailing_identities():
     """A sum over n blocks is the same bits padded (with -0.0) to any power of two."""
     x = torch.randn(5, 5, 7, generator=torch.Generator().manual_seed(1))

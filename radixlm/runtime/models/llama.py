@@ -18,6 +18,7 @@ logprobs were asked for). Fused ops come from one dispatch point (``radixlm.kern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from radixlm.kernels.dispatch import get_ops
 from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.models.invariant import rowwise
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
 from radixlm.runtime.models.rope import Rope, per_layer_type, rope_params
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
@@ -162,6 +164,11 @@ def _names(w: dict, fused: str, parts: list[str]) -> list[str]:
     return [fused] if fused + ".weight" in w else parts
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's tanh soft-capping: ``tanh(x / cap) * cap``."""
+    return torch.tanh(x / cap) * cap
+
+
 class LlamaLayer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], layer_id: int,
                  int4: dict | None = None) -> None:
@@ -214,8 +221,8 @@ class LlamaLayer:
             h = ops.rmsnorm(h, self.attn_out_norm, cfg.rms_norm_eps)
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
         gate_up = self.gate_up(x)
-        h = self.down(ops.silu_and_mul(gate_up) if cfg.act == "silu"
-                      else ops.gelu_tanh_and_mul(gate_up))
+        act = ops.silu_and_mul if cfg.act == "silu" else ops.gelu_tanh_and_mul
+        h = self.down(rowwise(act, gate_up) if self.gate_up.fixed_rows else act(gate_up))
         if self.all_reduce is not None:
             h = self.all_reduce(h)
         if self.mlp_out_norm is not None:
@@ -240,8 +247,9 @@ class LlamaModel:
         source blocks (missing names are quantized from the weights). ``tp``: None, or the
         rank's ``TPGroup`` when ``hf_config``/``state`` describe one tensor-parallel shard
         (see radixlm/runtime/parallel/sharding.py). ``batch_invariant``: every linear in
-        calls of one shape (``Linear.fixed_rows``), so a row's numbers do not depend on
-        its step (norms, rotary and activations are per row already)."""
+        calls of one shape (``Linear.fixed_rows``) and the activations and the logits'
+        soft-cap one row a call (``invariant.rowwise``), so a row's numbers do not depend
+        on its step (norms and rotary are per row already)."""
         self.hf_config = hf_config
         self.tp = tp
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
@@ -324,5 +332,6 @@ class LlamaModel:
             logits = self.tp.gather_logits(logits)
         logits = logits.float()
         if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+            cap = partial(softcap, cap=cfg.final_softcap)
+            logits = rowwise(cap, logits) if self.head.fixed_rows else cap(logits)
         return logits
