@@ -14,6 +14,8 @@ order at 1, 2-3 and 4+ rows; over K = 64 it does not)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -313,23 +315,28 @@ def test_fixed_rows_linear_gives_a_row_the_same_bits_in_any_batch():
                                    atol=tol, rtol=tol)
 
 
-def test_rowwise_activations_give_a_row_the_same_bits_in_any_batch():
-    """Gemma's gelu-tanh and the soft-cap one row a call: a row's bits at any batch size
-    and position (widths off the vector length, a gate that is a strided view), with the
-    values of the plain call; no rows is no rows."""
+def test_activations_give_a_row_the_same_bits_in_any_batch():
+    """The MLP's gelu-tanh / SiLU (``act_and_mul``) and Gemma's logit soft-cap
+    (``rowwise``) one row a call: a row's bits at any batch size and position (widths off
+    the vector length; the gate a strided view of gate ‖ up), with the plain op's values;
+    no rows is no rows; fp32 and bf16."""
     from radixlm.kernels import ref as kref
-    from radixlm.runtime.models.invariant import rowwise
+    from radixlm.runtime.models.invariant import act_and_mul, rowwise
     from radixlm.runtime.models.llama import softcap
 
     gen = torch.Generator().manual_seed(3)
-    cap = lambda x: softcap(x, 6.0)  # noqa: E731
-    for fn, width in ((kref.gelu_tanh_and_mul, 192), (kref.silu_and_mul, 200), (cap, 1001)):
-        x = torch.randn(205, width, generator=gen) * 3
-        whole = rowwise(fn, x)
-        torch.testing.assert_close(whole, fn(x), atol=1e-6, rtol=1e-6)
-        for size, at in ((1, 7), (2, 40), (90, 40), (90, 0), (170, 3)):
-            assert torch.equal(rowwise(fn, x[at:at + size]), whole[at:at + size]), (size, at)
-        assert rowwise(fn, x[:0]).shape == (0, whole.shape[1])
+    cases = [(partial(act_and_mul, "gelu_tanh"), kref.gelu_tanh_and_mul, 192),
+             (partial(act_and_mul, "silu"), kref.silu_and_mul, 200),
+             (partial(rowwise, partial(softcap, cap=6.0)), partial(softcap, cap=6.0), 1001)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for fn, plain, width in cases:
+            x = (torch.randn(205, width, generator=gen) * 3).to(dtype)
+            whole = fn(x)
+            tol = 1e-6 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(whole, plain(x), atol=tol, rtol=tol)
+            for size, at in ((1, 7), (2, 40), (90, 40), (90, 0), (170, 3)):
+                assert torch.equal(fn(x[at:at + size]), whole[at:at + size]), (size, at)
+            assert fn(x[:0]).shape == (0, whole.shape[1])
 
 
 def test_tree_sum_ignores_trailing_identities():

@@ -22,6 +22,8 @@ linears ~2.5x in bf16, ~6x in fp32 on one core), a prefill chunk reads the weigh
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 # Rows of every GEMM call. One core, the 135M model's layer in bf16: a 512-row prefill's
@@ -60,3 +62,22 @@ def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] <= 1:
         return fn(x)
     return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+# activation name (ModelConfig.act) -> its ATen op writing into ``out=``
+_ACT_OUT = {"silu": torch.ops.aten.silu.out,
+            "gelu_tanh": partial(torch.ops.aten.gelu.out, approximate="tanh")}
+
+
+def act_and_mul(act: str, gate_up: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up`` for ``gate_up [T, 2F]`` (gate ‖ up), the activation one row a call
+    (``rowwise``'s reason) written into one output, the product in one call (a product of
+    two numbers rounds alike on every path): the values of ``kernels.ref.silu_and_mul`` /
+    ``gelu_tanh_and_mul``, a row's bits whatever ``T`` is, one op call a row (half of
+    ``rowwise``'s)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = torch.empty_like(gate)
+    op = _ACT_OUT[act]
+    for i in range(gate.shape[0]):
+        op(gate[i], out=out[i])
+    return out.mul_(up)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from radixlm.kernels.dispatch import get_ops
 from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
-from radixlm.runtime.models.invariant import rowwise
+from radixlm.runtime.models.invariant import act_and_mul, rowwise
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
 from radixlm.runtime.models.rope import Rope, per_layer_type, rope_params
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
@@ -221,8 +221,11 @@ class LlamaLayer:
             h = ops.rmsnorm(h, self.attn_out_norm, cfg.rms_norm_eps)
         x, residual = ops.rmsnorm(h, self.post_norm, cfg.rms_norm_eps, residual)
         gate_up = self.gate_up(x)
-        act = ops.silu_and_mul if cfg.act == "silu" else ops.gelu_tanh_and_mul
-        h = self.down(rowwise(act, gate_up) if self.gate_up.fixed_rows else act(gate_up))
+        if self.gate_up.fixed_rows:  # (batch-invariant: the activation a row a call)
+            h = self.down(act_and_mul(cfg.act, gate_up))
+        else:
+            h = self.down(ops.silu_and_mul(gate_up) if cfg.act == "silu"
+                          else ops.gelu_tanh_and_mul(gate_up))
         if self.all_reduce is not None:
             h = self.all_reduce(h)
         if self.mlp_out_norm is not None:
@@ -248,8 +251,8 @@ class LlamaModel:
         rank's ``TPGroup`` when ``hf_config``/``state`` describe one tensor-parallel shard
         (see radixlm/runtime/parallel/sharding.py). ``batch_invariant``: every linear in
         calls of one shape (``Linear.fixed_rows``) and the activations and the logits'
-        soft-cap one row a call (``invariant.rowwise``), so a row's numbers do not depend
-        on its step (norms and rotary are per row already)."""
+        soft-cap one row a call (``invariant.act_and_mul``, ``rowwise``), so a row's
+        numbers do not depend on its step (norms and rotary are per row already)."""
         self.hf_config = hf_config
         self.tp = tp
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
