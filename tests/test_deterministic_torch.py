@@ -321,8 +321,8 @@ def test_activations_give_a_row_the_same_bits_in_any_batch():
     the vector length; the gate a strided view of gate ‖ up), with the plain op's values;
     no rows is no rows; fp32 and bf16."""
     from radixlm.kernels import ref as kref
+    from radixlm.kernels.ref import softcap
     from radixlm.runtime.models.invariant import act_and_mul, rowwise
-    from radixlm.runtime.models.llama import softcap
 
     gen = torch.Generator().manual_seed(3)
     cases = [(partial(act_and_mul, "gelu_tanh"), kref.gelu_tanh_and_mul, 192),

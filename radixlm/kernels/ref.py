@@ -31,6 +31,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's tanh soft-capping of attention scores and logits: ``tanh(x / cap) * cap``."""
+    return torch.tanh(x / cap) * cap
+
+
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``x`` is ``[T, 2F]`` = gate ‖ up; returns ``gelu_tanh(gate) * up`` (Gemma's MLP)."""
     gate, up = x.chunk(2, dim=-1)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.kernels.ref import softcap
 from radixlm.runtime.attention.base import AttentionBackend, AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
 
@@ -190,7 +191,7 @@ class InvariantAttentionBackend(AttentionBackend):
                     key = k[h, b].t()[None].expand(n - j, d, kb)
                     torch.bmm(qh[h, j:], key, out=scores[h, b, j:])
         if opt.softcap is not None:
-            scores = torch.tanh(scores / opt.softcap) * opt.softcap
+            scores = softcap(scores, opt.softcap)
         allowed = grp.allowed(opt.window).transpose(0, 1)  # [nbp, n, KB]
         scores.masked_fill_(~allowed[None, :, :, None, :], float("-inf"))
         probs = scores.sub_(scores.amax(dim=(1, 4), keepdim=True)).exp_()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels.ref import softcap
 from radixlm.runtime.attention.base import AttentionBackend, AttnLayerOptions
 from radixlm.runtime.attention.mirror_slots import MirrorSlots
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
@@ -280,7 +281,7 @@ class TorchAttentionBackend(AttentionBackend):
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = (q.float() @ k.float().transpose(-1, -2)) * opt.scale
-        scores = torch.tanh(scores / opt.softcap) * opt.softcap
+        scores = softcap(scores, opt.softcap)
         probs = scores.masked_fill_(~allowed, float("-inf")).softmax(-1)
         return (probs @ v.float()).to(q.dtype)
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.dispatch import get_ops
+from radixlm.kernels.ref import softcap
 from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.models.invariant import act_and_mul, rowwise
@@ -162,11 +163,6 @@ def _names(w: dict, fused: str, parts: list[str]) -> list[str]:
     """The checkpoint's names for a fused projection: Phi-3 stores ``qkv_proj`` and
     ``gate_up_proj`` already fused, the others their parts."""
     return [fused] if fused + ".weight" in w else parts
-
-
-def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """Gemma 2's tanh soft-capping: ``tanh(x / cap) * cap``."""
-    return torch.tanh(x / cap) * cap
 
 
 class LlamaLayer:
