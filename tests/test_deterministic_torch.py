@@ -339,6 +339,36 @@ def test_activations_give_a_row_the_same_bits_in_any_batch():
             assert fn(x[:0]).shape == (0, whole.shape[1])
 
 
+def test_exp_and_tanh_give_an_element_its_bits_wherever_it_falls():
+    """The invariant attention's ``exp_`` and soft-cap ``tanh`` run over whole score tensors:
+    an element's bits must not depend on the call's size, its offset in it or the thread
+    split (3 threads split 70001 elements mid-vector; the reference is 16-element calls).
+    (SiLU fails this comparison on torch 2.13 on x86: its scalar tail rounds otherwise,
+    hence ``act_and_mul``.)"""
+    from radixlm.kernels.ref import softcap
+
+    base = torch.randn(1 << 17, generator=torch.Generator().manual_seed(5)) * 8
+    threads = torch.get_num_threads()
+
+    def mismatches(fn) -> int:
+        ref = torch.cat([fn(base[i:i + 16]) for i in range(0, 4096, 16)]).view(torch.int32)
+        bad = 0
+        try:
+            for n_threads in (1, 3):
+                torch.set_num_threads(n_threads)
+                for n, off in ((4096, 0), (4103, 3), (70001, 13), (1 << 17, 0)):
+                    n = min(n, base.numel() - off)
+                    got = fn(base[off:off + n])[:4096 - off].view(torch.int32)
+                    bad += int((got != ref[off:]).sum())
+        finally:
+            torch.set_num_threads(threads)
+        return bad
+
+    assert mismatches(torch.exp) == 0
+    assert mismatches(torch.tanh) == 0
+    assert mismatches(partial(softcap, cap=30.0)) == 0
+
+
 def test_tree_sum_ignores_trailing_identities():
     """A sum over n blocks is the same bits padded (with -0.0) to any power of two."""
     x = torch.randn(5, 5, 7, generator=torch.Generator().manual_seed(1))
