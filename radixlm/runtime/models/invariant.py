@@ -56,10 +56,10 @@ def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
     ops at thresholds of their own) and runs each part in vector chunks with a scalar
     tail, and an op's vector and scalar code may round differently in the last bit
     (GELU's, SiLU's and sigmoid's do). Which path an element takes then depends on its
-    flat index in the call,
-    i.e. on the other rows (on an Ice Lake Xeon, gelu-tanh over a ``[T, 96]`` gate changed
-    2 elements of a row between T = 90 and T = 205). A call of one row has one shape, so
-    every row takes the same paths. The cost is a call per row (a few microseconds each).
+    flat index in the call, i.e. on the other rows (on an Ice Lake Xeon, gelu-tanh over a
+    ``[T, 96]`` gate changed 2 elements of a row between T = 90 and T = 205). A call of one
+    row has one shape, so every row takes the same paths. The cost is a call per row (a few
+    microseconds each).
     Not needed for exp and tanh: ATen runs them through ``vml``'s map, which computes a
     part's tail with the same vector function on a partial load, so an element's bits do
     not depend on where it falls (the attention's scores rely on it; tested at 3 threads)."""
