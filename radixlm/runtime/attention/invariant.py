@@ -23,7 +23,9 @@ its context once and calls per (KV head, block) with that block broadcast over i
 queries, no copy. The operands have the same shapes, inner strides and 64-byte
 alignment either way, and the library computes a batch entry alike at any batch size or
 batch stride (tests/test_deterministic_torch.py compares the two layouts bit for bit).
-Soft-capping and sliding windows (``AttnLayerOptions``) are applied to the scores.
+Soft-capping and sliding windows (``AttnLayerOptions``) are applied to the scores. The
+scores' exp and the soft-cap's tanh run over whole tensors: ATen gives an element of either
+its bits wherever it falls in a call (``models.invariant.rowwise`` says why; tested).
 """
 
 from __future__ import annotations
