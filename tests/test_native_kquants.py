@@ -4,6 +4,7 @@ mode and on every SIMD path, int8 rows the same bits at every step size."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -234,16 +235,23 @@ def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
     return path
 
 
+@functools.cache
+def _reference(path: Path):
+    """transformers' GGUF reader on the file at fp32: its model and tokenizer, made once per
+    file (the tests of both activation modes check against the same file; ~5 s a load)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
 def _chosen_are_argmax(path: Path, prompts: list[str], outs: list[dict], tol: float,
                        also: tuple[tuple[list[dict], float], ...] = ()) -> None:
     """transformers' GGUF reader (fp32) on the file, teacher-forced on the engine's tokens:
     each token the engine chose is the reference's argmax within ``tol`` (greedy equality
     that a near-tie between two tokens cannot flip); ``also``: more runs' (outs, tol)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model, tok = _reference(path)
     runs = [(prompt, out, tol) for prompt, out in zip(prompts, outs)]
     runs += [(prompt, out, t) for more, t in also for prompt, out in zip(prompts, more)]
     for prompt, out, tol in runs:
