@@ -25,7 +25,7 @@ alignment either way, and the library computes a batch entry alike at any batch 
 batch stride (tests/test_deterministic_torch.py compares the two layouts bit for bit).
 Soft-capping and sliding windows (``AttnLayerOptions``) are applied to the scores. The
 scores' exp and the soft-cap's tanh run over whole tensors: ATen gives an element of either
-its bits wherever it falls in a call (``models.invariant.rowwise`` says why; tested).
+its bits wherever it falls in a call (``models.invariant.act_and_mul`` says why; tested).
 """
 
 from __future__ import annotations

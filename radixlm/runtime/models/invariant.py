@@ -48,37 +48,26 @@ def fixed_rows_linear(x: torch.Tensor, weight: torch.Tensor,
     return out if bias is None else out + bias
 
 
-def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` for a row-by-row ``fn`` (an activation, a soft-cap), one call per row of
-    ``x [M, ...]``, the results stacked: a row's bits whatever ``M`` is.
-
-    Why: an elementwise op splits its elements among threads at ``numel / threads`` (some
-    ops at thresholds of their own) and runs each part in vector chunks with a scalar
-    tail, and an op's vector and scalar code may round differently in the last bit
-    (GELU's, SiLU's and sigmoid's do). Which path an element takes then depends on its
-    flat index in the call, i.e. on the other rows (on an Ice Lake Xeon, gelu-tanh over a
-    ``[T, 96]`` gate changed 2 elements of a row between T = 90 and T = 205). A call of one
-    row has one shape, so every row takes the same paths. The cost is a call per row (a few
-    microseconds each).
-    Not needed for exp and tanh: ATen runs them through ``vml``'s map, which computes a
-    part's tail with the same vector function on a partial load, so an element's bits do
-    not depend on where it falls (the attention's scores rely on it; tested at 3 threads)."""
-    if x.shape[0] <= 1:
-        return fn(x)
-    return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
-
-
 # activation name (ModelConfig.act) -> its ATen op writing into ``out=``
 _ACT_OUT = {"silu": torch.ops.aten.silu.out,
             "gelu_tanh": partial(torch.ops.aten.gelu.out, approximate="tanh")}
 
 
 def act_and_mul(act: str, gate_up: torch.Tensor) -> torch.Tensor:
-    """``act(gate) * up`` for ``gate_up [T, 2F]`` (gate ‖ up), the activation one row a call
-    (``rowwise``'s reason) written into one output, the product in one call (a product of
-    two numbers rounds alike on every path): the values of ``kernels.ref.silu_and_mul`` /
-    ``gelu_tanh_and_mul``, a row's bits whatever ``T`` is, one op call a row (half of
-    ``rowwise``'s)."""
+    """``act(gate) * up`` for ``gate_up [T, 2F]`` (gate ‖ up): the values of
+    ``kernels.ref.silu_and_mul`` / ``gelu_tanh_and_mul``, a row's bits whatever ``T`` is.
+
+    How: the activation one op call a row, written into one output, and the product in one
+    call (a product of two numbers rounds alike on every path). An elementwise op splits its
+    elements among threads at ``numel / threads`` (some ops at thresholds of their own) and
+    runs each part in vector chunks with a scalar tail, and SiLU's, sigmoid's and GELU's
+    vector and scalar code round differently in the last bit, so which path an element took
+    depended on its flat index in the call, i.e. on the other rows (on an Ice Lake Xeon,
+    gelu-tanh over a ``[T, 96]`` gate changed 2 elements of a row between T = 90 and
+    T = 205). A call of one row has one shape, so every row takes the same paths; the cost
+    is a call per row (a few microseconds each). exp and tanh need no such care: ATen runs
+    them through ``vml``'s map, which computes a part's tail with the same vector function
+    on a partial load (the attention's scores and Gemma 2's soft-caps rely on it; tested)."""
     gate, up = gate_up.chunk(2, dim=-1)
     out = torch.empty_like(gate)
     op = _ACT_OUT[act]

@@ -18,7 +18,6 @@ logprobs were asked for). Fused ops come from one dispatch point (``radixlm.kern
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +26,7 @@ from radixlm.kernels.dispatch import get_ops
 from radixlm.kernels.ref import softcap
 from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
-from radixlm.runtime.models.invariant import act_and_mul, rowwise
+from radixlm.runtime.models.invariant import act_and_mul
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
 from radixlm.runtime.models.rope import Rope, per_layer_type, rope_params
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
@@ -246,9 +245,9 @@ class LlamaModel:
         source blocks (missing names are quantized from the weights). ``tp``: None, or the
         rank's ``TPGroup`` when ``hf_config``/``state`` describe one tensor-parallel shard
         (see radixlm/runtime/parallel/sharding.py). ``batch_invariant``: every linear in
-        calls of one shape (``Linear.fixed_rows``) and the activations and the logits'
-        soft-cap one row a call (``invariant.act_and_mul``, ``rowwise``), so a row's
-        numbers do not depend on its step (norms and rotary are per row already)."""
+        calls of one shape (``Linear.fixed_rows``) and the MLP's activation one row a call
+        (``invariant.act_and_mul``), so a row's numbers do not depend on its step (norms,
+        rotary and the logits' soft-cap are per element or per row already)."""
         self.hf_config = hf_config
         self.tp = tp
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
@@ -331,6 +330,5 @@ class LlamaModel:
             logits = self.tp.gather_logits(logits)
         logits = logits.float()
         if cfg.final_softcap is not None:
-            cap = partial(softcap, cap=cfg.final_softcap)
-            logits = rowwise(cap, logits) if self.head.fixed_rows else cap(logits)
+            logits = softcap(logits, cfg.final_softcap)
         return logits
