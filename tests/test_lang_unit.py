@@ -318,6 +318,31 @@ def test_stream_text_iter_is_incremental(fake):
     assert len(var_pieces) > 2 and "".join(var_pieces) == "xxxxxx"
 
 
+def test_a_streamed_program_is_read_after_its_function_has_run(fake):
+    """``run(stream=True)`` returns while the function still runs: its state's ``text``,
+    ``error`` and variables wait for it (the function below has not submitted a step when
+    the caller reads), not only for the steps queued so far; a variable already submitted
+    is read as soon as it is set."""
+    gate = threading.Event()
+
+    @sgl.function
+    def late(s):
+        gate.wait(5)
+        s += "A" + sgl.gen("x", max_tokens=2)
+        s += sgl.gen("y", max_tokens=2, n=2)  # (gen(n) cannot stream: the program fails)
+
+    state = late.run(backend=fake, stream=True)
+    threading.Timer(0.2, gate.set).start()
+    assert state["x"] == "xx"
+    assert isinstance(state.error(), ValueError) and "cannot stream" in str(state.error())
+    assert state.text() == "Axx"
+
+    gate.clear()
+    state = late.run(backend=fake, stream=True)
+    threading.Timer(0.2, gate.set).start()
+    assert isinstance(state.error(), ValueError)
+
+
 def test_stream_async_iter(fake):
     @sgl.function
     def f(s):

@@ -26,13 +26,24 @@ class ProgramState(RoleMethods):
     def __init__(self, executor: StreamExecutor) -> None:
         self.executor = executor
         self.ret_value: Any = None
+        self._program: threading.Thread | None = None  # run(stream=True)'s function
+
+    def _settle(self, name: str | None = None) -> None:
+        """Read from outside a program that runs in the background (``stream=True``): wait
+        until its function has returned, as it may not have submitted a step yet and an
+        empty queue would pass for done; for a variable, only until the variable exists."""
+        program = self._program
+        if program is None or program is threading.current_thread():
+            return
+        if name is None or name not in self.executor.variable_event:
+            program.join()
 
     def __iadd__(self, other: Any) -> ProgramState:
         self.executor.submit(to_expr(other))
         return self
 
     def __getitem__(self, name: str) -> Any:
-        return self.executor.get_var(name)
+        return self.get_var(name)
 
     def __setitem__(self, name: str, value: Any) -> None:
         self.executor.set_var(name, value)
@@ -42,6 +53,7 @@ class ProgramState(RoleMethods):
         return name in self.executor.variables
 
     def get_var(self, name: str) -> Any:
+        self._settle(name)
         return self.executor.get_var(name)
 
     def set_var(self, name: str, value: Any) -> None:
@@ -49,10 +61,11 @@ class ProgramState(RoleMethods):
 
     def get_meta_info(self, name: str) -> Any:
         """Backend metadata of the step that set `name` (tokens, cached_tokens, logprobs...)."""
-        self.executor.get_var(name)
+        self.get_var(name)
         return self.executor.meta_info.get(name)
 
     def sync(self) -> None:
+        self._settle()
         self.executor.sync()
 
     def text(self) -> str:
@@ -220,7 +233,8 @@ def run_program(func: Callable[..., Any], backend: Backend, args: tuple, kwargs:
             print(state.executor.text_)
 
     if stream:
-        threading.Thread(target=body, daemon=True, name="radixlm-program-main").start()
+        state._program = threading.Thread(target=body, daemon=True, name="radixlm-program-main")
+        state._program.start()
     else:
         body()
     return state
