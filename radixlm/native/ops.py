@@ -66,14 +66,14 @@ class Arena:
                    if not self.in_place(w) and not self.repacked(w))
         size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
                     if self.repacked(w))
-        # a private map on huge pages (``pages.huge``: a decode step streams all of it); a
-        # shared map (shmem) fills at half the rate of a private one (10 GiB: 11.7-12.8 s
-        # against 5.3 s, Zen 4 VM)
-        self._map = mmap.mmap(-1, size + 2 * self.HUGE, flags=mmap.MAP_PRIVATE)
+        # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
+        # against 2.0-3.0 s (compaction stalls); a shared map (shmem) fills at half the rate
+        # of a private one (10 GiB: 11.7-12.8 s against 5.3 s, Zen 4 VM). Where THP is
+        # "always" the kernel still gives huge pages where it has them free.
+        self._map = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE)
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
-        pages.huge(self._buf.ctypes.data, -(-size // self.HUGE) * self.HUGE)
         pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
                        threads=max(1, threads))
 
