@@ -1,7 +1,8 @@
 """Where an engine's start goes: a fresh process per round, its stages timed from the
 interpreter's start to the engine being ready.
 
-    .venv/bin/python benchmarks/bench_start.py [--model PATH] [--rounds 5] [--json r.json]
+    .venv/bin/python benchmarks/bench_start.py [--model PATH] [--rounds 5]
+        [--context-length N] [--json r.json]
 
 Each round runs ``Engine(model)`` in a new interpreter (a start is only a start once) with the
 engine's own stage functions wrapped by timers, on two threads as the engine runs them:
@@ -63,7 +64,7 @@ for name, attr in (("config", "load_hf_config"), ("tokenizer", "load_tokenizer")
 envs.freeze_gc = timed("gc_freeze", envs.freeze_gc)
 ops.Arena.__init__ = timed("arena", ops.Arena.__init__)
 ops.Arena.place = timed("place", ops.Arena.place)
-engine = E.Engine(sys.argv[1], log_level="warning")
+engine = E.Engine(sys.argv[1], log_level="warning", **json.loads(sys.argv[2]))
 stages["ready"] = time.perf_counter() - t_boot
 stages["construct"] = time.perf_counter() - t - stages["imports"]
 engine.shutdown()
@@ -75,9 +76,10 @@ ORDER = ("imports", "config", "tokenizer", "grammar", "runner", "arena", "place"
          "scheduler", "gc_freeze", "construct", "ready")
 
 
-def one_round(model: str) -> dict:
+def one_round(model: str, engine_args: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", _CHILD, model], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _CHILD, model, json.dumps(engine_args)],
+                         capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("STAGES "):
@@ -90,13 +92,17 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="an alias, HF directory or .gguf file")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="the engine's context_length (an 8B model's own 131072 needs more "
+                         "memory than the 2-core hosts have)")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args()
     from radixlm.hostinfo import host_line
     from radixlm.native.build import host_info
 
     host = host_line(host_info())
-    rounds = [one_round(args.model) for _ in range(args.rounds)]
+    engine_args = {} if args.context_length is None else {"context_length": args.context_length}
+    rounds = [one_round(args.model, engine_args) for _ in range(args.rounds)]
     median = {k: statistics.median(r[k] for r in rounds) for k in ORDER
               if all(k in r for r in rounds)}
     summary = {"host": host, "model": args.model, "rounds": rounds,
