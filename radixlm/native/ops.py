@@ -68,9 +68,10 @@ class Arena:
                     if self.repacked(w))
         # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
         # against 2.0-3.0 s (compaction stalls; an 8B's arena 2.5-3.0 s against 0.7-1.0 s on
-        # the Ice Lake VM) and decode was no faster there, 1B to 8B (4235a28); a shared map (shmem) fills at half the rate
-        # of a private one (10 GiB: 11.7-12.8 s against 5.3 s, Zen 4 VM). Where THP is
-        # "always" the kernel still gives huge pages where it has them free.
+        # the Ice Lake VM) and decode was no faster there, 1B to 8B (4235a28); a shared map
+        # (shmem) fills at half the rate of a private one (10 GiB: 11.7-12.8 s against 5.3 s,
+        # Zen 4 VM). Where THP is "always" the kernel still gives huge pages where it has
+        # them free.
         self._map = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE)
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
