@@ -1,6 +1,7 @@
 """The native matmul per weight format: GGUF K-quants (Q4_K, Q5_K, Q6_K, read in their own
-super-blocks) beside Q4_1 / Q8_0 blocks of the same values, int8 activations (the decode
-path), at a step of 1, 8 and 64 tokens.
+super-blocks; Q3_K as the engine holds it where every step is int8: kx3 rows on 512-bit
+builds, else its Q6_K rewrite) beside Q4_1 / Q8_0 blocks of the same values, int8
+activations (the decode path), at a step of 1, 8 and 64 tokens.
 
 Two sizes per format: a matrix that stays in the cache (compute: the kernel's own speed)
 and one of ``--big-mb`` (default 1.5 GiB of Q8_0) that streams from DRAM as a decode step's
@@ -28,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def _weights(name: str, n: int, k: int, base: dict):
-    from radixlm.native.qweights import from_gguf_raw, quantize_q4, quantize_q8
+    from radixlm.native.qweights import from_gguf_raw, quantize_q4, quantize_q8, recoded
 
     tile = n // 4096
+    if name == "Q3_K":  # (its rewrite pending: placed as the engine's Arena places it)
+        return recoded(name, np.tile(base[name], (tile, 1)))
     if name in ("Q4_K", "Q5_K", "Q6_K"):
         return from_gguf_raw(name, np.tile(base[name], (tile, 1)))
     dense = np.tile(from_gguf_raw("Q4_K", base["Q4_K"]).dequantize(), (tile, 1))
@@ -44,7 +47,12 @@ def time_matmul(lib, w, tokens: int, threads: int, rounds: int, plain: bool = Fa
     from radixlm.native.build import ACT_INT8
 
     keep: list = []
-    mat = ops.qmat(w, keep, None if plain else lib)  # (repacked where the engine's are)
+    if w.pending and not plain:  # (Q3_K: the arena of a model whose every step is int8)
+        arena = ops.Arena([w], lib, threads, int8_only=True)
+        mat, arrays = arena.place(w)
+        keep += [arena, arrays]
+    else:
+        mat = ops.qmat(w, keep, None if plain else lib)  # (repacked where the engine's are)
     x = torch.randn(tokens, w.k)
     out = torch.empty(tokens, w.n)
     ws = torch.empty(lib.rlm_matmul_workspace_floats(tokens, w.k, threads))
@@ -87,7 +95,7 @@ def main() -> None:
     if lib is None:
         raise SystemExit("the native library is unavailable on this host: nothing to time")
     k = args.k
-    base = {t: kquant_rows(t, 4096, k, seed=3) for t in ("Q4_K", "Q5_K", "Q6_K")}
+    base = {t: kquant_rows(t, 4096, k, seed=3) for t in ("Q3_K", "Q4_K", "Q5_K", "Q6_K")}
     big_n = max(4096, args.big_mb * 2**20 // (k + k // 16) // 4096 * 4096)
     sizes = {"cache": 16384, "dram": big_n}
     results = {"host": host, "k": k, "threads": args.threads, "rows": sizes, "gweights_s": {}}

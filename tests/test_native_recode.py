@@ -163,3 +163,73 @@ def test_a_pending_rewrite_is_placed_in_its_own_bytes():
             mat, arrays = arena.place(w)
             assert arena.int8_only == every_int8 and bool(mat.qx)
             assert (mat.qs is None) == every_int8 and (arrays == []) == every_int8
+
+
+def _int8_matmul(lib, mat, x, threads: int):
+    """``x @ W.T`` through the library's head job at int8 activations (the decode path)."""
+    import ctypes
+
+    import torch
+
+    from radixlm.native.build import ACT_INT8
+
+    out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
+    ws = torch.empty(lib.rlm_matmul_workspace_floats(x.shape[0], mat.k, threads))
+    lib.rlm_norm_head(ctypes.byref(mat), None, 1e-5, x.shape[0], x.data_ptr(), out.data_ptr(),
+                      ws.data_ptr(), ACT_INT8, threads)
+    return out
+
+
+@needs_compiler
+@pytest.mark.parametrize("n", [16, 48])
+def test_q3_k_at_three_bits_gives_its_q6_k_rows_bits(n):
+    """Where every step is int8 on a build with kx3 rows (csrc/kx3.c), a Q3_K matrix is held
+    at 3 bits a weight (1824 bytes a group of 16 rows' super-block) and computes the bits
+    its Q6_K rewrite does in kx6 rows, for steps of 1 to 64 tokens on 1 and 2 threads; its
+    rows unpack (the embedding lookup) to gguf-py's dequantization of the file's blocks. A
+    build without them keeps the Q6_K rows."""
+    import ctypes
+
+    import torch
+
+    from radixlm.native import build
+    from radixlm.native.ops import Arena, qmat
+    from radixlm.native.qweights import FMT_Q3_K
+
+    lib = build.load()
+    raw = kquant_rows("Q3_K", n, 1024, seed=6, top=1e-2)
+    w = recoded("Q3_K", raw)
+    arena = Arena([w], lib=lib, int8_only=True)
+    mat, arrays = arena.place(w)
+    if not lib.rlm_kx3_rows():  # (AVX2, generic or AMX int8 builds)
+        assert mat.fmt != FMT_Q3_K and not arena.kx3(w)
+        return
+    assert mat.fmt == FMT_Q3_K and not mat.qs and mat.qx and arrays == []
+    assert arena.repacked_bytes == n // 16 * 4 * 1824
+    keep: list = []
+    six = qmat(w.materialized(), keep, lib)  # the same numbers as Q6_K rows, kx6-repacked
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
+    for t in (1, 3, 8, 17, 64):
+        for threads in (1, 2):
+            got = _int8_matmul(lib, mat, x[:t], threads)
+            assert torch.equal(got.view(torch.int32),
+                               _int8_matmul(lib, six, x[:t], threads).view(torch.int32))
+    rows = np.arange(n, dtype=np.int64)[::-1].copy()
+    out = np.empty((n, 1024), np.float32)
+    lib.rlm_dequant_rows(ctypes.byref(mat), rows.ctypes.data, n, out.ctypes.data)
+    assert np.array_equal(out.view(np.uint32), _source("Q3_K", raw)[rows].view(np.uint32))
+
+
+@needs_compiler
+def test_kx3_repacking_counts_what_is_no_q3_k_number():
+    """Rows that are no Q3_K rewrite (values outside 28..35) are counted by the repacking
+    (the arena raises on a count), not packed silently; a rewrite's rows count none."""
+    from radixlm.native import build
+    from radixlm.native.qweights import FMT_Q3_K
+
+    lib = build.load()
+    six = kquant_rows("Q6_K", 16, 256, seed=7)
+    good = recode.q3_k_as_q6_k(kquant_rows("Q3_K", 16, 256, seed=7))
+    dst = np.empty(int(lib.rlm_kx_bytes(FMT_Q3_K, 16, 256)), np.uint8)
+    assert lib.rlm_repack_kx(good.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) == 0
+    assert lib.rlm_repack_kx(six.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) > 1000

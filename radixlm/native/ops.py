@@ -12,6 +12,7 @@ import torch
 from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import (
+    FMT_Q3_K,
     FMT_Q4,
     FMT_Q4_K,
     FMT_Q5_K,
@@ -50,7 +51,12 @@ class Arena:
     Q8 / Q4 rows 16 side by side (``lib.rlm_kx32_rows()``: 512-bit VNNI without AMX int8
     tiles), such a matrix of whole groups of 16 rows is copied in that layout only, at the
     size of the plain copy (kx32.c): a step then streams it with no per-step transposition.
-    The embedding lookup unpacks its rows; no other path reads them."""
+    The embedding lookup unpacks its rows; no other path reads them.
+
+    Likewise a Q3_K matrix of whole groups of 16 rows (``kx3``, ``lib.rlm_kx3_rows()``:
+    512-bit builds without AMX int8 tiles) is placed in kx3.c's rows only: its rewrite's
+    Q6_K numbers at 3 bits a weight, 114 bytes a row's super-block against the 210 of the
+    Q6_K rows (the file's 110); the same bits as those rows on every int8 step."""
 
     ALIGN, HUGE = 64, 2 << 20
 
@@ -61,11 +67,12 @@ class Arena:
         self._kx = lib is not None and bool(lib.rlm_kx_rows())
         self._every_int8 = int8_only
         self._kx32 = int8_only and lib is not None and bool(lib.rlm_kx32_rows())
+        self._kx3 = int8_only and lib is not None and bool(lib.rlm_kx3_rows())
         self._int8_only = False  # (set once a matrix is placed repacked only)
         size = sum(self._plain_bytes(w) for w in weights
                    if not self.in_place(w) and not self.repacked(w))
-        size += sum(self._padded(lib.rlm_kx_bytes(w.fmt, w.n, w.k)) for w in weights
-                    if self.repacked(w))
+        size += sum(self._padded(lib.rlm_kx_bytes(self._kx_fmt(w), w.n, w.k))
+                    for w in weights if self.repacked(w))
         # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
         # against 2.0-3.0 s (compaction stalls; an 8B's arena 2.5-3.0 s against 0.7-1.0 s on
         # the Ice Lake VM) and decode was no faster there, 1B to 8B (4235a28); a shared map
@@ -102,6 +109,14 @@ class Arena:
         """Bytes of weights read in place (not copied into the arena)."""
         return self._in_place_bytes
 
+    def kx3(self, w: QWeight) -> bool:
+        """Whether ``w`` (a pending Q3_K rewrite) is placed in kx3.c's rows (see the class)."""
+        return self._kx3 and w.pending == "Q3_K" and w.n % 16 == 0
+
+    def _kx_fmt(self, w: QWeight) -> int:
+        """The format ``w``'s repacked rows hold (FMT_Q3_K for ``kx3``)."""
+        return FMT_Q3_K if self.kx3(w) else w.fmt
+
     def repacked(self, w: QWeight) -> bool:
         """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
         if w.fmt in BLOCKS32:
@@ -137,6 +152,8 @@ class Arena:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays). A ``pending``
         rewrite is done here (its rows live until copied or repacked)."""
+        if self.kx3(w):
+            return self._place_kx3(w)
         w = w.materialized(self._threads)
         if self.repacked(w) and w.fmt in BLOCKS32:
             return self._place_kx32(w)
@@ -167,6 +184,21 @@ class Arena:
             copies.append(dst)
             self._used += self._padded(a.nbytes)
         return _qmat(w, copies), copies
+
+    def _place_kx3(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
+        """``w`` (a pending Q3_K rewrite) in kx3.c's rows (``place``): rewritten to Q6_K rows
+        on the team, those repacked, then let go."""
+        six = w.materialized(self._threads)
+        nbytes = int(self._lib.rlm_kx_bytes(FMT_Q3_K, w.n, w.k))
+        dst = self._buf[self._used:self._used + nbytes]
+        bad = self._lib.rlm_repack_kx(six.qs.ctypes.data, FMT_Q3_K, w.n, w.k, dst.ctypes.data,
+                                      self._threads)
+        if bad:  # (the rewrite makes 28..35 only: a broken rewrite, not a broken file)
+            raise ValueError(f"{bad} values of a Q3_K rewrite lie outside Q3_K's range")
+        self._int8_only = True
+        self._used += self._padded(nbytes)
+        self.repacked_bytes += nbytes
+        return QMat(FMT_Q3_K, w.n, w.k, None, None, None, dst.ctypes.data), []
 
     def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` (Q8 / Q4) repacked in (``place``): its C view reads the repacked rows only."""

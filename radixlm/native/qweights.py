@@ -33,6 +33,7 @@ from radixlm.native import recode
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
 FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as in the file
+FMT_Q3_K = 11  # csrc/rlm.h: a Q3_K rewrite's Q6_K numbers in kx3.c's rows only (Arena)
 KQUANT_FMTS = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)
 SUPER = 256  # weights per K-quant super-block
 # K-quant format -> (GGUF type name, bytes per super-block)

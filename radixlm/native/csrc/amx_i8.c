@@ -187,7 +187,7 @@ static void rows_tile_i8(const QMat *w, int n, int8_t *wbuf, float *wdt, float *
 static void kq_gemm_amx(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                         int64_t ldy) {
     const int k = w->k, nb = k / 32, nsb = k / 256, groups = (T + 15) / 16;
-    const int six = w->fmt == FMT_Q6_K, width = six ? 16 : 32, per = 256 / width;
+    const int six = kq_six(w->fmt), width = six ? 16 : 32, per = 256 / width;
     const int full = n0 + (n1 - n0) / 16 * 16;
     int8_t *wbuf = (int8_t *)aligned_alloc(64, (size_t)16 * k);
     int16_t *sc = (int16_t *)malloc(sizeof(int16_t) * 256 * (size_t)nsb);

@@ -12,6 +12,7 @@
 #include "kquants.c"
 #include "recode.c"
 #include "kx.c"
+#include "kx3.c"
 #include "kx32.c"
 #include "amx_i8.c"
 #include "matmul.c"

@@ -108,7 +108,7 @@ static inline int kq_sb_bytes(int fmt) {
 }
 
 /* Scales a row's unpacking holds per super-block (ds; dm has 8). */
-static inline int kq_scales_per_sb(int fmt) { return fmt == FMT_Q6_K ? 16 : 8; }
+static inline int kq_scales_per_sb(int fmt) { return kq_six(fmt) ? 16 : 8; }
 
 /* A row (raw bytes wq) unpacked: q [k] bytes, ds [k / 256 * kq_scales_per_sb], dm [k / 32]. */
 static void kq_unpack_row(const QMat *w, const uint8_t *wq, uint8_t *q, float *ds, float *dm) {
@@ -125,7 +125,7 @@ static void kq_unpack_row(const QMat *w, const uint8_t *wq, uint8_t *q, float *d
 static void kq_dequant_unpacked(const QMat *w, const uint8_t *q, const float *ds,
                                 const float *dm, float *out) {
     const int k = w->k, ns = kq_scales_per_sb(w->fmt);
-    const int six = w->fmt == FMT_Q6_K;
+    const int six = kq_six(w->fmt);
     for (int j = 0; j < k; j += 16) { /* 16 weights share a scale in every format */
         const float s = ds[j / 256 * ns + (six ? j % 256 / 16 : j % 256 / 32)];
         const float m = six ? 0.f : dm[j / 32];
@@ -175,7 +175,7 @@ static void kq_dequant_row(const QMat *w, const uint8_t *wq, float *out) {
  * sc_j and sc[16 s + 8 + j] = m_j (Q4_K / Q5_K), sc[16 s + i] (Q6_K, signed); dd[2 s],
  * dd[2 s + 1] = d, dmin (Q6_K: d, 0). */
 static void kq_row_scales(const QMat *w, int64_t n, int16_t *sc, float *dd) {
-    const int nsb = w->k / 256, six = w->fmt == FMT_Q6_K;
+    const int nsb = w->k / 256, six = kq_six(w->fmt);
     if (w->qx && n < w->n / 16 * 16) {
         const int r = (int)(n % 16);
         const uint8_t *g = w->qx + n / 16 * nsb * kx_sb_bytes(w->fmt);
@@ -238,7 +238,7 @@ static inline float kq_dot(int fmt, int nsb, const uint8_t *q, const int16_t *sc
         const int8_t *xs = x + 256 * s;
         const int16_t *c = sc + 16 * s, *b = kb + 16 * s;
         int isum = 0, msum = 0;
-        if (fmt == FMT_Q6_K) {
+        if (kq_six(fmt)) {
             for (int i = 0; i < 16; i++)
                 isum += c[i] * (kq_isum(qs + 16 * i, xs + 16 * i, 16) - 32 * b[i]);
         } else {
@@ -248,7 +248,7 @@ static inline float kq_dot(int fmt, int nsb, const uint8_t *q, const int16_t *sc
             }
         }
         acc = fmaf(dd[2 * s] * kd[s], (float)isum, acc);
-        if (fmt != FMT_Q6_K) acc = fmaf(-(dd[2 * s + 1] * kd[s]), (float)msum, acc);
+        if (!kq_six(fmt)) acc = fmaf(-(dd[2 * s + 1] * kd[s]), (float)msum, acc);
     }
     return acc;
 }

@@ -26,11 +26,13 @@
                           its 64 bytes of fifth bits (byte 4 r + e, bit t = element 4 t +
                           e's): one stream through memory (kx_sub_at, kx_fifth_at) */
 #define KX6_BYTES 3360
+#define KX3_BYTES 1824 /* FMT_Q3_K (kx3.c): kx6's d and sc, then 3-bit weights */
 /* Where sub-block j's nibble vectors and (Q5_K) fifth bits start in a group's super-block. */
 static inline int kx_sub_at(int five, int j) { return 320 + (five ? 320 : 256) * j; }
 static inline int kx_fifth_at(int j) { return kx_sub_at(1, j) + 256; }
 static inline int64_t kx_sb_bytes(int fmt) {
-    return fmt == FMT_Q6_K ? KX6_BYTES : fmt == FMT_Q5_K ? KX5_BYTES : KX_BYTES;
+    return fmt == FMT_Q6_K ? KX6_BYTES : fmt == FMT_Q5_K ? KX5_BYTES
+         : fmt == FMT_Q3_K ? KX3_BYTES : KX_BYTES;
 }
 
 /* Q6_K group i of 16 weights e16 (one byte each) as the three dwords a row takes in the
@@ -162,6 +164,10 @@ static void kx_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *ds
 /* Row n (< n / 16 * 16) of a repacked Q4_K matrix unpacked as kq_unpack_row does it from
  * the file's rows: the same bytes q and the same products ds, dm. */
 static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float *dm) {
+    if (w->fmt == FMT_Q3_K) {
+        kx3_unpack_row(w, n, q, ds);
+        return;
+    }
     const int nsb = w->k / 256, r = (int)(n % 16);
     const uint8_t *g = w->qx + n / 16 * nsb * kx_sb_bytes(w->fmt);
     for (int s = 0; w->fmt == FMT_Q6_K && s < nsb; s++) {
@@ -178,7 +184,7 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
         }
     }
     const int five = w->fmt == FMT_Q5_K;
-    for (int s = 0; w->fmt != FMT_Q6_K && s < nsb; s++) {
+    for (int s = 0; !kq_six(w->fmt) && s < nsb; s++) {
         const uint8_t *o = g + (int64_t)s * kx_sb_bytes(w->fmt);
         const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
         const float dmin = H((f16)(o[32 + 2 * r] | o[33 + 2 * r] << 8));
@@ -553,6 +559,10 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
 /* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens. */
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                     int64_t ldy) {
+    if (w->fmt == FMT_Q3_K) {
+        kx3_rows(w, g0, g1, T, a, y, ldy);
+        return;
+    }
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
     const int64_t sb = kx_sb_bytes(w->fmt);
     for (int t0 = 0; t0 < T; t0 += 64) { /* a tile of tokens' activations stays in L2 */

@@ -29,6 +29,7 @@
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
  *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
  *   kx.c           K-quant rows repacked 16 side by side, and their int8 kernels
+ *   kx3.c          Q3_K's numbers repacked 16 side by side at 3 bits, their 512-bit kernel
  *   kx32.c         Q8 / Q4 rows repacked 16 side by side, and their 512-bit VNNI kernel
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
@@ -59,9 +60,10 @@
 
 /* Weight formats: GGUF-style blocks (Q4, Q8), GGUF K-quant super-blocks as the file has
  * them (Q4_K, Q5_K, Q6_K; see kquants.c), or dense rows as the checkpoint has them (bf16,
- * fp32; see dense.c). */
-enum { FMT_Q4 = 4, FMT_Q8 = 8, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14, FMT_BF16 = 16,
-       FMT_F32 = 32 };
+ * fp32; see dense.c). FMT_Q3_K: a GGUF Q3_K matrix's numbers as Q6_K's (recode.c), held only
+ * in kx3.c's repacked rows (qx; qs NULL): every path treats it as Q6_K but for the layout. */
+enum { FMT_Q4 = 4, FMT_Q8 = 8, FMT_Q3_K = 11, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14,
+       FMT_BF16 = 16, FMT_F32 = 32 };
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
 /* How a matmul reads its activations. ACT_BF16 (batch steps on a CPU with native bf16 dot
  * products) rounds activations and dequantized weights to bf16 and accumulates in fp32, as
@@ -100,7 +102,8 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {
-    int32_t fmt;          /* FMT_Q4 | FMT_Q8 | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16 | FMT_F32 */
+    int32_t fmt;          /* FMT_Q4 | FMT_Q8 | FMT_Q3_K | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16
+                             | FMT_F32 */
     int32_t n, k;         /* output rows, input columns (k % 32 == 0; K-quants: k % 256 == 0) */
     const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32];
                              K-quants: the file's rows of super-blocks [n, k/256, 144 | 176 |
@@ -111,14 +114,17 @@ typedef struct {
     const uint8_t *qx;    /* K-quants on AVX2 / 512-bit builds: rows 0 .. n / 16 * 16
                              repacked 16 side by side (kx.c) for the int8 kernels; the
                              other paths read qs. Q8 / Q4 on RLM_KX32 builds: all rows
-                             repacked (kx32.c), qs, d and m NULL (int8 steps only). NULL:
-                             read qs only */
+                             repacked (kx32.c), qs, d and m NULL (int8 steps only). Q3_K:
+                             all rows (n % 16 == 0) in kx3.c's layout, qs NULL (int8 steps
+                             only). NULL: read qs only */
 } QMat;
 
 static inline int is_dense(const QMat *w) { return w->fmt == FMT_BF16 || w->fmt == FMT_F32; }
 static inline int is_kquant(const QMat *w) {
-    return w->fmt == FMT_Q4_K || w->fmt == FMT_Q5_K || w->fmt == FMT_Q6_K;
+    return w->fmt == FMT_Q3_K || w->fmt == FMT_Q4_K || w->fmt == FMT_Q5_K || w->fmt == FMT_Q6_K;
 }
+/* Whether a K-quant format's numbers are Q6_K's (scales a group of 16, q - 32, no minimum). */
+static inline int kq_six(int fmt) { return fmt == FMT_Q6_K || fmt == FMT_Q3_K; }
 
 /* Bytes of one row of w in memory. */
 static inline int64_t row_bytes_of(const QMat *w) {
@@ -128,6 +134,7 @@ static inline int64_t row_bytes_of(const QMat *w) {
     case FMT_Q4_K: return (int64_t)w->k / 256 * 144;
     case FMT_Q5_K: return (int64_t)w->k / 256 * 176;
     case FMT_Q6_K: return (int64_t)w->k / 256 * 210;
+    case FMT_Q3_K: return 0; /* (repacked rows only) */
     case FMT_BF16: return (int64_t)w->k * 2;
     default: return (int64_t)w->k * 4;
     }
@@ -368,6 +375,11 @@ static void kx_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds, float
 static inline int64_t kx_sb_bytes(int fmt);
 #ifdef RLM_AVX2
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y, int64_t ldy);
+#endif
+/* kx3.c */
+static void kx3_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds);
+#ifdef RLM_I8_ZMM
+static void kx3_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y, int64_t ldy);
 #endif
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
                        int64_t ldy);

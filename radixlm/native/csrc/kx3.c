@@ -1,0 +1,170 @@
+/* A GGUF Q3_K matrix's numbers at 3 bits a weight, 16 rows side by side (QMat fmt FMT_Q3_K,
+ * qx only), and their 512-bit int8 kernel.
+ *
+ * recode.c rewrites Q3_K super-blocks as Q6_K ones of the same numbers: (d sc_i) (q - 32)
+ * with q - 32 in -4..3, so q in 28..35. Read as Q6_K (kx.c's kx6 layout, 210 bytes a row's
+ * super-block) a step streams 1.9x the file's bytes. Here the same numbers keep only what
+ * they need, u = q - 28 in 0..7: 114 bytes a row's super-block against the file's 110.
+ * Group g's super-block s is KX3_BYTES bytes at qx + (g nsb + s) KX3_BYTES:
+ *   d[16] fp16, sc[16][16] int8 (row r's scale of group i of 16 weights at 32 + 16 i + r):
+ *   kx6's first 288 bytes, at the same places; then per pair p of groups (2p, 2p + 1) 192
+ *   bytes: two vectors of low bits, one a group (byte 4 r + e, bits 2v and 2v + 1: u's low
+ *   two of element 4 v + e of row r's group), and one of high bits (byte 4 r + e, bit v:
+ *   u's bit 2 of element 4 v + e of group 2p; bit 4 + v: of group 2p + 1).
+ * The kernel is kx6_group's with u for q: I_s = sum_i sc_i ((sum u a)_i - 4 (sum a)_i), the
+ * integer kx6_group makes of the same numbers (q a - 32 a = u a - 4 a), then the same float
+ * operations: the same bits as the Q6_K rows on every path (tests/test_native_recode.py).
+ * The embedding lookup and the row-at-a-time paths unpack a row to Q6_K's bytes
+ * (kx3_unpack_row). Only where every step is int8 on a 512-bit build without AMX int8
+ * tiles (rlm_kx3_rows); elsewhere Q3_K runs as its Q6_K rows. */
+#include "rlm.h"
+
+/* Row r's 256 Q6_K bytes q (values 28..35) of one super-block into group o's bit vectors;
+ * returns how many values lay outside 28..35 (rows that are no Q3_K rewrite). */
+static int64_t kx3_put_row(const uint8_t *q, int r, uint8_t *o) {
+    int64_t bad = 0;
+    for (int i = 0; i < 16; i++) {
+        uint8_t *lo = o + 288 + 192 * (i / 2) + 64 * (i & 1) + 4 * r;
+        uint8_t *hi = o + 288 + 192 * (i / 2) + 128 + 4 * r;
+        for (int e = 0; e < 4; e++) {
+            uint8_t l = 0, h = hi[e];
+            for (int v = 0; v < 4; v++) {
+                const uint8_t u = (uint8_t)(q[16 * i + 4 * v + e] - 28);
+                bad += u > 7;
+                l |= (uint8_t)((u & 3) << (2 * v));
+                h |= (uint8_t)(((u >> 2) & 1) << (v + 4 * (i & 1)));
+            }
+            lo[e] = l;
+            hi[e] = h;
+        }
+    }
+    return bad;
+}
+
+/* Q6_K rows src [16, nsb * 210] (row stride rb) of Q3_K's numbers as one kx3 group at dst;
+ * returns the count of values outside 28..35 (nothing else is checked). */
+static int64_t kx3_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
+    uint8_t q[256] __attribute__((aligned(64)));
+    float ds[16], dm[8];
+    int64_t bad = 0;
+    for (int s = 0; s < nsb; s++) {
+        uint8_t *o = dst + (int64_t)s * KX3_BYTES;
+        memset(o + 288, 0, KX3_BYTES - 288);
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = src + r * rb + (int64_t)s * 210;
+            kq_unpack_sb(FMT_Q6_K, p, q, ds, dm);
+            memcpy(o + 2 * r, p + 208, 2);
+            for (int i = 0; i < 16; i++) o[32 + 16 * i + r] = p[192 + i];
+            bad += kx3_put_row(q, r, o);
+        }
+    }
+    return bad;
+}
+
+/* Row n of a kx3 matrix unpacked as kx_unpack_row unpacks its Q6_K twin: the Q6_K bytes q
+ * (28..35) and ds[16 s + i] = d sc_i. */
+static void kx3_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds) {
+    const int nsb = w->k / 256, r = (int)(n % 16);
+    const uint8_t *g = w->qx + n / 16 * nsb * KX3_BYTES;
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = g + (int64_t)s * KX3_BYTES;
+        const float d = H((f16)(o[2 * r] | o[2 * r + 1] << 8));
+        for (int i = 0; i < 16; i++) {
+            ds[16 * s + i] = d * (float)(int8_t)o[32 + 16 * i + r];
+            const uint8_t *lo = o + 288 + 192 * (i / 2) + 64 * (i & 1) + 4 * r;
+            const uint8_t *hi = o + 288 + 192 * (i / 2) + 128 + 4 * r;
+            for (int e = 0; e < 4; e++)
+                for (int v = 0; v < 4; v++)
+                    q[256 * s + 16 * i + 4 * v + e] =
+                        (uint8_t)(28 + ((lo[e] >> (2 * v)) & 3) +
+                                  4 * ((hi[e] >> (v + 4 * (i & 1))) & 1));
+        }
+    }
+}
+
+#if defined(RLM_I8_ZMM) && !(defined(RLM_AMX) && defined(__AMX_INT8__))
+#define RLM_KX3 1
+#endif
+
+#ifdef RLM_I8_ZMM
+/* u's bit 2 of the element a byte's step v reads (bit v + 4 half of the high vector h) at
+ * bit 2, nothing else set: the bit masked, then moved within its byte. */
+static inline __m512i kx3_high(__m512i h, int bit) {
+    const __m512i m = _mm512_and_si512(h, _mm512_set1_epi8((char)(1 << bit)));
+    return bit > 2 ? _mm512_srli_epi16(m, bit - 2) : bit < 2 ? _mm512_slli_epi16(m, 2 - bit) : m;
+}
+
+/* G tokens (from token t) against kx3 group qx (16 rows from row n): kx6_group's
+ * operations with u (see the top). */
+static inline __attribute__((always_inline)) void kx3_group(const uint8_t *qx, int nsb,
+                                                            const Act *a, int t, const int G,
+                                                            int k, float *y, int64_t ldy, int n) {
+    const __m512i m3 = _mm512_set1_epi8(0x03);
+    __m512 acc[G];
+    for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX3_BYTES;
+        __m512i isum[G];
+        for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) {
+            const __m512i h = _mm512_loadu_si512((const void *)(o + 288 + 192 * p + 128));
+            for (int half = 0; half < 2; half++) {
+                const int l = 2 * p + half;
+                const __m512i scv = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)));
+                const __m512i lo = _mm512_loadu_si512((const void *)(o + 288 + 192 * p + 64 * half));
+                /* a byte's bits 0-1 from the low vector, bit 2 from the high (m3 ? lo : hi) */
+                const __m512i st[4] = {
+                    _mm512_ternarylogic_epi32(lo, kx3_high(h, 4 * half), m3, 0xE4),
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 2), kx3_high(h, 1 + 4 * half), m3, 0xE4),
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 4), kx3_high(h, 2 + 4 * half), m3, 0xE4),
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 6), kx3_high(h, 3 + 4 * half), m3, 0xE4)};
+                for (int i = 0; i < G; i++) {
+                    const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
+                    __m512i d = dot_u8s8_512(st[0], kx_bcast4(x));
+                    for (int e = 1; e < 4; e++) d = dot_acc_512(d, st[e], kx_bcast4(x + 4 * e));
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(d, scv));
+                }
+            }
+        }
+        __m512i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row n + r as int16 (kx6_group's) */
+        for (int m = 0; m < 8; m++)
+            sp[m] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 32 * m))),
+                                 _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 48 + 32 * m))), 16));
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        for (int i = 0; i < G; i++) {
+            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+            __m512i c = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++) {
+                const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
+                c = kx_dot16(c, sp[m], _mm512_set1_epi32((int32_t)pair));
+            }
+            isum[i] = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(c, 2));
+            acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
+        }
+    }
+    for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
+}
+
+/* kx3 groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens (kx_rows' tiling). */
+static void kx3_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                     int64_t ldy) {
+    const int k = w->k, nsb = k / 256;
+    for (int t0 = 0; t0 < T; t0 += 64) {
+        const int t1 = T - t0 < 64 ? T : t0 + 64;
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * KX3_BYTES;
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                switch (G) {
+#define RLM_G(G) case G: kx3_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
+#undef RLM_G
+                }
+                t += G;
+            }
+        }
+    }
+}
+#endif
