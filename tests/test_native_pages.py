@@ -84,3 +84,33 @@ def test_populate_on_threads_maps_every_part_of_the_range(monkeypatch):
     assert not buf.any()
     del buf
     m.close()
+
+
+def _thp_eligible(address: int) -> bool:
+    """``THPeligible`` of the mapping ``address`` lies in (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "THPeligible:":
+            return line.split()[1] == "1"
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_the_arena_asks_for_huge_pages():
+    """The arena's range is THP-eligible wherever the kernel has THP on ("always" or
+    "madvise"); a plain private map of the same size is not where THP waits for madvise."""
+    from radixlm.native.ops import Arena
+    from radixlm.native.qweights import FMT_Q8, QWeight
+
+    mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1][0]
+    qs = np.zeros((512, 2048, 32), dtype=np.int8)  # 32 MiB of Q8 rows, copied in
+    w = QWeight(FMT_Q8, qs, np.ones((512, 2048), np.float16), None)
+    arena = Arena([w], lib=None)
+    assert _thp_eligible(arena._buf.ctypes.data) == (mode in "am")  # always / madvise
+    plain = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)
+    plain[0] = 1
+    address = np.frombuffer(plain, np.uint8).ctypes.data
+    assert _thp_eligible(address) == (mode == "a")

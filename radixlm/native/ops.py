@@ -30,9 +30,8 @@ BLOCKS32 = (FMT_Q8, FMT_Q4)  # likewise where every step is int8 (Arena, csrc/kx
 
 class Arena:
     """All of a model's block weights in one anonymous mapping, in the order a step reads
-    them, 2 MB aligned (huge pages where the kernel gives them unasked): a decode step
-    streams every weight once, in order. ``qmat`` copies a QWeight in and returns its C
-    view.
+    them, 2 MB aligned, on huge pages (``pages.huge``): a decode step streams every weight
+    once, in order. ``qmat`` copies a QWeight in and returns its C view.
 
     K-quant rows that lie in a file map (a GGUF's own, contiguous) are used where they lie
     (``in_place``): the map is held, its pages populated once, nothing copied. A 1B decode
@@ -73,16 +72,15 @@ class Arena:
                    if not self.in_place(w) and not self.repacked(w))
         size += sum(self._padded(lib.rlm_kx_bytes(self._kx_fmt(w), w.n, w.k))
                     for w in weights if self.repacked(w))
-        # a private map, huge pages not asked for: with MADV_HUGEPAGE a start took 3.1-4.9 s
-        # against 2.0-3.0 s (compaction stalls; an 8B's arena 2.5-3.0 s against 0.7-1.0 s on
-        # the Ice Lake VM) and decode was no faster there, 1B to 8B (4235a28); a shared map
-        # (shmem) fills at half the rate of a private one (10 GiB: 11.7-12.8 s against 5.3 s,
-        # Zen 4 VM). Where THP is "always" the kernel still gives huge pages where it has
-        # them free.
-        self._map = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE)
+        # a private map on huge pages (``pages.huge``: a decode step streams all of it; an
+        # 8B's arena populate took 2.5-3.0 s on them against 0.7-1.0 s, compaction, on the
+        # Ice Lake VM); a shared map (shmem) fills at half the rate of a private one (10 GiB:
+        # 11.7-12.8 s against 5.3 s, Zen 4 VM)
+        self._map = mmap.mmap(-1, size + 2 * self.HUGE, flags=mmap.MAP_PRIVATE)
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
+        pages.huge(self._buf.ctypes.data, -(-size // self.HUGE) * self.HUGE)
         pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
                        threads=max(1, threads))
 
