@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 from radixlm import envs
 
@@ -55,6 +57,19 @@ def cpu_flags() -> list[str]:
     return [f for f in flags if not f.startswith(_ABOVE[isa])]
 
 
+def checkout() -> str:
+    """The radixlm this process imported: its folder, and where that is a git checkout its
+    commit (``-dirty`` with changes). A benchmark run from a ``git worktree`` imports the
+    editable install's radixlm, not the worktree's: this line says which code ran."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{root} @ {rev}" if rev else str(root)
+
+
 def host_info(native: str | None = None) -> dict:
     """CPU model, cores, ISA (and the real host's under ``RADIXLM_CPU_ISA``), torch's
     version and threads; ``native``: the native library's line (what
@@ -69,7 +84,7 @@ def host_info(native: str | None = None) -> dict:
         pass
     flags, host_flags = set(cpu_flags()), set(host_cpu_flags())
     info = {"cpu": model, "cores": os.cpu_count(), "machine": platform.machine(),
-            "isa": [f for f in ISA_FLAGS if f in flags]}
+            "isa": [f for f in ISA_FLAGS if f in flags], "radixlm": checkout()}
     if envs.cpu_isa() != "native":  # an emulated host: say so, and what the real one has
         info["emulated_isa"] = envs.cpu_isa()
         info["host_isa"] = [f for f in ISA_FLAGS if f in host_flags]
@@ -88,7 +103,7 @@ def host_info(native: str | None = None) -> dict:
 def host_line(info: dict | None = None) -> str:
     info = info or host_info()
     line = (f"host: {info['cpu']}, {info['cores']} cores, ISA {'/'.join(info['isa']) or 'none'}"
-            f", native ops {info.get('native')}")
+            f", native ops {info.get('native')}; radixlm {info.get('radixlm')}")
     if "emulated_isa" in info:
         line += (f" [RADIXLM_CPU_ISA={info['emulated_isa']}: capped from "
                  f"{'/'.join(info['host_isa'])}; torch capped via ATEN_CPU_CAPABILITY="
