@@ -8,7 +8,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from test_native import needs_compiler
+from test_native import lib, needs_compiler  # noqa: F401  (the fixture over the variants)
 from test_native_kquants import _chosen_are_argmax, kquant_rows, write_tiny_gguf
 
 from radixlm.native import recode
@@ -156,16 +156,16 @@ def test_a_pending_rewrite_is_placed_in_its_own_bytes():
     assert arena.copied_bytes == 32 * 2 * 210 and not arena.int8_only
     assert np.array_equal(arrays[0], recode.q3_k_as_q6_k_numpy(raw))
     assert mat.qs == arrays[0].ctypes.data and not mat.qx
-    lib = build.load()
-    if lib is not None and lib.rlm_kx_rows():
+    native = build.load()
+    if native is not None and native.rlm_kx_rows():
         for every_int8 in (True, False):
-            arena = Arena([w], lib=lib, int8_only=every_int8)
+            arena = Arena([w], lib=native, int8_only=every_int8)
             mat, arrays = arena.place(w)
             assert arena.int8_only == every_int8 and bool(mat.qx)
             assert (mat.qs is None) == every_int8 and (arrays == []) == every_int8
 
 
-def _int8_matmul(lib, mat, x, threads: int):
+def _int8_matmul(native, mat, x, threads: int):
     """``x @ W.T`` through the library's head job at int8 activations (the decode path)."""
     import ctypes
 
@@ -174,34 +174,32 @@ def _int8_matmul(lib, mat, x, threads: int):
     from radixlm.native.build import ACT_INT8
 
     out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
-    ws = torch.empty(lib.rlm_matmul_workspace_floats(x.shape[0], mat.k, threads))
-    lib.rlm_norm_head(ctypes.byref(mat), None, 1e-5, x.shape[0], x.data_ptr(), out.data_ptr(),
+    ws = torch.empty(native.rlm_matmul_workspace_floats(x.shape[0], mat.k, threads))
+    native.rlm_norm_head(ctypes.byref(mat), None, 1e-5, x.shape[0], x.data_ptr(), out.data_ptr(),
                       ws.data_ptr(), ACT_INT8, threads)
     return out
 
 
 @needs_compiler
 @pytest.mark.parametrize("n", [16, 48])
-def test_q3_k_at_three_bits_gives_its_q6_k_rows_bits(n):
-    """Where every step is int8 on a build with kx3 rows (csrc/kx3.c), a Q3_K matrix is held
-    at 3 bits a weight (1824 bytes a group of 16 rows' super-block) and computes the bits
-    its Q6_K rewrite does in kx6 rows, for steps of 1 to 64 tokens on 1 and 2 threads; its
-    rows unpack (the embedding lookup) to gguf-py's dequantization of the file's blocks. A
-    build without them keeps the Q6_K rows."""
+def test_q3_k_at_three_bits_gives_its_q6_k_rows_bits(lib, n):  # noqa: F811
+    """Where every step is int8 on a build with kx3 rows (csrc/kx3.c: AVX2 and 512-bit), a
+    Q3_K matrix is held at 3 bits a weight (1824 bytes a group of 16 rows' super-block) and
+    computes the bits its Q6_K rewrite does in kx6 rows, for steps of 1 to 64 tokens on 1
+    and 2 threads; its rows unpack (the embedding lookup) to gguf-py's dequantization of the
+    file's blocks. A build without them (generic) keeps the Q6_K rows."""
     import ctypes
 
     import torch
 
-    from radixlm.native import build
     from radixlm.native.ops import Arena, qmat
     from radixlm.native.qweights import FMT_Q3_K
 
-    lib = build.load()
     raw = kquant_rows("Q3_K", n, 1024, seed=6, top=1e-2)
     w = recoded("Q3_K", raw)
     arena = Arena([w], lib=lib, int8_only=True)
     mat, arrays = arena.place(w)
-    if not lib.rlm_kx3_rows():  # (AVX2, generic or AMX int8 builds)
+    if not lib.rlm_kx3_rows():  # (generic or AMX int8 builds)
         assert mat.fmt != FMT_Q3_K and not arena.kx3(w)
         return
     assert mat.fmt == FMT_Q3_K and not mat.qs and mat.qx and arrays == []
@@ -227,9 +225,9 @@ def test_kx3_repacking_counts_what_is_no_q3_k_number():
     from radixlm.native import build
     from radixlm.native.qweights import FMT_Q3_K
 
-    lib = build.load()
+    native = build.load()
     six = kquant_rows("Q6_K", 16, 256, seed=7)
     good = recode.q3_k_as_q6_k(kquant_rows("Q3_K", 16, 256, seed=7))
-    dst = np.empty(int(lib.rlm_kx_bytes(FMT_Q3_K, 16, 256)), np.uint8)
-    assert lib.rlm_repack_kx(good.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) == 0
-    assert lib.rlm_repack_kx(six.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) > 1000
+    dst = np.empty(int(native.rlm_kx_bytes(FMT_Q3_K, 16, 256)), np.uint8)
+    assert native.rlm_repack_kx(good.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) == 0
+    assert native.rlm_repack_kx(six.ctypes.data, FMT_Q3_K, 16, 256, dst.ctypes.data, 2) > 1000

@@ -52,8 +52,8 @@ class Arena:
     size of the plain copy (kx32.c): a step then streams it with no per-step transposition.
     The embedding lookup unpacks its rows; no other path reads them.
 
-    Likewise a Q3_K matrix of whole groups of 16 rows (``kx3``, ``lib.rlm_kx3_rows()``:
-    512-bit builds without AMX int8 tiles) is placed in kx3.c's rows only: its rewrite's
+    Likewise a Q3_K matrix of whole groups of 16 rows (``kx3``, ``lib.rlm_kx3_rows()``: AVX2
+    and 512-bit builds without AMX int8 tiles) is placed in kx3.c's rows only: its rewrite's
     Q6_K numbers at 3 bits a weight, 114 bytes a row's super-block against the 210 of the
     Q6_K rows (the file's 110); the same bits as those rows on every int8 step."""
 

@@ -385,6 +385,10 @@ static inline __attribute__((always_inline)) void kx_both(const int fmt, const u
 /* Repacked groups g0 .. g1 - 1 (rows 16 g0 .. 16 g1), all T tokens, up to 4 at a time. */
 static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                     int64_t ldy) {
+    if (w->fmt == FMT_Q3_K) {
+        kx3_rows(w, g0, g1, T, a, y, ldy);
+        return;
+    }
     const int k = w->k, nsb = k / 256, six = w->fmt == FMT_Q6_K;
     const int64_t sb = kx_sb_bytes(w->fmt);
     for (int t0 = 0; t0 < T; t0 += 32) { /* a tile of tokens' activations stays in L2 */

@@ -15,8 +15,9 @@
  * integer kx6_group makes of the same numbers (q a - 32 a = u a - 4 a), then the same float
  * operations: the same bits as the Q6_K rows on every path (tests/test_native_recode.py).
  * The embedding lookup and the row-at-a-time paths unpack a row to Q6_K's bytes
- * (kx3_unpack_row). Only where every step is int8 on a 512-bit build without AMX int8
- * tiles (rlm_kx3_rows); elsewhere Q3_K runs as its Q6_K rows. */
+ * (kx3_unpack_row). The AVX2 kernel reads a group's two 8-row halves as kx.c's AVX2 one does
+ * (kx6_half_sums' operations). Only where every step is int8 on an AVX2 or 512-bit build
+ * without AMX int8 tiles (rlm_kx3_rows); elsewhere Q3_K runs as its Q6_K rows. */
 #include "rlm.h"
 
 /* Row r's 256 Q6_K bytes q (values 28..35) of one super-block into group o's bit vectors;
@@ -82,8 +83,118 @@ static void kx3_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds) {
     }
 }
 
-#if defined(RLM_I8_ZMM) && !(defined(RLM_AMX) && defined(__AMX_INT8__))
+#if defined(RLM_AVX2) && !(defined(RLM_AMX) && defined(__AMX_INT8__))
 #define RLM_KX3 1
+#endif
+
+#if defined(RLM_AVX2) && !defined(RLM_I8_ZMM)
+/* kx3_high on 256 bits */
+static inline __m256i kx3_high256(__m256i h, int bit) {
+    const __m256i m = _mm256_and_si256(h, _mm256_set1_epi8((char)(1 << bit)));
+    return bit > 2 ? _mm256_srli_epi16(m, bit - 2) : bit < 2 ? _mm256_slli_epi16(m, 2 - bit) : m;
+}
+
+/* kx6_half_sums (kx.c) for kx3 rows: half h (rows 8 h .. 8 h + 7) of super-block s (at o),
+ * tokens t .. t + G - 1, with u for q and 4 for 32 in the correction. */
+static inline __attribute__((always_inline)) void kx3_half_sums(const uint8_t *o, int h,
+                                                                const Act *a, int t, const int G,
+                                                                int k, int s, __m256i *isum) {
+    const __m256i m3 = _mm256_set1_epi8(0x03);
+    for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(o + 288 + 192 * p + 128 + 32 * h));
+        for (int half = 0; half < 2; half++) {
+            const int l = 2 * p + half;
+            const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
+#ifndef RLM_KX_VNNI256
+            const __m256i sc2 = _mm256_blend_epi16(scv, _mm256_slli_epi32(scv, 16), 0xAA);
+#endif
+            const __m256i lo = _mm256_loadu_si256((const __m256i *)(o + 288 + 192 * p + 64 * half + 32 * h));
+            __m256i st[4];
+            for (int v = 0; v < 4; v++)
+                st[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 2 * v), m3),
+                                        kx3_high256(hv, v + 4 * half));
+            for (int i = 0; i < G; i++) {
+                const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
+#ifdef RLM_KX_VNNI256
+                __m256i d = dot_u8s8(st[0], kx_bcast4_256(x));
+                for (int e = 1; e < 4; e++)
+                    d = _mm256_add_epi32(d, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
+#else
+                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[0], kx_bcast4_256(x)),
+                                                     _mm256_maddubs_epi16(st[1], kx_bcast4_256(x + 4)));
+                const __m256i q16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[2], kx_bcast4_256(x + 8)),
+                                                     _mm256_maddubs_epi16(st[3], kx_bcast4_256(x + 12)));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p16, sc2),
+                                                                     _mm256_madd_epi16(q16, sc2)));
+#endif
+            }
+        }
+    }
+    __m256i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row 8 h + r as int16 (kx6_half_sums') */
+    for (int m = 0; m < 8; m++) {
+        const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 32 * m + 8 * h)));
+        const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 48 + 32 * m + 8 * h)));
+        sp[m] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
+    }
+    for (int i = 0; i < G; i++) {
+        const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+        __m256i c = _mm256_setzero_si256();
+        for (int m = 0; m < 8; m++) {
+            const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
+            c = _mm256_add_epi32(c, _mm256_madd_epi16(sp[m], _mm256_set1_epi32((int32_t)pair)));
+        }
+        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(c, 2));
+    }
+}
+
+/* G (up to 4) tokens against both halves of kx3 group qx, one pass over its super-blocks
+ * (kx_both's), kx_half_sb's float operations for Q6_K. */
+static inline __attribute__((always_inline)) void kx3_both(const uint8_t *qx, int nsb,
+                                                           const Act *a, int t, const int G,
+                                                           int k, float *y, int64_t ldy, int n) {
+    __m256 acc[2][4];
+    for (int i = 0; i < G; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *o = qx + (int64_t)s * KX3_BYTES;
+        for (int h = 0; h < 2; h++) {
+            __m256i isum[4];
+            kx3_half_sums(o, h, a, t, G, k, s, isum);
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * h)));
+            for (int i = 0; i < G; i++) {
+                const __m256 kdv = _mm256_set1_ps(a->kd[(int64_t)(t + i) * nsb + s]);
+                acc[h][i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, kdv), _mm256_cvtepi32_ps(isum[i]),
+                                            acc[h][i]);
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[0][i]);
+        _mm256_storeu_ps(y + (int64_t)(t + i) * ldy + n + 8, acc[1][i]);
+    }
+}
+
+/* kx3 groups g0 .. g1 - 1, all T tokens (kx.c's AVX2 kx_rows' tiling). */
+static void kx3_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
+                     int64_t ldy) {
+    const int k = w->k, nsb = k / 256;
+    for (int t0 = 0; t0 < T; t0 += 32) {
+        const int t1 = T - t0 < 32 ? T : t0 + 32;
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *qx = w->qx + (int64_t)g * nsb * KX3_BYTES;
+            for (int t = t0; t < t1;) {
+                const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
+                switch (G) {
+#define RLM_G(G) case G: kx3_both(qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+                RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
+#undef RLM_G
+                }
+                t += G;
+            }
+        }
+    }
+}
 #endif
 
 #ifdef RLM_I8_ZMM

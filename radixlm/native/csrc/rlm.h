@@ -378,7 +378,7 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
 #endif
 /* kx3.c */
 static void kx3_unpack_row(const QMat *w, int64_t n, uint8_t *q, float *ds);
-#ifdef RLM_I8_ZMM
+#ifdef RLM_AVX2
 static void kx3_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y, int64_t ldy);
 #endif
 static void kq_rows_i8(const QMat *w, int n0, int n1, int T, const Act *a, float *y,
