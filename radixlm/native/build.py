@@ -222,7 +222,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_kx_bytes.argtypes = [i32, i32, i32]
     lib.rlm_kx_bytes.restype = i64
     lib.rlm_repack_kx.argtypes = [p, i32, i32, i32, p, i32]
-    lib.rlm_repack_kx.restype = i64
+    lib.rlm_repack_kx.restype = None
     lib.rlm_kx3_rows.restype = i32
     lib.rlm_kx32_rows.restype = i32
     lib.rlm_repack_kx32.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, i64, i32, i32, p, i32]

@@ -184,15 +184,14 @@ class Arena:
         return _qmat(w, copies), copies
 
     def _place_kx3(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
-        """``w`` (a pending Q3_K rewrite) in kx3.c's rows (``place``): rewritten to Q6_K rows
-        on the team, those repacked, then let go."""
-        six = w.materialized(self._threads)
+        """``w`` (a pending Q3_K rewrite) in kx3.c's rows (``place``), repacked from the
+        file's Q3_K rows (no Q6_K rows made), whose pages are then given back."""
+        pages.populate_read(w.qs)
         nbytes = int(self._lib.rlm_kx_bytes(FMT_Q3_K, w.n, w.k))
         dst = self._buf[self._used:self._used + nbytes]
-        bad = self._lib.rlm_repack_kx(six.qs.ctypes.data, FMT_Q3_K, w.n, w.k, dst.ctypes.data,
-                                      self._threads)
-        if bad:  # (the rewrite makes 28..35 only: a broken rewrite, not a broken file)
-            raise ValueError(f"{bad} values of a Q3_K rewrite lie outside Q3_K's range")
+        self._lib.rlm_repack_kx(np.ascontiguousarray(w.qs).ctypes.data, FMT_Q3_K, w.n, w.k,
+                                dst.ctypes.data, self._threads)
+        pages.release(w.qs)
         self._int8_only = True
         self._used += self._padded(nbytes)
         self.repacked_bytes += nbytes

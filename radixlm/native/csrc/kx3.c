@@ -4,7 +4,8 @@
  * recode.c rewrites Q3_K super-blocks as Q6_K ones of the same numbers: (d sc_i) (q - 32)
  * with q - 32 in -4..3, so q in 28..35. Read as Q6_K (kx.c's kx6 layout, 210 bytes a row's
  * super-block) a step streams 1.9x the file's bytes. Here the same numbers keep only what
- * they need, u = q - 28 in 0..7: 114 bytes a row's super-block against the file's 110.
+ * they need, u = q - 28 in 0..7 (the file's 3 bits: its 2-bit pair and its high bit),
+ * repacked from the file's rows: 114 bytes a row's super-block against the file's 110.
  * Group g's super-block s is KX3_BYTES bytes at qx + (g nsb + s) KX3_BYTES:
  *   d[16] fp16, sc[16][16] int8 (row r's scale of group i of 16 weights at 32 + 16 i + r):
  *   kx6's first 288 bytes, at the same places; then per pair p of groups (2p, 2p + 1) 192
@@ -20,46 +21,42 @@
  * without AMX int8 tiles (rlm_kx3_rows); elsewhere Q3_K runs as its Q6_K rows. */
 #include "rlm.h"
 
-/* Row r's 256 Q6_K bytes q (values 28..35) of one super-block into group o's bit vectors;
- * returns how many values lay outside 28..35 (rows that are no Q3_K rewrite). */
-static int64_t kx3_put_row(const uint8_t *q, int r, uint8_t *o) {
-    int64_t bad = 0;
+/* Row r's Q3_K super-block p (recode.c's layout: element 128 h + 32 t + l's low two bits at
+ * bits 2 t of qs[32 h + l], its bit 2 at bit 4 h + t of hmask[l]) into group o: d, the
+ * scales as recode.c rewrites them (s - 32), u's bits. Group i of 16 is elements 16 i ..
+ * 16 i + 15: h = i / 8, t = i % 8 / 2, l = 16 (i % 2) + 4 v + e. */
+static void kx3_put_row(const uint8_t *p, int r, uint8_t *o) {
+    const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
+    memcpy(o + 2 * r, p + 108, 2);
+    for (int j = 0; j < 16; j++) {
+        const int lo = (sc[j & 7] >> (4 * (j >> 3))) & 15;
+        const int hi = (sc[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        o[32 + 16 * j + r] = (uint8_t)(int8_t)((lo | hi << 4) - 32);
+    }
     for (int i = 0; i < 16; i++) {
-        uint8_t *lo = o + 288 + 192 * (i / 2) + 64 * (i & 1) + 4 * r;
-        uint8_t *hi = o + 288 + 192 * (i / 2) + 128 + 4 * r;
+        const int h = i / 8, t = i % 8 / 2, l0 = 16 * (i % 2);
+        uint8_t *lov = o + 288 + 192 * (i / 2) + 64 * (i & 1) + 4 * r;
+        uint8_t *hiv = o + 288 + 192 * (i / 2) + 128 + 4 * r;
         for (int e = 0; e < 4; e++) {
-            uint8_t l = 0, h = hi[e];
+            uint8_t lb = 0, hb = hiv[e];
             for (int v = 0; v < 4; v++) {
-                const uint8_t u = (uint8_t)(q[16 * i + 4 * v + e] - 28);
-                bad += u > 7;
-                l |= (uint8_t)((u & 3) << (2 * v));
-                h |= (uint8_t)(((u >> 2) & 1) << (v + 4 * (i & 1)));
+                const int l = l0 + 4 * v + e;
+                lb |= (uint8_t)(((qs[32 * h + l] >> (2 * t)) & 3) << (2 * v));
+                hb |= (uint8_t)(((hm[l] >> (4 * h + t)) & 1) << (v + 4 * (i & 1)));
             }
-            lo[e] = l;
-            hi[e] = h;
+            lov[e] = lb;
+            hiv[e] = hb;
         }
     }
-    return bad;
 }
 
-/* Q6_K rows src [16, nsb * 210] (row stride rb) of Q3_K's numbers as one kx3 group at dst;
- * returns the count of values outside 28..35 (nothing else is checked). */
-static int64_t kx3_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
-    uint8_t q[256] __attribute__((aligned(64)));
-    float ds[16], dm[8];
-    int64_t bad = 0;
+/* The file's Q3_K rows src [16, nsb * 110] (row stride rb) as one kx3 group at dst. */
+static void kx3_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *dst) {
     for (int s = 0; s < nsb; s++) {
         uint8_t *o = dst + (int64_t)s * KX3_BYTES;
         memset(o + 288, 0, KX3_BYTES - 288);
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *p = src + r * rb + (int64_t)s * 210;
-            kq_unpack_sb(FMT_Q6_K, p, q, ds, dm);
-            memcpy(o + 2 * r, p + 208, 2);
-            for (int i = 0; i < 16; i++) o[32 + 16 * i + r] = p[192 + i];
-            bad += kx3_put_row(q, r, o);
-        }
+        for (int r = 0; r < 16; r++) kx3_put_row(src + r * rb + (int64_t)s * 110, r, o);
     }
-    return bad;
 }
 
 /* Row n of a kx3 matrix unpacked as kx_unpack_row unpacks its Q6_K twin: the Q6_K bytes q

@@ -488,8 +488,7 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
 /* Whether this build's int8 kernel reads K-quant rows repacked (QMat.qx), and the
  * repacking: rows 0 .. n / 16 * 16 of such a matrix src (the file's rows) into dst
  * (rlm_kx_bytes), in groups of 16 rows over the team of nthreads. FMT_Q3_K: src holds the
- * Q6_K rows of a Q3_K rewrite (recode.c), n % 16 == 0, repacked where rlm_kx3_rows (kx3.c);
- * the return is the count of values that are no Q3_K number (0 for the other formats). */
+ * file's Q3_K rows (110 bytes a super-block), n % 16 == 0, where rlm_kx3_rows (kx3.c). */
 int32_t rlm_kx_rows(void) {
 #ifdef RLM_AVX2
     return 1;
@@ -515,30 +514,27 @@ typedef struct {
     const uint8_t *src;
     int32_t fmt, n, k;
     uint8_t *dst;
-    int64_t bad; /* (FMT_Q3_K: summed over the team) */
 } RepackJob;
 
 static void repack_job(void *ctx, int tid, int nth) {
-    RepackJob *j = (RepackJob *)ctx;
-    const int groups = j->n / 16, nsb = j->k / 256, six = kq_six(j->fmt);
-    const int five = j->fmt == FMT_Q5_K;
-    const int64_t rb = (int64_t)nsb * (six ? 210 : five ? 176 : 144), sb = kx_sb_bytes(j->fmt);
-    int64_t bad = 0;
+    const RepackJob *j = (const RepackJob *)ctx;
+    const int groups = j->n / 16, nsb = j->k / 256, six = j->fmt == FMT_Q6_K;
+    const int five = j->fmt == FMT_Q5_K, three = j->fmt == FMT_Q3_K;
+    const int64_t rb = (int64_t)nsb * (three ? 110 : six ? 210 : five ? 176 : 144);
+    const int64_t sb = kx_sb_bytes(j->fmt);
     for (int g = tid; g < groups; g += nth) {
         const uint8_t *src = j->src + (int64_t)g * 16 * rb;
         uint8_t *dst = j->dst + (int64_t)g * nsb * sb;
-        if (j->fmt == FMT_Q3_K) bad += kx3_repack_group(src, rb, nsb, dst);
+        if (three) kx3_repack_group(src, rb, nsb, dst);
         else if (six) kx6_repack_group(src, rb, nsb, dst);
         else kx_repack_group(src, rb, nsb, dst, five);
     }
-    __atomic_fetch_add(&j->bad, bad, __ATOMIC_RELAXED);
 }
 
-int64_t rlm_repack_kx(const uint8_t *src, int32_t fmt, int32_t n, int32_t k, uint8_t *dst,
-                      int32_t nthreads) {
-    RepackJob j = {src, fmt, n, k, dst, 0};
+void rlm_repack_kx(const uint8_t *src, int32_t fmt, int32_t n, int32_t k, uint8_t *dst,
+                   int32_t nthreads) {
+    RepackJob j = {src, fmt, n, k, dst};
     run_parallel(repack_job, &j, nthreads < 1 ? 1 : nthreads);
-    return j.bad;
 }
 
 /* Whether this build's int8 kernel reads Q8 / Q4 rows repacked (kx32.c: every row, the
