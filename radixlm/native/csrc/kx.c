@@ -222,48 +222,43 @@ static inline __m256i kx_bcast4_256(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Q6_K's integer I_s of super-block s (at o) for tokens t .. t + G - 1, half h of a group:
- * per group l of 16 weights the rows' sums of q a times sc_l, less 32 sum_l sc_l (sum a)_l
- * (the rows' scales in int16 pairs against the token's sums by 16, once a super-block, as
- * kx6_group). Without VNNI two steps' u8 x s8 pairs are summed in int16 (2 x 2 x 63 x 128 =
- * 32256) and widened by madd against (sc_l, sc_l): the same integers. */
-static inline __attribute__((always_inline)) void kx6_half_sums(const uint8_t *o, int h,
-                                                                const Act *a, int t, const int G,
-                                                                int k, int s, __m256i *isum) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
-    for (int l = 0; l < 16; l++) {
-        const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
+/* Group l of 16 weights of super-block s, 8 rows' values st (4 vectors: byte 4 r + e of
+ * st[v] is element 4 v + e of row r's group) against tokens t .. t + G - 1, times the rows'
+ * scales scv into isum. Without VNNI two steps' u8 x s8 pairs are summed in int16 (2 x 2 x
+ * 63 x 128 = 32256) and widened by madd against (sc, sc): the same integers. */
+static inline __attribute__((always_inline)) void kx6_half_dots(const __m256i *st, __m256i scv,
+                                                                const Act *a, int t,
+                                                                const int G, int k, int s,
+                                                                int l, __m256i *isum) {
 #ifndef RLM_KX_VNNI256
-        const __m256i sc2 = _mm256_blend_epi16(scv, _mm256_slli_epi32(scv, 16), 0xAA);
+    const __m256i sc2 = _mm256_blend_epi16(scv, _mm256_slli_epi32(scv, 16), 0xAA);
 #endif
-        const uint8_t *v = o + 288 + 192 * l + 32 * h;
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
-        const __m256i st[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
-        for (int i = 0; i < G; i++) {
-            const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
+    for (int i = 0; i < G; i++) {
+        const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
 #ifdef RLM_KX_VNNI256
-            __m256i p = dot_u8s8(st[0], kx_bcast4_256(x));
-            for (int e = 1; e < 4; e++)
-                p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
-            isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
+        __m256i p = dot_u8s8(st[0], kx_bcast4_256(x));
+        for (int e = 1; e < 4; e++)
+            p = _mm256_add_epi32(p, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(p, scv));
 #else
-            const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[0], kx_bcast4_256(x)),
-                                                 _mm256_maddubs_epi16(st[1], kx_bcast4_256(x + 4)));
-            const __m256i q16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[2], kx_bcast4_256(x + 8)),
-                                                 _mm256_maddubs_epi16(st[3], kx_bcast4_256(x + 12)));
-            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p16, sc2),
-                                                                 _mm256_madd_epi16(q16, sc2)));
+        const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[0], kx_bcast4_256(x)),
+                                             _mm256_maddubs_epi16(st[1], kx_bcast4_256(x + 4)));
+        const __m256i q16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[2], kx_bcast4_256(x + 8)),
+                                             _mm256_maddubs_epi16(st[3], kx_bcast4_256(x + 12)));
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p16, sc2),
+                                                             _mm256_madd_epi16(q16, sc2)));
 #endif
-        }
     }
+}
+
+/* I_s less (sum_i sc_i (sum a)_i) << shift for half h of a Q6_K-numbers super-block s (at
+ * o), tokens t .. t + G - 1: the rows' scales in int16 pairs against the token's sums by 16
+ * (shift 5 for q - 32, 2 for kx3's u - 4). */
+static inline __attribute__((always_inline)) void kx6_half_correct(const uint8_t *o, int h,
+                                                                   const Act *a, int t,
+                                                                   const int G, int k, int s,
+                                                                   const int shift,
+                                                                   __m256i *isum) {
     __m256i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row 8 h + r as int16 */
     for (int m = 0; m < 8; m++) {
         const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 32 * m + 8 * h)));
@@ -277,8 +272,35 @@ static inline __attribute__((always_inline)) void kx6_half_sums(const uint8_t *o
             const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
             c = _mm256_add_epi32(c, _mm256_madd_epi16(sp[m], _mm256_set1_epi32((int32_t)pair)));
         }
-        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(c, 5));
+        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(c, shift));
     }
+}
+
+/* Q6_K's integer I_s of super-block s (at o) for tokens t .. t + G - 1, half h of a group:
+ * per group l of 16 weights the rows' sums of q a times sc_l, less 32 sum_l sc_l (sum a)_l
+ * (the rows' scales in int16 pairs against the token's sums by 16, once a super-block, as
+ * kx6_group). Without VNNI two steps' u8 x s8 pairs are summed in int16 (2 x 2 x 63 x 128 =
+ * 32256) and widened by madd against (sc_l, sc_l): the same integers. */
+static inline __attribute__((always_inline)) void kx6_half_sums(const uint8_t *o, int h,
+                                                                const Act *a, int t, const int G,
+                                                                int k, int s, __m256i *isum) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < G; i++) isum[i] = _mm256_setzero_si256();
+    for (int l = 0; l < 16; l++) {
+        const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
+        const uint8_t *v = o + 288 + 192 * l + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)v);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(v + 128));
+        const __m256i st[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+        kx6_half_dots(st, scv, a, t, G, k, s, l, isum);
+    }
+    kx6_half_correct(o, h, a, t, G, k, s, 5, isum);
 }
 
 /* Super-block s (at o) of half h of a repacked group, tokens t .. t + G - 1, into acc: the
@@ -501,6 +523,47 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
     for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }
 
+/* Group l of 16 weights of super-block s, 16 rows' values st (byte 4 r + e of st[v]:
+ * element 4 v + e of row r's group) against G tokens, times the rows' scales scv into
+ * isum. */
+static inline __attribute__((always_inline)) void kx6_dots(const __m512i *st, __m512i scv,
+                                                           const Act *a, int t, const int G,
+                                                           int k, int s, int l, __m512i *isum) {
+    for (int i = 0; i < G; i++) {
+        const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
+        __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
+        for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
+        isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(p, scv));
+    }
+}
+
+/* The end of a Q6_K-numbers super-block s (at o: d and sc where kx6 has them) for G
+ * tokens: I_s less (sum_i sc_i (sum a)_i) << shift (the rows' scales in int16 pairs against
+ * the token's sums by 16; shift 5 for q - 32, 2 for kx3's u - 4), then kq_dot's float
+ * operation into acc. */
+static inline __attribute__((always_inline)) void kx6_finish(const uint8_t *o, const Act *a,
+                                                             int t, const int G, int k, int s,
+                                                             int nsb, const int shift,
+                                                             __m512i *isum, __m512 *acc) {
+    __m512i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row n + r as int16 */
+    for (int m = 0; m < 8; m++)
+        sp[m] = _mm512_or_si512(
+            _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 32 * m))),
+                             _mm512_set1_epi32(0xffff)),
+            _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 48 + 32 * m))), 16));
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+    for (int i = 0; i < G; i++) {
+        const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
+        __m512i c = _mm512_setzero_si512();
+        for (int m = 0; m < 8; m++) {
+            const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
+            c = kx_dot16(c, sp[m], _mm512_set1_epi32((int32_t)pair));
+        }
+        isum[i] = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(c, shift));
+        acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
+    }
+}
+
 /* Q6_K's kx_group: per super-block s and group l of 16 weights the 16 rows' sums of q a (4
  * dot instructions) times the rows' sc_l into I_s, less 32 sum_l sc_l (sum a)_l (the rows'
  * scales in int16 pairs against the token's sums by 16): kq_dot's integer. */
@@ -531,31 +594,9 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
                 _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), h03, m4, 0xE4),
                 _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h47, 2), m4,
                                           0xE4)};
-            for (int i = 0; i < G; i++) {
-                const int64_t ti = t + i;
-                const int8_t *x = a->ka + ti * k + 256 * s + 16 * l;
-                __m512i p = dot_u8s8_512(st[0], kx_bcast4(x));
-                for (int e = 1; e < 4; e++) p = dot_acc_512(p, st[e], kx_bcast4(x + 4 * e));
-                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(p, scv));
-            }
+            kx6_dots(st, scv, a, t, G, k, s, l, isum);
         }
-        __m512i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row n + r as int16 */
-        for (int m = 0; m < 8; m++)
-            sp[m] = _mm512_or_si512(
-                _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 32 * m))),
-                                 _mm512_set1_epi32(0xffff)),
-                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 48 + 32 * m))), 16));
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
-        for (int i = 0; i < G; i++) {
-            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
-            __m512i c = _mm512_setzero_si512();
-            for (int m = 0; m < 8; m++) {
-                const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
-                c = kx_dot16(c, sp[m], _mm512_set1_epi32((int32_t)pair));
-            }
-            isum[i] = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(c, 5));
-            acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
-        }
+        kx6_finish(o, a, t, G, k, s, nsb, 5, isum, acc);
     }
     for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }

@@ -103,47 +103,15 @@ static inline __attribute__((always_inline)) void kx3_half_sums(const uint8_t *o
         for (int half = 0; half < 2; half++) {
             const int l = 2 * p + half;
             const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 16 * l + 8 * h)));
-#ifndef RLM_KX_VNNI256
-            const __m256i sc2 = _mm256_blend_epi16(scv, _mm256_slli_epi32(scv, 16), 0xAA);
-#endif
             const __m256i lo = _mm256_loadu_si256((const __m256i *)(o + 288 + 192 * p + 64 * half + 32 * h));
             __m256i st[4];
             for (int v = 0; v < 4; v++)
                 st[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 2 * v), m3),
                                         kx3_high256(hv, v + 4 * half));
-            for (int i = 0; i < G; i++) {
-                const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
-#ifdef RLM_KX_VNNI256
-                __m256i d = dot_u8s8(st[0], kx_bcast4_256(x));
-                for (int e = 1; e < 4; e++)
-                    d = _mm256_add_epi32(d, dot_u8s8(st[e], kx_bcast4_256(x + 4 * e)));
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
-#else
-                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[0], kx_bcast4_256(x)),
-                                                     _mm256_maddubs_epi16(st[1], kx_bcast4_256(x + 4)));
-                const __m256i q16 = _mm256_add_epi16(_mm256_maddubs_epi16(st[2], kx_bcast4_256(x + 8)),
-                                                     _mm256_maddubs_epi16(st[3], kx_bcast4_256(x + 12)));
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p16, sc2),
-                                                                     _mm256_madd_epi16(q16, sc2)));
-#endif
-            }
+            kx6_half_dots(st, scv, a, t, G, k, s, l, isum);
         }
     }
-    __m256i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row 8 h + r as int16 (kx6_half_sums') */
-    for (int m = 0; m < 8; m++) {
-        const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 32 * m + 8 * h)));
-        const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 48 + 32 * m + 8 * h)));
-        sp[m] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
-    }
-    for (int i = 0; i < G; i++) {
-        const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
-        __m256i c = _mm256_setzero_si256();
-        for (int m = 0; m < 8; m++) {
-            const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
-            c = _mm256_add_epi32(c, _mm256_madd_epi16(sp[m], _mm256_set1_epi32((int32_t)pair)));
-        }
-        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(c, 2));
-    }
+    kx6_half_correct(o, h, a, t, G, k, s, 2, isum);
 }
 
 /* G (up to 4) tokens against both halves of kx3 group qx, one pass over its super-blocks
@@ -226,31 +194,10 @@ static inline __attribute__((always_inline)) void kx3_group(const uint8_t *qx, i
                     _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 2), kx3_high(h, 1 + 4 * half), m3, 0xE4),
                     _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 4), kx3_high(h, 2 + 4 * half), m3, 0xE4),
                     _mm512_ternarylogic_epi32(_mm512_srli_epi16(lo, 6), kx3_high(h, 3 + 4 * half), m3, 0xE4)};
-                for (int i = 0; i < G; i++) {
-                    const int8_t *x = a->ka + (int64_t)(t + i) * k + 256 * s + 16 * l;
-                    __m512i d = dot_u8s8_512(st[0], kx_bcast4(x));
-                    for (int e = 1; e < 4; e++) d = dot_acc_512(d, st[e], kx_bcast4(x + 4 * e));
-                    isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(d, scv));
-                }
+                kx6_dots(st, scv, a, t, G, k, s, l, isum);
             }
         }
-        __m512i sp[8]; /* lane r: (sc_2m, sc_2m+1) of row n + r as int16 (kx6_group's) */
-        for (int m = 0; m < 8; m++)
-            sp[m] = _mm512_or_si512(
-                _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 32 * m))),
-                                 _mm512_set1_epi32(0xffff)),
-                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 48 + 32 * m))), 16));
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
-        for (int i = 0; i < G; i++) {
-            const int16_t *b = a->kb + (int64_t)(t + i) * (k / 16) + 16 * s;
-            __m512i c = _mm512_setzero_si512();
-            for (int m = 0; m < 8; m++) {
-                const uint32_t pair = (uint16_t)b[2 * m] | (uint32_t)(uint16_t)b[2 * m + 1] << 16;
-                c = kx_dot16(c, sp[m], _mm512_set1_epi32((int32_t)pair));
-            }
-            isum[i] = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(c, 2));
-            acc[i] = kx_scale(acc[i], dv, dv, a->kd[(int64_t)(t + i) * nsb + s], isum[i], isum[i], 0);
-        }
+        kx6_finish(o, a, t, G, k, s, nsb, 2, isum, acc);
     }
     for (int i = 0; i < G; i++) _mm512_storeu_ps(y + (int64_t)(t + i) * ldy + n, acc[i]);
 }
