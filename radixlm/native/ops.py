@@ -149,23 +149,26 @@ class Arena:
     def place(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` copied in: its C view, and its arrays' copies here (same dtypes and
         shapes as ``arrays(w)``; for an ``in_place`` weight, its own arrays). A ``pending``
-        rewrite is done here (its rows live until copied or repacked)."""
-        if self.kx3(w):
-            return self._place_kx3(w)
-        w = w.materialized(self._threads)
+        rewrite is done here (its rows live until copied or repacked; kx3 repacks the
+        file's Q3_K rows themselves)."""
+        fmt = self._kx_fmt(w)
+        if fmt != FMT_Q3_K:
+            w = w.materialized(self._threads)
         if self.repacked(w) and w.fmt in BLOCKS32:
             return self._place_kx32(w)
         if self.repacked(w):
             pages.populate_read(w.qs)
-            nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
+            nbytes = int(self._lib.rlm_kx_bytes(fmt, w.n, w.k))
             dst = self._buf[self._used:self._used + nbytes]
-            self._lib.rlm_repack_kx(w.qs.ctypes.data, w.fmt, w.n, w.k, dst.ctypes.data,
+            self._lib.rlm_repack_kx(w.qs.ctypes.data, fmt, w.n, w.k, dst.ctypes.data,
                                     self._threads)
             self._used += self._padded(nbytes)
             self.repacked_bytes += nbytes
-            if self._every_int8 and w.n % 16 == 0 and not pages.file_mapped(w.qs):
-                self._int8_only = True  # rows made at load (recode.py): not kept twice
-                return _qmat(w, [], dst), []
+            made = self._every_int8 and w.n % 16 == 0 and not pages.file_mapped(w.qs)
+            if fmt == FMT_Q3_K or made:  # (rows made at load, recode.py: not kept twice)
+                self._int8_only = True
+                pages.release(w.qs)  # (kx3: the file's rows, read by no path now)
+                return _qmat(w, [], dst, fmt), []
             pages.release(w.qs)  # (read again only by the paths that need the file's rows)
             self._held.append(w.qs)
             return _qmat(w, [w.qs], dst), [w.qs]
@@ -182,20 +185,6 @@ class Arena:
             copies.append(dst)
             self._used += self._padded(a.nbytes)
         return _qmat(w, copies), copies
-
-    def _place_kx3(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
-        """``w`` (a pending Q3_K rewrite) in kx3.c's rows (``place``), repacked from the
-        file's Q3_K rows (no Q6_K rows made), whose pages are then given back."""
-        pages.populate_read(w.qs)
-        nbytes = int(self._lib.rlm_kx_bytes(FMT_Q3_K, w.n, w.k))
-        dst = self._buf[self._used:self._used + nbytes]
-        self._lib.rlm_repack_kx(np.ascontiguousarray(w.qs).ctypes.data, FMT_Q3_K, w.n, w.k,
-                                dst.ctypes.data, self._threads)
-        pages.release(w.qs)
-        self._int8_only = True
-        self._used += self._padded(nbytes)
-        self.repacked_bytes += nbytes
-        return QMat(FMT_Q3_K, w.n, w.k, None, None, None, dst.ctypes.data), []
 
     def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
         """``w`` (Q8 / Q4) repacked in (``place``): its C view reads the repacked rows only."""
@@ -223,9 +212,12 @@ def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
                         w.n, w.k, dst.ctypes.data, threads)
 
 
-def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = None) -> QMat:
+def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = None,
+          fmt: int | None = None) -> QMat:
+    """``w``'s C view over ``arrays`` (and ``repacked`` rows, in ``fmt``: w's own unless
+    given)."""
     ptrs = [a.ctypes.data for a in arrays] + [None, None, None]
-    return QMat(w.fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2],
+    return QMat(w.fmt if fmt is None else fmt, w.n, w.k, ptrs[0], ptrs[1], ptrs[2],
                 None if repacked is None else repacked.ctypes.data)
 
 
