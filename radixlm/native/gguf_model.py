@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from radixlm.native.gguf_file import GGUFTensor, read_gguf
+from radixlm.native.gguf_tokenizer import RENAMES, byte_level_backend
 
 # general.architecture -> transformers model_type (what radixlm's Llama-family model runs)
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -321,13 +322,11 @@ def _check_tokenizer(meta: dict, path: Path) -> int:
 def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
     """``(tokenizer_dict, tokenizer_config)`` as transformers' ``get_gguf_tokenizer`` reads
     them from the file, from this walk's metadata (``_check_tokenizer`` passed)."""
-    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
-
     _check_tokenizer(meta, path)
     tokens = meta["tokenizer.ggml.tokens"]
     grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
                        if f"tokenizer.{key}" in meta}
-               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+               for group, renames in RENAMES.items()}
     tokenizer_dict, tokenizer_config = grouped["tokenizer"], grouped["tokenizer_config"]
     if tokenizer_dict.get("tokenizer_type") == "llama":  # llama.cpp adds BOS to a
         tokenizer_config.setdefault("add_bos_token", True)  # sentencepiece vocabulary
@@ -339,15 +338,27 @@ def _tokenizer_inputs(meta: dict, path: Path) -> tuple[dict, dict]:
 
 def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
     """``(class, backend, keywords)`` of transformers' GGUF tokenizer from this walk's
-    metadata: the backend ``convert_gguf_tokenizer`` builds, the class ``AutoTokenizer``
-    picks for the config, the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
-    from transformers.integrations.gguf import convert_gguf_tokenizer
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+    metadata: the backend ``convert_gguf_tokenizer`` builds (a byte-level vocabulary's built
+    here the same way, ``gguf_tokenizer``: no import of transformers' model packages), the
+    class ``AutoTokenizer`` picks for the config (none for the Llama config radixlm declares:
+    ``TokenizersBackend``), the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
-    backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    cls = TOKENIZER_MAPPING.get(type(config), None) or TokenizersBackend
+    if tokenizer_dict.get("tokenizer_type") == "gpt2" and "merges" in tokenizer_dict:
+        backend, extra = byte_level_backend(tokenizer_dict), {}
+    else:
+        from transformers.integrations.gguf import convert_gguf_tokenizer
+
+        backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
+    from radixlm.native.llama_config import LlamaConfig
+
+    if type(config) is LlamaConfig:
+        cls = TokenizersBackend
+    else:
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+        cls = TOKENIZER_MAPPING.get(type(config), None) or TokenizersBackend
     return cls, backend, {"name_or_path": str(path), **tokenizer_config, **extra}
 
 
