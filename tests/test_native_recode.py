@@ -217,3 +217,33 @@ def test_q3_k_at_three_bits_gives_its_q6_k_rows_bits(lib, n):  # noqa: F811
     lib.rlm_dequant_rows(ctypes.byref(mat), rows.ctypes.data, n, out.ctypes.data)
     assert np.array_equal(out.view(np.uint32), _source("Q3_K", raw)[rows].view(np.uint32))
 
+
+
+@needs_compiler
+def test_q3_k_at_three_bits_on_avx512_without_vnni():
+    """An AVX-512 build without VNNI (a Skylake-X host: maddubs pairs for dpbusd) holds
+    Q3_K at 3 bits too and computes this host's own build's bits."""
+    import torch
+
+    from radixlm.native import build
+    from radixlm.native.ops import Arena
+    from radixlm.native.qweights import FMT_Q3_K
+
+    if not {"avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):
+        pytest.skip("needs an AVX-512 VNNI host to compare the two builds")
+    native = build.load()
+    if native.rlm_amx_i8():
+        pytest.skip("an AMX int8 build keeps Q3_K as its Q6_K rows (no kx3 to compare)")
+    plain = build.load_variant(["-march=native", "-mno-avx512vnni", "-mno-avxvnni"])
+    raw = kquant_rows("Q3_K", 32, 1024, seed=8, top=1e-2)
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(1))
+    mats = []
+    for build_lib in (plain, native):
+        w = recoded("Q3_K", raw)
+        arena = Arena([w], lib=build_lib, int8_only=True)
+        mat, _ = arena.place(w)
+        assert mat.fmt == FMT_Q3_K and not mat.qs
+        mats.append((build_lib, mat, arena))
+    for t in (1, 5, 64):
+        a, b = (_int8_matmul(one, mat, x[:t], 2) for one, mat, _ in mats)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), t
