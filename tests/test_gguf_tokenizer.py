@@ -89,6 +89,20 @@ def test_a_byte_level_vocabulary_without_merges_is_refused():
         byte_level_backend(d)
 
 
+@pytest.mark.parametrize("merge", ["Ġthe", "Ġ t he", "zz Ġthe"])
+def test_a_merge_that_is_not_two_tokens_is_refused_by_name(merge):
+    """A damaged merges list (a pair that is not two of the vocabulary's tokens) is a
+    ValueError naming the file and the merge, not the tokenizers library's TypeError."""
+    from radixlm.native.gguf_model import GGUFModelInfo, _tokenizer_parts
+
+    info = GGUFModelInfo.from_path(EMBEDDED)
+    merges = list(info.metadata["tokenizer.ggml.merges"])
+    merges[7] = merge
+    meta = dict(info.metadata, **{"tokenizer.ggml.merges": merges})
+    with pytest.raises(ValueError, match=f"{EMBEDDED.name}.*{merge!r}: not two tokens"):
+        _tokenizer_parts(meta, "llama", info.config, EMBEDDED)
+
+
 def test_a_llama_gguf_start_imports_no_model_package():
     """The config and tokenizer of a Llama GGUF with a byte-level vocabulary (Llama 3,
     SmolLM) leave transformers' ``models`` package unimported: its import walks every model

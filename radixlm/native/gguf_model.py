@@ -346,7 +346,10 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
 
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
     if tokenizer_dict.get("tokenizer_type") == "gpt2" and "merges" in tokenizer_dict:
-        backend, extra = byte_level_backend(tokenizer_dict), {}
+        try:
+            backend, extra = byte_level_backend(tokenizer_dict), {}
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
     else:
         from transformers.integrations.gguf import convert_gguf_tokenizer
 

@@ -82,9 +82,9 @@ SPLITS: dict[str, str] = {
 def byte_level_backend(tokenizer_dict: dict):
     """The backend transformers' ``convert_gguf_tokenizer`` returns for a "gpt2" vocabulary:
     ``tokenizer_dict`` as transformers' GGUF reader groups the metadata (``tokens``,
-    ``token_type``, ``merges``, ``pre_tokenizer_type``); a file without merges is
-    ``ValueError`` (a byte-level vocabulary always carries them). Returns a
-    ``tokenizers.Tokenizer``."""
+    ``token_type``, ``merges``, ``pre_tokenizer_type``). ``ValueError`` for a file without
+    merges (a byte-level vocabulary always carries them) or with one that is not two tokens
+    of the vocabulary making a third. Returns a ``tokenizers.Tokenizer``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -98,6 +98,10 @@ def byte_level_backend(tokenizer_dict: dict):
              else "".join(spelling[b] for b in token.encode("utf-8")): index
              for index, token in enumerate(tokens)}
     merges = [tuple(merge.split(" ")) for merge in tokenizer_dict["merges"]]
+    for merge in merges:
+        if len(merge) != 2 or not all(part in vocab for part in (*merge, "".join(merge))):
+            raise ValueError(f"tokenizer.ggml.merges holds {' '.join(merge)!r}: not two "
+                             "tokens of the vocabulary that make a third")
     backend = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None,
                             continuing_subword_prefix="", end_of_word_suffix="",
                             fuse_unk=False))
