@@ -379,7 +379,8 @@ def free_port() -> int:
 
 
 class ThreadServer:
-    """uvicorn serving `app` on 127.0.0.1 in a daemon thread; `stop()` always ends it."""
+    """uvicorn serving `app` on 127.0.0.1 in a daemon thread; `stop()` always ends it. As a
+    context manager: started on entry, stopped on exit."""
 
     def __init__(self, app: Any) -> None:
         import threading
@@ -408,6 +409,12 @@ class ThreadServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+    def __enter__(self) -> ThreadServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def wait_until(predicate: Any, what: str, limit_s: float = 10.0,

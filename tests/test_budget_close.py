@@ -330,11 +330,8 @@ def test_engine_refuses_what_cannot_fit_and_a_request_with_nothing_to_close(engi
 def client(engine):
     from radixlm.server.app import create_app
 
-    server = ThreadServer(create_app(engine)).start()
-    try:
+    with ThreadServer(create_app(engine)) as server:
         yield openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-    finally:
-        server.stop()
 
 
 def test_openai_client_response_format_closes_within_max_tokens(client):

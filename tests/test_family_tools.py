@@ -133,11 +133,8 @@ def engine(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def url(engine) -> Iterator[str]:
-    server = ThreadServer(create_app(engine)).start()
-    try:
+    with ThreadServer(create_app(engine)) as server:
         yield server.base_url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

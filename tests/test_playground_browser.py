@@ -93,11 +93,8 @@ def served() -> Iterator[tuple[Any, SendClock, str]]:
     engine = Engine(context_length=1024, max_total_tokens=8192, log_level="warning")
     assert engine.batch_invariant
     clock = SendClock(create_app(engine, ServerSettings(api_key=KEY)))
-    server = ThreadServer(clock).start()
-    try:
+    with ThreadServer(clock) as server:
         yield engine, clock, server.base_url
-    finally:
-        server.stop()
         engine.shutdown()
 
 

@@ -95,11 +95,8 @@ def engine(model_path):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    srv = ThreadServer(create_app(engine)).start()
-    try:
+    with ThreadServer(create_app(engine)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
@@ -257,16 +254,13 @@ def test_budget_without_a_reasoning_parser_is_a_400(model_path):
                 log_level="warning") as plain:
         with pytest.raises(ValueError, match="thinking_budget needs a reasoning parser"):
             plain.generate("x", {"thinking_budget": 2, "max_new_tokens": 8})
-        srv = ThreadServer(create_app(plain)).start()
-        try:
+        with ThreadServer(create_app(plain)) as srv:
             c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="u", max_retries=0)
             with pytest.raises(openai.BadRequestError, match="thinking_budget needs a "
                                                              "reasoning parser"):
                 c.chat.completions.create(model="m", messages=[{"role": "user",
                                                                 "content": "x"}],
                                           max_tokens=8, extra_body={"thinking_budget": 2})
-        finally:
-            srv.stop()
 
 
 def test_unknown_reasoning_parser_fails_at_startup(model_path):

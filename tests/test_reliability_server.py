@@ -45,8 +45,7 @@ class SlowTokenizer(FakeTokenizer):
 def test_health_answers_while_a_prompt_is_tokenized() -> None:
     fake = FakeEngine(context_len=10**6)
     fake.tokenizer = SlowTokenizer()
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         with httpx.Client(base_url=server.base_url, timeout=30) as c:
             import threading
 
@@ -60,8 +59,6 @@ def test_health_answers_while_a_prompt_is_tokenized() -> None:
             t.join(30)
         assert waited < 0.5, f"/health waited {waited:.2f} s behind the tokenizer"
         assert fake.calls and fake.calls[-1]["text"] == "hello"
-    finally:
-        server.stop()
 
 
 def test_prompt_too_long_in_bytes_is_refused_before_tokenizing() -> None:
@@ -256,8 +253,7 @@ def test_server_exits_non_zero_when_the_engine_dies() -> None:
 
 def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted() -> None:
     fake = FakeEngine(context_len=10**7, step_delay=0.0)
-    server = ThreadServer(create_app(fake, ServerSettings(stream_stall_timeout=0.5))).start()
-    try:
+    with ThreadServer(create_app(fake, ServerSettings(stream_stall_timeout=0.5))) as server:
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             body = json.dumps({"text": "hi", "stream": True, "rid": "stalled",
@@ -269,5 +265,3 @@ def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted() -> Non
             wait_until(lambda: "stalled" in fake.aborted, "the stalled stream's abort",
                        limit_s=30)
         wait_until(lambda: "stalled" not in fake.running, "the engine to let go", limit_s=10)
-    finally:
-        server.stop()

@@ -201,8 +201,7 @@ def test_worker_killed_mid_request_fails_it_and_health(engine_tp2) -> None:
     from radixlm.server.app import create_app
     from radixlm.server.state import ServerSettings
 
-    server = ThreadServer(create_app(engine_tp2, ServerSettings())).start()
-    try:
+    with ThreadServer(create_app(engine_tp2, ServerSettings())) as server:
         assert httpx.get(server.base_url + "/health").status_code == 200
         workers = list(engine_tp2.runner.tp.procs)
         chunks = engine_tp2.generate("Tell me a long story.", {"max_new_tokens": 400,
@@ -219,7 +218,5 @@ def test_worker_killed_mid_request_fails_it_and_health(engine_tp2) -> None:
         assert health.status_code == 503 and "rank 1" in health.text
         later = engine_tp2.generate("Hello", {"max_new_tokens": 4})  # fails fast, too
         assert later["meta_info"]["finish_reason"]["type"] == "abort"
-    finally:
-        server.stop()
     engine_tp2.shutdown()
     assert multiprocessing.active_children() == []

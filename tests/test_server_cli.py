@@ -87,15 +87,12 @@ def test_bench_against_the_fake_server(backend: str, tmp_path) -> None:
     from radixlm.server.app import create_app
 
     fake = FakeEngine(context_len=4096, step_delay=0.001)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         out = tmp_path / "b.json"
         code = main(["bench", "serving", "--base-url", server.base_url, "--backend", backend,
                      "--num-prompts", "5", "--input-len", "8", "--output-len", "4",
                      "--request-rate", "1000", "--arrival", "fixed", "--max-concurrency", "2",
                      "--output-json", str(out)])
-    finally:
-        server.stop()
     summary = json.loads(out.read_text())
     assert code == 0 and summary["completed"] == 5 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 20

@@ -35,11 +35,8 @@ TEXTS = ["The cat sat on the mat.", "How do I bake bread at home?"]
 @pytest.fixture(scope="module")
 def server(engine_default) -> Iterator[ThreadServer]:
     settings = ServerSettings(api_key=KEY, max_queued_requests=QUEUE, max_body_bytes=BODY_CAP)
-    srv = ThreadServer(create_app(engine_default, settings)).start()
-    try:
+    with ThreadServer(create_app(engine_default, settings)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

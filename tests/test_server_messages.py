@@ -44,11 +44,8 @@ def blocks_of(message: Any) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
     fake = ScriptedEngine(context_len=4096)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -352,8 +349,7 @@ def test_an_error_after_the_stream_started_is_an_error_event(
 
 def test_stream_disconnect_aborts() -> None:
     fake = FakeEngine(context_len=10**6, step_delay=0.01)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
         stream = client.messages.create(model="m", max_tokens=100_000, messages=HI,
                                         stream=True)
@@ -362,5 +358,3 @@ def test_stream_disconnect_aborts() -> None:
         stream.close()
         wait_until(lambda: rid in fake.aborted, "the server to abort the request")
         wait_until(lambda: rid not in fake.running, "the request to leave the engine")
-    finally:
-        server.stop()

@@ -178,21 +178,17 @@ def test_invalid_json_and_the_official_client_error(http: TestClient, fake: Fake
     bad = http.post("/v1/messages", content=b"{nope", headers={"content-type":
                                                                   "application/json"})
     assert "not valid JSON" in _anthropic_error(bad, 400, "invalid_request_error")
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
         with pytest.raises(anthropic.BadRequestError) as info:
             client.messages.create(model="m", max_tokens=10, messages=[
                 {"role": "user", "content": [_result()]}])
         assert info.value.body["error"]["type"] == "invalid_request_error"
         assert "tool_use_id" in info.value.body["error"]["message"]
-    finally:
-        server.stop()
 
 
 def test_api_key_from_x_api_key_or_bearer_and_401_in_anthropic_shape() -> None:
-    server = ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))).start()
-    try:
+    with ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))) as server:
         good = anthropic.Anthropic(base_url=server.base_url, api_key="k", max_retries=0)
         assert good.messages.create(model="m", max_tokens=1, messages=HI).content[0].text == "a"
         by_header = anthropic.Anthropic(base_url=server.base_url, auth_token=None,
@@ -216,8 +212,6 @@ def test_api_key_from_x_api_key_or_bearer_and_401_in_anthropic_shape() -> None:
             assert other.status_code == 200  # the header serves every route
             refused = http.post("/v1/chat/completions", json={"model": "m", "messages": HI})
             assert refused.status_code == 401 and "error" in refused.json()  # OpenAI's shape
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True])

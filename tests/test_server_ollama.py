@@ -42,11 +42,8 @@ MODEL = "fake-model"
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
     fake = ScriptedEngine(context_len=4096)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -16,11 +16,8 @@ from radixlm.server.app import create_app
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[FakeEngine, ThreadServer]]:
     fake = FakeEngine(context_len=256)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

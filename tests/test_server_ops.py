@@ -26,11 +26,8 @@ LONG = {"max_new_tokens": 100_000}
 def slow() -> Iterator[tuple[FakeEngine, str]]:
     """A fake engine taking 10 ms per token, served on loopback."""
     fake = FakeEngine(context_len=10**6, step_delay=0.01)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server.base_url
-    finally:
-        server.stop()
 
 
 # ---------------------------------------------------------------- protection
@@ -51,15 +48,12 @@ def test_api_key_on_every_route_but_health() -> None:
 
 
 def test_api_key_with_openai_client() -> None:
-    server = ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))).start()
-    try:
+    with ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))) as server:
         good = openai.OpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0)
         assert good.completions.create(model="m", prompt="hi", max_tokens=1).choices
         bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.completions.create(model="m", prompt="hi", max_tokens=1)
-    finally:
-        server.stop()
 
 
 def test_body_cap_413_with_and_without_content_length() -> None:

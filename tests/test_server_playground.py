@@ -118,11 +118,8 @@ def test_tree_is_bounded_in_nodes_and_bytes() -> None:
 def test_text_only_when_allowed_and_asked_from_loopback() -> None:
     cache = wide_tree(2)
     app = create_app(TreeEngine(cache), ServerSettings(playground_show_text=True))
-    server = ThreadServer(app).start()
-    try:
+    with ThreadServer(app) as server:
         body = httpx.get(server.base_url + "/radix_tree").json()
-    finally:
-        server.stop()
     assert body["show_text"]
     shared, *leaves = body["nodes"][1:]
     assert shared["text"] == "You are a helpful assistant. "

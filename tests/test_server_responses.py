@@ -43,11 +43,8 @@ CALL_TEXT = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "O
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ScriptedEngine, ThreadServer]]:
     fake = ScriptedEngine(context_len=4096)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -351,8 +348,7 @@ def test_input_items_pages(client: openai.OpenAI) -> None:
 
 
 def test_api_key_is_enforced() -> None:
-    server = ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))).start()
-    try:
+    with ThreadServer(create_app(FakeEngine(), ServerSettings(api_key="k"))) as server:
         good = openai.OpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0)
         r = good.responses.create(model="m", input="hi", max_output_tokens=1)
         bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
@@ -360,8 +356,6 @@ def test_api_key_is_enforced() -> None:
             bad.responses.create(model="m", input="hi", max_output_tokens=1)
         with pytest.raises(openai.AuthenticationError):
             bad.responses.retrieve(r.id)
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -379,11 +373,8 @@ def test_a_full_queue_is_a_429_before_any_byte(stream: bool) -> None:
 @pytest.fixture(scope="module")
 def slow() -> Iterator[tuple[FakeEngine, str]]:
     fake = FakeEngine(context_len=10**6, step_delay=0.01)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         yield fake, server.base_url
-    finally:
-        server.stop()
 
 
 def test_stream_disconnect_aborts(slow: tuple[FakeEngine, str]) -> None:

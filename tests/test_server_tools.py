@@ -51,11 +51,8 @@ NUMBER: /[0-9]{1,3}/
 
 @pytest.fixture(scope="module")
 def url(engine_default) -> Iterator[str]:
-    server = ThreadServer(create_app(engine_default)).start()
-    try:
+    with ThreadServer(create_app(engine_default)) as server:
         yield server.base_url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -113,13 +113,10 @@ def test_http_fields_reach_the_engine() -> None:
     assert [c["sampling_params"]["seed"] for c in sent] == [4, 5]  # seed + j, as for `seed`
     assert all(c["priority"] == 3 and c["sampling_params"]["logit_bias"] == {"5": 1.5}
                for c in sent)
-    server = ThreadServer(create_app(fake)).start()
-    try:
+    with ThreadServer(create_app(fake)) as server:
         oa = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
         oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                    max_tokens=1, logit_bias={"7": -2},
                                    extra_body={"priority": 5})
         assert fake.calls[-1]["sampling_params"]["logit_bias"] == {"7": -2.0}
         assert fake.calls[-1]["priority"] == 5
-    finally:
-        server.stop()
