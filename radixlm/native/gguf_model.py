@@ -7,7 +7,9 @@ cache directory. The config dict is built as transformers' GGUF loader builds it
 (``load_gguf_checkpoint``: its key renames, its tie and vocabulary rules), then given what
 that loader leaves out (head_dim, soft-caps, windows, partial rotary and the rope scaling
 llama.cpp wrote). The tokenizer is transformers' own GGUF tokenizer builder run on the
-metadata this walk read, so it equals ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``.
+metadata this walk read (a byte-level vocabulary's backend built the same way in
+``gguf_tokenizer``, without importing transformers' model packages), so it equals
+``AutoTokenizer.from_pretrained(dir, gguf_file=...)``.
 """
 
 from __future__ import annotations
@@ -344,6 +346,8 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
     ``TokenizersBackend``), the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+    from radixlm.native.llama_config import LlamaConfig
+
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
     if tokenizer_dict.get("tokenizer_type") == "gpt2" and "merges" in tokenizer_dict:
         try:
@@ -354,8 +358,6 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
         from transformers.integrations.gguf import convert_gguf_tokenizer
 
         backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    from radixlm.native.llama_config import LlamaConfig
-
     if type(config) is LlamaConfig:
         cls = TokenizersBackend
     else:
