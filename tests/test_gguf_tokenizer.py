@@ -71,15 +71,26 @@ def test_the_backend_is_transformers_converters(pre):
 
 
 def test_each_added_token_rule_is_transformers():
+    """transformers' rules for control and user-defined tokens; where the vocabulary has no
+    ``<|endoftext|>`` (Llama 3's), none is appended (transformers' converter appends one, an
+    id past the model's rows): the text tokenizes into the file's own tokens, as llama.cpp
+    reads it."""
     d = _edited()
     ours, theirs = byte_level_backend(d), convert_gguf_tokenizer("llama", d)[0]
-    _same(ours, theirs)
+    mine, reference = json.loads(ours.to_str()), json.loads(theirs.to_str())
+    appended = [t for t in reference["added_tokens"] if t["content"] == "<|endoftext|>"]
+    assert [t["id"] for t in appended] == [len(d["tokens"])]
+    reference["added_tokens"].remove(appended[0])
+    assert mine == reference
+    assert ours.get_vocab_size() == theirs.get_vocab_size() - 1 == len(d["tokens"])
     added = {t.content: t for t in ours.get_added_tokens_decoder().values()}
-    assert added["<|endoftext|>"].special and ours.token_to_id("<|endoftext|>") == len(
-        d["tokens"])  # appended: the file has none
+    assert "<|endoftext|>" not in added
     assert "ctl with space" not in added and "user é" not in added
     assert not added["<think>"].special and added["<pad>"].special
     assert ours.encode("a<think>b").ids[1] == 5  # kept whole
+    text = "say <|endoftext|> here"
+    ids = ours.encode(text).ids
+    assert len(ids) > 3 and max(ids) < len(d["tokens"]) and ours.decode(ids) == text
 
 
 def test_a_byte_level_vocabulary_without_merges_is_refused():
@@ -87,6 +98,22 @@ def test_a_byte_level_vocabulary_without_merges_is_refused():
     del d["merges"]
     with pytest.raises(ValueError, match="without tokenizer.ggml.merges"):
         byte_level_backend(d)
+
+
+def test_a_vocabulary_without_endoftext_keeps_its_size_in_the_engines_tokenizer():
+    """The tokenizer the engine makes (``_tokenizer_parts``' class around the backend) of a
+    vocabulary without ``<|endoftext|>``: as many tokens as the file, that text in them."""
+    from radixlm.native.gguf_model import GGUFModelInfo, _tokenizer_parts
+
+    info = GGUFModelInfo.from_path(EMBEDDED)
+    tokens = list(info.metadata["tokenizer.ggml.tokens"])
+    tokens[0] = "<pad>"  # the embedded vocabulary's <|endoftext|> (id 0), renamed
+    meta = dict(info.metadata, **{"tokenizer.ggml.tokens": tokens})
+    cls, backend, kwargs = _tokenizer_parts(meta, "llama", info.config, EMBEDDED)
+    tokenizer = cls(tokenizer_object=backend, added_tokens_decoder={}, **kwargs)
+    assert len(tokenizer) == len(tokens)
+    ids = tokenizer("x <|endoftext|> y", add_special_tokens=False).input_ids
+    assert max(ids) < len(tokens) and tokenizer.decode(ids) == "x <|endoftext|> y"
 
 
 @pytest.mark.parametrize("merge", ["Ġthe", "Ġ t he", "zz Ġthe"])

@@ -9,7 +9,8 @@ the first walk, made by ``import transformers``, holds 128 of them): ~0.5 s of e
 start on a 2-core host, for a vocabulary that is a BPE model, a byte-level pre-tokenizer and
 decoder, and the file's control and user-defined tokens. This module builds that backend from
 ``tokenizers`` directly. ``tests/test_gguf_tokenizer.py`` checks, per pre-tokenizer type,
-that it serializes to the same JSON as transformers' converter and that the split table is
+that it serializes to the same JSON as transformers' converter (but for GPT-2's default
+token where the file has none: ``_GPT2_DEFAULT``) and that the split table is
 transformers' own. Sentencepiece, Gemma, Phi-3 and unigram vocabularies stay transformers'.
 """
 
@@ -40,7 +41,11 @@ RENAMES = {
     },
 }
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types
-_GPT2_DEFAULT = "<|endoftext|>"  # GPT2Tokenizer's unk, bos and eos, added as special
+# GPT2Tokenizer's default unk, bos and eos, made special. One departure from transformers'
+# converter: where the vocabulary has no such token (Llama 3's) it appends one, an id past
+# the model's rows, so a prompt holding that text was refused ("a token id outside the
+# vocabulary"); here it is left out, and the text tokenizes as llama.cpp tokenizes it.
+_GPT2_DEFAULT = "<|endoftext|>"
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -114,7 +119,8 @@ def byte_level_backend(tokenizer_dict: dict):
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")
     types = tokenizer_dict.get("token_type") or ()
-    backend.add_special_tokens([AddedToken(_GPT2_DEFAULT, normalized=False, special=True)])
+    if _GPT2_DEFAULT in vocab:  # (where the file has none, none is added: _GPT2_DEFAULT)
+        backend.add_special_tokens([AddedToken(_GPT2_DEFAULT, normalized=False, special=True)])
     # control tokens as special (one spelled outside the byte alphabet is a llama.cpp
     # mislabel, skipped), user-defined ones (e.g. <think>) as plain added tokens
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
