@@ -42,9 +42,9 @@ RENAMES = {
 }
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types
 # GPT2Tokenizer's default unk, bos and eos, made special. One departure from transformers'
-# converter: where the vocabulary has no such token (Llama 3's) it appends one, an id past
-# the model's rows, so a prompt holding that text was refused ("a token id outside the
-# vocabulary"); here it is left out, and the text tokenizes as llama.cpp tokenizes it.
+# converter: where the vocabulary has no such token (Llama 3's) that converter appends one,
+# an id past the model's rows, so a prompt holding that text would be refused ("a token id
+# outside the vocabulary"); here none is added, and the text tokenizes as llama.cpp reads it.
 _GPT2_DEFAULT = "<|endoftext|>"
 
 _LLAMA3_SPLIT = (
