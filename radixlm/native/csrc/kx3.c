@@ -24,7 +24,16 @@
 /* Row r's Q3_K super-block p (recode.c's layout: element 128 h + 32 t + l's low two bits at
  * bits 2 t of qs[32 h + l], its bit 2 at bit 4 h + t of hmask[l]) into group o: d, the
  * scales as recode.c rewrites them (s - 32), u's bits. Group i of 16 is elements 16 i ..
- * 16 i + 15: h = i / 8, t = i % 8 / 2, l = 16 (i % 2) + 4 v + e. */
+ * 16 i + 15: h = i / 8, t = i % 8 / 2, l = 16 (i % 2) + 4 v + e. Four bytes at a time: word
+ * v of the 16 source bytes at l0 holds elements 4 v .. 4 v + 3, so byte e of the output
+ * word gathers element 4 v + e of each v (no bit crosses a byte: a value < 4 shifted by
+ * 2 v <= 6, a bit by v + 4 <= 7). */
+static inline uint32_t kx3_word(const uint8_t *b) {
+    uint32_t x;
+    memcpy(&x, b, 4);
+    return x;
+}
+
 static void kx3_put_row(const uint8_t *p, int r, uint8_t *o) {
     const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
     memcpy(o + 2 * r, p + 108, 2);
@@ -35,18 +44,16 @@ static void kx3_put_row(const uint8_t *p, int r, uint8_t *o) {
     }
     for (int i = 0; i < 16; i++) {
         const int h = i / 8, t = i % 8 / 2, l0 = 16 * (i % 2);
+        uint32_t lb = 0, hb = 0;
+        for (int v = 0; v < 4; v++) {
+            lb |= ((kx3_word(qs + 32 * h + l0 + 4 * v) >> (2 * t)) & 0x03030303u) << (2 * v);
+            hb |= ((kx3_word(hm + l0 + 4 * v) >> (4 * h + t)) & 0x01010101u) << v;
+        }
         uint8_t *lov = o + 288 + 192 * (i / 2) + 64 * (i & 1) + 4 * r;
         uint8_t *hiv = o + 288 + 192 * (i / 2) + 128 + 4 * r;
-        for (int e = 0; e < 4; e++) {
-            uint8_t lb = 0, hb = hiv[e];
-            for (int v = 0; v < 4; v++) {
-                const int l = l0 + 4 * v + e;
-                lb |= (uint8_t)(((qs[32 * h + l] >> (2 * t)) & 3) << (2 * v));
-                hb |= (uint8_t)(((hm[l] >> (4 * h + t)) & 1) << (v + 4 * (i & 1)));
-            }
-            lov[e] = lb;
-            hiv[e] = hb;
-        }
+        hb = (hb << (4 * (i & 1))) | kx3_word(hiv);
+        memcpy(lov, &lb, 4);
+        memcpy(hiv, &hb, 4);
     }
 }
 
