@@ -165,13 +165,12 @@ class Arena:
             self._used += self._padded(nbytes)
             self.repacked_bytes += nbytes
             made = self._every_int8 and w.n % 16 == 0 and not pages.file_mapped(w.qs)
-            if fmt == FMT_Q3_K or made:  # (rows made at load, recode.py: not kept twice)
-                self._int8_only = True
-                pages.release(w.qs)  # (kx3: the file's rows, read by no path now)
+            pages.release(w.qs)  # (read again, if at all, only by the paths that need them)
+            if fmt == FMT_Q3_K or made:  # (kx3: the file's rows, read by no path now; rows
+                self._int8_only = True   # made at load, recode.py: not kept twice)
                 return _qmat(w, [], dst, fmt), []
-            pages.release(w.qs)  # (read again only by the paths that need the file's rows)
             self._held.append(w.qs)
-            return _qmat(w, [w.qs], dst), [w.qs]
+            return _qmat(w, [w.qs], dst, fmt), [w.qs]
         if self.in_place(w):
             pages.populate_read(w.qs)  # (the first step would fault each page in)
             self._held.append(w.qs)

@@ -102,9 +102,9 @@ static inline void kq_unpack_sb(int fmt, const uint8_t *p, uint8_t *q, float *ds
 #endif
 }
 
-/* Bytes of one super-block. */
+/* Bytes of one of the file's super-blocks (FMT_Q3_K: the Q3_K rows kx3.c repacks). */
 static inline int kq_sb_bytes(int fmt) {
-    return fmt == FMT_Q4_K ? 144 : (fmt == FMT_Q5_K ? 176 : 210);
+    return fmt == FMT_Q4_K ? 144 : fmt == FMT_Q5_K ? 176 : fmt == FMT_Q3_K ? 110 : 210;
 }
 
 /* Scales a row's unpacking holds per super-block (ds; dm has 8). */

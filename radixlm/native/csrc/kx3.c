@@ -62,7 +62,8 @@ static void kx3_repack_group(const uint8_t *src, int64_t rb, int nsb, uint8_t *d
     for (int s = 0; s < nsb; s++) {
         uint8_t *o = dst + (int64_t)s * KX3_BYTES;
         memset(o + 288, 0, KX3_BYTES - 288);
-        for (int r = 0; r < 16; r++) kx3_put_row(src + r * rb + (int64_t)s * 110, r, o);
+        for (int r = 0; r < 16; r++)
+            kx3_put_row(src + r * rb + (int64_t)s * kq_sb_bytes(FMT_Q3_K), r, o);
     }
 }
 

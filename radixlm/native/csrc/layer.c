@@ -520,8 +520,7 @@ static void repack_job(void *ctx, int tid, int nth) {
     const RepackJob *j = (const RepackJob *)ctx;
     const int groups = j->n / 16, nsb = j->k / 256, six = j->fmt == FMT_Q6_K;
     const int five = j->fmt == FMT_Q5_K, three = j->fmt == FMT_Q3_K;
-    const int64_t rb = (int64_t)nsb * (three ? 110 : six ? 210 : five ? 176 : 144);
-    const int64_t sb = kx_sb_bytes(j->fmt);
+    const int64_t rb = (int64_t)nsb * kq_sb_bytes(j->fmt), sb = kx_sb_bytes(j->fmt);
     for (int g = tid; g < groups; g += nth) {
         const uint8_t *src = j->src + (int64_t)g * 16 * rb;
         uint8_t *dst = j->dst + (int64_t)g * nsb * sb;

@@ -29,7 +29,7 @@
  *   matmul_i8.c    int8 activation blocks x blocks (AVX2 block dots, the 512-bit path)
  *   kquants.c      K-quant super-blocks: unpacking, dequantization, int8 activations
  *   kx.c           K-quant rows repacked 16 side by side, and their int8 kernels
- *   kx3.c          Q3_K's numbers repacked 16 side by side at 3 bits, their 512-bit kernel
+ *   kx3.c          Q3_K's numbers repacked 16 side by side at 3 bits, their int8 kernels
  *   kx32.c         Q8 / Q4 rows repacked 16 side by side, and their 512-bit VNNI kernel
  *   matmul.c       qgemv_rows (picks one of the above; the AVX2 and plain C int8 paths)
  *   vmath.c        vectorized exp, softmax sums, SiLU
