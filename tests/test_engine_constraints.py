@@ -136,18 +136,22 @@ def test_json_whitespace_default_style_and_none(engine_default, tokenizer, monke
     assert runs[0]["text"] == runs[1]["text"]
 
 
-def test_grammar_backend_made_beside_the_weights_for_the_weights_vocabulary(tiny_model_dir,
-                                                                            monkeypatch):
-    """The backend is made in a thread while the weights load, for the config's vocabulary
-    size; weights holding another size remake it for theirs; a backend that cannot be made
+def test_grammar_backend_made_after_ready_for_the_weights_vocabulary(tiny_model_dir,
+                                                                     monkeypatch):
+    """The backend is made once, on a thread after the engine is ready, for the vocabulary
+    the weights hold (here 64 rows more than the config's); a backend that cannot be made
     leaves the engine serving unconstrained requests and refusing constrained ones by name."""
+    import threading
+
     from radixlm.constraints import create_grammar_backend
     from radixlm.runtime import engine as engine_mod
 
-    sizes = []
+    sizes, threads, release = [], [], threading.Event()
 
     def spying(tokenizer, vocab_size, **kw):
+        release.wait(30)  # (held until the engine is up: nothing waits for it before)
         sizes.append(vocab_size)
+        threads.append(threading.current_thread().name)
         return create_grammar_backend(tokenizer, vocab_size=vocab_size, **kw)
 
     monkeypatch.setattr("radixlm.constraints.create_grammar_backend", spying)
@@ -160,8 +164,14 @@ def test_grammar_backend_made_beside_the_weights_for_the_weights_vocabulary(tiny
     monkeypatch.setattr(engine_mod, "ModelRunner", PaddedRunner)
     with engine_mod.Engine(str(tiny_model_dir), log_level="warning", dtype="float32",
                            max_total_tokens=1024) as engine:
-        assert sizes == [engine.hf_config.vocab_size, engine.hf_config.vocab_size + 64]
+        out = engine.generate("Hello", {"max_new_tokens": 2, "temperature": 0})
+        assert out["meta_info"]["completion_tokens"] == 2 and sizes == []
+        release.set()
+        out = engine.generate("Hello", {"max_new_tokens": 4, "regex": "[ab]+"})
+        assert set(out["text"]) <= {"a", "b"} and out["text"]
+        assert sizes == [engine.hf_config.vocab_size + 64] and threads == ["radixlm-setup"]
         assert engine.grammar_backend.vocab_size == engine.runner.vocab_size
+        assert engine.scheduler.speculation.grammar_backend is engine.grammar_backend
     monkeypatch.undo()
 
     def failing(tokenizer, vocab_size, **kw):

@@ -9,10 +9,8 @@ import itertools
 import logging
 import queue
 import random
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from radixlm import envs
@@ -20,6 +18,7 @@ from radixlm.formats.chat_templates import load_chat_template
 from radixlm.radix import TreeView
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.grammar_setup import GrammarSetup, in_background
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
@@ -169,44 +168,14 @@ def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _grammar_backend(tokenizer, config: EngineConfig, eos_ids, vocab_size: int):
-    """The config's grammar backend for ``tokenizer`` over ``vocab_size`` logits."""
-    from radixlm.constraints import create_grammar_backend
-
-    return create_grammar_backend(
-        tokenizer, vocab_size=vocab_size, eos_token_ids=eos_ids,
-        backend=config.grammar_backend, enable_jump_forward=config.enable_jump_forward,
-        max_workers=config.grammar_compile_workers)
-
-
 def _text_side(config: EngineConfig, model_path, hf_config) -> tuple:
-    """The engine's tokenizer (its chat template as configured), its end-of-turn ids, and
-    the future of its grammar backend for the config's vocabulary size (None without one):
-    made on a thread of their own while the weights load (a GGUF's vocabulary ~0.5-0.9 s,
-    the backend ~0.15 s: llguidance's own tokenizer tables are parsed after the engine is
-    ready, ``GrammarBackend.warm``; the weights are mostly C code, the GIL released)."""
+    """The engine's tokenizer (its chat template as configured) and its end-of-turn ids:
+    made on a thread of their own while the weights load (a GGUF's vocabulary ~0.3-0.5 s;
+    the weights are mostly C code, the GIL released)."""
     tokenizer = load_tokenizer(config.tokenizer_path or model_path)
     if config.chat_template is not None:
         tokenizer.chat_template = load_chat_template(config.chat_template)
-    eos_ids = _eos_ids(tokenizer, hf_config, model_path)
-    guess = getattr(hf_config, "vocab_size", None)
-    backend = (_in_background(_grammar_backend, tokenizer, config, eos_ids, guess)
-               if guess else None)
-    return tokenizer, eos_ids, backend
-
-
-def _in_background(fn, *args) -> Future:
-    """``fn(*args)`` run in a thread of its own; its result or exception in the future."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001  # (handed to whoever takes the result)
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="radixlm-setup", daemon=True).start()
-    return future
+    return tokenizer, _eos_ids(tokenizer, hf_config, model_path)
 
 
 class Engine:
@@ -227,52 +196,30 @@ class Engine:
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
-        # the tokenizer and the grammar backend are made while the weights load; the backend
-        # for the config's vocabulary size, remade below in the rare case the weights hold
-        # another
-        text = _in_background(_text_side, self.config, self.model_path, self.hf_config)
+        text = in_background(_text_side, self.config, self.model_path, self.hf_config)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        self.grammar_backend = None
-        self.reasoning = None  # the grammar-after-reasoning wrappers (a reasoning parser)
-        self._grammar_error: Exception | None = None
         try:
-            self.tokenizer, self.eos_ids, setup = text.result()
-            if getattr(self.hf_config, "vocab_size", None) != self.runner.vocab_size:
-                setup = _in_background(_grammar_backend, self.tokenizer, self.config,
-                                       self.eos_ids, self.runner.vocab_size)
-            self.scheduler = Scheduler(self.config, self.runner, self.tokenizer,
-                                       self._make_grammar_backend(setup))
+            self.tokenizer, self.eos_ids = text.result()
+            self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)
         except BaseException:
             self.runner.shutdown()
             raise
         self._rng = random.Random(self.config.random_seed)
         self._ids = itertools.count()
         self._closed = False
-        envs.trim_malloc(0)  # (what the setup threads' arenas freed: theirs alone, unused)
+        envs.trim_malloc(0)  # (what the setup thread's arenas freed: theirs alone, unused)
         envs.freeze_gc()
         self.scheduler.start()
-        if self.grammar_backend is not None:  # (its tokenizer tables: after ready, ~0.3 s)
-            self.grammar_backend.warm()
+        # the grammar backend after ready (grammar_setup.py says why)
+        self._grammar = GrammarSetup(self.tokenizer, self.config, self.eos_ids,
+                                     self.runner.vocab_size, self.scheduler)
 
-    def _make_grammar_backend(self, setup: Future):
-        """The grammar backend ``setup`` made (None, with ``_grammar_error`` set, where
-        constraints are unavailable for this model), with its reasoning wrappers."""
-        try:
-            self.grammar_backend = setup.result()
-        except ImportError as e:  # constraints package not available
-            self._grammar_error = e
-            return None
-        except ValueError as e:  # e.g. a tokenizer larger than the model's vocabulary
-            logger.warning("constrained decoding unavailable for this model: %s", e)
-            self._grammar_error = e
-            return None
-        if self.config.reasoning_parser is not None:
-            from radixlm.constraints.after_reasoning import ReasoningGrammars
-
-            self.reasoning = ReasoningGrammars(self.grammar_backend, self.config.reasoning_parser,
-                                               self.config.enable_strict_thinking)
-        return self.grammar_backend
+    @property
+    def grammar_backend(self):
+        """The constrained-decoding backend; None where unavailable. Made on a thread after
+        the engine is ready: a first use within ~1 s of the start waits for it."""
+        return self._grammar.backend
 
     # ------------------------------------------------------------------ validation
     def _prepare(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
@@ -338,27 +285,31 @@ class Engine:
         """(the request's constraint spec or None, its grammar-after-reasoning spec or None:
         with a reasoning parser, a constraint starts at the end of the thinking block)."""
         budget = params.thinking_budget
-        if budget is not None and self.reasoning is None:
+        constrained = bool(params.constraint_kinds())
+        if not constrained and budget is None and self.config.reasoning_parser is None:
+            return None, None  # (the grammar backend not waited for)
+        if budget is not None and self._grammar.reasoning is None:
             if self.config.reasoning_parser is not None:
                 raise ValueError("thinking_budget is unavailable: constrained decoding is off "
-                                 f"for this model ({self._grammar_error})")
+                                 f"for this model ({self._grammar.error})")
             raise ValueError("thinking_budget needs a reasoning parser: start the engine with "
                              "reasoning_parser=... (--reasoning-parser)")
         if budget is not None and budget > params.max_new_tokens:
             raise ValueError(f"thinking_budget={budget} is above max_new_tokens="
                              f"{params.max_new_tokens} (what is left of the context)")
         spec = None
-        if params.constraint_kinds():
+        if constrained:
             if self.grammar_backend is None:
-                raise ValueError(f"constraints are unavailable: {self._grammar_error}")
+                raise ValueError(f"constraints are unavailable: {self._grammar.error}")
             from radixlm.constraints import spec_from_sampling_params
 
             spec = spec_from_sampling_params(params, self.config.json_whitespace)
             self.grammar_backend.validate(spec)
-        if self.reasoning is None or not self.reasoning.needed(spec is not None, budget):
+        reasoning = self._grammar.reasoning
+        if reasoning is None or not reasoning.needed(spec is not None, budget):
             return spec, None
-        return spec, self.reasoning.plan(spec, self.tokenizer, ids, budget,
-                                         eos_ends=not params.ignore_eos)
+        return spec, reasoning.plan(spec, self.tokenizer, ids, budget,
+                                    eos_ends=not params.ignore_eos)
 
     def _make_req(self, p: _Prepared, sink, stream: bool) -> Req:
         params = p.params
@@ -373,7 +324,7 @@ class Engine:
                   speculative=self.scheduler.speculation.drafter is not None,
                   reproducible=self.batch_invariant if params.seed is not None else None)
         if p.reasoning is not None:
-            req.grammar_future = self.reasoning.compile_async(p.reasoning)
+            req.grammar_future = self._grammar.reasoning.compile_async(p.reasoning)
         elif p.grammar_spec is not None:
             req.grammar_future = self.grammar_backend.compile_async(p.grammar_spec)
         if p.close_within_budget:
@@ -589,7 +540,7 @@ class Engine:
             return
         self._closed = True
         self.scheduler.stop()
-        if self.grammar_backend is not None:
+        if self.grammar_backend is not None:  # (waits for it if still being made)
             self.grammar_backend.shutdown()
         self.runner.shutdown()
         # this engine's objects were frozen with everything else alive at its start: give
