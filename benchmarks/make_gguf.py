@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path("~/.cache/radixlm/bench-models")
 EMBEDDED = "SmolLM2-135M-Instruct.Q4_1.gguf"
-QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1")
+QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL")
 DENSE_TYPES = ("F16", "F32")
 SCALE = 0.02
 CHUNK = 1 << 24  # values generated at a time (64 MB of fp32)

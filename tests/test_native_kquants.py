@@ -29,21 +29,24 @@ TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 
 
 def kquant_rows(type_name: str, n: int, k: int, seed: int, top: float = 2e-3) -> np.ndarray:
-    """Raw rows ``[n, k/256 * bytes]`` of random super-blocks: every bit pattern of the
-    quants and scales, with finite fp16 super-scales up to ``top`` (weights up to ~500x)."""
+    """Raw rows ``[n, k/256 * bytes]`` of random super-blocks (IQ4_NL: ``k/32`` blocks):
+    every bit pattern of the quants and scales, with finite fp16 super-scales up to ``top``
+    (weights up to ~500x)."""
     rng = np.random.default_rng(seed)
     size, offsets = SUPER_BLOCKS[type_name]
-    raw = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
+    nb = k // (32 if type_name == "IQ4_NL" else 256)
+    raw = rng.integers(0, 256, (n, nb, size), dtype=np.uint8)
     for at in offsets:
-        raw[..., at:at + 2] = (rng.uniform(top / 20, top, (n, k // 256)) *
-                               rng.choice([1, -1], (n, k // 256))).astype(np.float16)[
+        raw[..., at:at + 2] = (rng.uniform(top / 20, top, (n, nb)) *
+                               rng.choice([1, -1], (n, nb))).astype(np.float16)[
             ..., None].view(np.uint8)
     return raw.reshape(n, -1)
 
 
-# GGUF K-quant type -> (bytes a super-block, offsets of its fp16 super-scales)
+# GGUF K-quant (and IQ4) type -> (bytes a super-block, offsets of its fp16 super-scales)
 SUPER_BLOCKS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
-                "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+                "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,)), "IQ4_XS": (136, (0,)),
+                "IQ4_NL": (18, (0,))}
 
 
 def kquant_weight(type_name: str, n: int, k: int, seed: int):
@@ -181,7 +184,8 @@ MIX = {"attn_v": "Q6_K", "ffn_down": ("Q5_K", "Q6_K"), "attn_output": "Q8_0"}
 
 
 TOP = 1e-4  # super-scales: weights of ~0.05, a model whose int8 rounding stays small
-TOP_SCALE = {"Q3_K": 10}  # (3-bit values under 6-bit scales: ~30x smaller weights at one d)
+TOP_SCALE = {"Q3_K": 10,  # (3-bit values under 6-bit scales: ~30x smaller weights at one d)
+             "IQ4_XS": 0.25, "IQ4_NL": 2}  # (values to 127 under scales to 32, or none)
 
 
 def _type_of(tname: str) -> str:

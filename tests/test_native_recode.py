@@ -1,7 +1,8 @@
-"""GGUF types without a native kernel (radixlm/native/recode.py): Q3_K and Q5_0 rewritten
-into Q6_K / Q8_0 blocks of the same numbers (bit-equal to gguf-py's dequantization), Q2_K
-and Q5_1 re-quantized to Q8_0 (within its rounding), each named by its origin; a file of
-them served with transformers' choices."""
+"""GGUF types without a native kernel (radixlm/native/recode.py): Q3_K, Q5_0 and IQ4_NL
+rewritten into Q6_K / Q8_0 blocks of the same numbers (bit-equal to gguf-py's
+dequantization), IQ4_XS into Q8_0 blocks of its values with each block's scale rounded to
+fp16, Q2_K and Q5_1 re-quantized to Q8_0 (within its rounding), each named by its origin;
+files of them served with transformers' choices."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ import gguf
 import numpy as np
 import pytest
 from test_native import lib, needs_compiler  # noqa: F401  (the fixture over the variants)
-from test_native_kquants import _chosen_are_argmax, kquant_rows, write_tiny_gguf
+from test_native_kquants import SUPER_BLOCKS, _chosen_are_argmax, kquant_rows, write_tiny_gguf
 
 from radixlm.native import recode
 from radixlm.native.decoder import describe_weights
 from radixlm.native.qweights import gguf_blocks, recoded
-from radixlm.native.recode import EXACT, REQUANTIZED
+from radixlm.native.recode import EXACT, PENDING, REQUANTIZED
 
 
 def _raw(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
     """Random rows of ``type_name``: K-quants every bit pattern of quants and scales (finite
     super-scales), the 32-blocks gguf-py's quantization of random weights."""
-    if type_name.endswith("_K"):
+    if type_name in SUPER_BLOCKS:
         return kquant_rows(type_name, n, k, seed, top=1e-2)
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
     return gguf.quants.quantize(w, gguf.GGMLQuantizationType[type_name])
@@ -33,12 +34,13 @@ def _source(type_name: str, raw: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("type_name", sorted(EXACT))
 def test_exact_recodes_hold_the_files_numbers(type_name):
-    """Q3_K as Q6_K, Q5_0 as Q8_0: every weight the same float32 bits as gguf-py's
-    dequantization of the file's blocks (signed zeros and all), in the kernel format's own
-    block layout (what the native kernels read); a pending rewrite reads as the done one."""
+    """Q3_K as Q6_K, Q5_0 and IQ4_NL as Q8_0: every weight the same float32 bits as
+    gguf-py's dequantization of the file's blocks (signed zeros and all), in the kernel
+    format's own block layout (what the native kernels read); a pending rewrite reads as
+    the done one."""
     raw = _raw(type_name, 8, 512, seed=1)
-    read = recoded(type_name, raw)  # (Q3_K: the rewrite pending until the weight is placed)
-    assert read.pending == ("Q3_K" if type_name == "Q3_K" else None)
+    read = recoded(type_name, raw)  # (Q3_K, IQ4_NL: pending until the weight is placed)
+    assert read.pending == (type_name if type_name in PENDING else None)
     w = read.materialized()
     assert w.pending is None and w.materialized() is w
     assert (w.kind, w.origin) == (EXACT[type_name].lower(), type_name)
@@ -58,6 +60,54 @@ def test_the_librarys_q3_k_rewrite_is_the_numpy_rule():
     expected = recode.q3_k_as_q6_k_numpy(raw)
     for threads in (1, 2, 3):
         assert np.array_equal(recode.q3_k_as_q6_k(raw, threads), expected)
+
+
+def test_iq4_xs_holds_the_files_values_under_fp16_block_scales():
+    """IQ4_XS as Q8_0: each value is the file's grid value (int8, exact), each block of 32
+    shares one fp16 scale, the nearest to the file's ``d * (ls - 32)``: every weight within
+    2^-11 of gguf-py's relatively (2^-25 x its value absolutely where the scale is below
+    fp16's normal range), some not equal (a real rounding), the zero scales' ones zero;
+    the pending rewrite reads as the done one."""
+    raw = _raw("IQ4_XS", 8, 1024, seed=7)
+    read = recoded("IQ4_XS", raw)
+    assert read.pending == "IQ4_XS" and (read.n, read.k) == (8, 1024)
+    w = read.materialized()
+    assert (w.kind, w.origin, w.pending) == ("q8_0", "IQ4_XS", None)
+    assert np.isin(w.qs, recode.IQ4_GRID).all() and w.d.dtype == np.float16
+    source = _source("IQ4_XS", raw).reshape(8, -1, 32)
+    ours = w.dequantize().reshape(8, -1, 32)
+    assert np.array_equal(read.dequantize(), w.dequantize())
+    bound = np.maximum(np.abs(source) * 2.0 ** -11, np.abs(w.qs.reshape(ours.shape)) * 2.0 ** -25)
+    assert np.all(np.abs(ours - source) <= bound)
+    assert np.any(ours != source)
+    assert np.array_equal(ours == 0, source == 0)
+    ratio = source / w.qs.reshape(ours.shape)  # (the grid holds no 0)
+    assert np.array_equal(ratio.max(-1), ratio.min(-1))  # (the file's values, one scale)
+
+
+@needs_compiler
+@pytest.mark.parametrize("type_name", ["IQ4_NL", "IQ4_XS"])
+def test_the_librarys_iq4_values_are_the_numpy_rule(type_name):
+    """``rlm_iq4_values`` (csrc/recode.c) writes numpy's values, alone and split over teams
+    of 2 and 3 threads (13 rows: unequal parts)."""
+    raw = _raw(type_name, 13, 1024, seed=8)
+    expected = recode.iq4_values_numpy(type_name, raw).reshape(13, -1, 32)
+    for threads in (1, 2, 3):
+        assert np.array_equal(recode.iq4_as_q8_0(type_name, raw, threads)[0], expected)
+
+
+def test_iq4_xs_scales_past_fp16_are_refused():
+    """A damaged IQ4_XS block whose d * (ls - 32) overflows fp16 (d = 60000, ls = 0): a
+    ValueError naming it where the weight is rewritten, not infinities in the weights."""
+    raw = _raw("IQ4_XS", 2, 256, seed=9)
+    raw[1, 0:2] = np.array([60000], np.float16).view(np.uint8)
+    raw[1, 2:8] = 0
+    with pytest.raises(ValueError, match="IQ4_XS block scales past fp16"):
+        recoded("IQ4_XS", raw).materialized()
+    with pytest.raises(ValueError, match="not whole blocks of 136"):
+        recoded("IQ4_XS", np.zeros((2, 135), np.uint8))
+    with pytest.raises(ValueError, match="not whole blocks of 18"):
+        recoded("IQ4_NL", np.zeros((2, 20), np.uint8))
 
 
 @pytest.mark.parametrize("type_name", REQUANTIZED)
@@ -140,6 +190,29 @@ def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path):
             outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                                   "ignore_eos": True})
     _chosen_are_argmax(path, prompts, outs["fp32"], 1e-3, also=((outs["int8"], 0.02),))
+
+
+def test_an_iq4_xs_file_serves_transformers_choices(tmp_path):
+    """A tiny Llama file as llama.cpp's IQ4_XS mix writes it (IQ4_XS matrices and tied
+    embedding, IQ4_NL down projections): the label names both origins, every int8 step reads
+    Q8 rows (the embedding's unpacked from them), and prefill plus 16 greedy steps choose
+    transformers' argmax on the file (fp32 activations: up to the scales' fp16 rounding;
+    int8: within the activations' rounding)."""
+    from radixlm.runtime.engine import Engine
+
+    path = write_tiny_gguf(tmp_path / "tiny-iq4.gguf", "tiny",
+                           lambda t: "IQ4_NL" if "ffn_down" in t else "IQ4_XS")
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    outs = {}
+    for act in ("fp32", "int8"):
+        with Engine(str(path), dtype="float32", native_activations=act,
+                    max_total_tokens=2048, log_level="warning") as engine:
+            weights = engine.runner.precision["weights"]
+            for label in ("q8_0 (from IQ4_XS)", "q8_0 (from IQ4_NL)"):
+                assert label in weights, weights
+            outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
+                                                  "ignore_eos": True})
+    _chosen_are_argmax(path, prompts, outs["fp32"], 2e-3, also=((outs["int8"], 0.02),))
 
 
 def test_a_pending_rewrite_is_placed_in_its_own_bytes():

@@ -138,6 +138,8 @@ class Arena:
         a ``pending`` rewrite's too)."""
         if w.fmt in KQUANTS:
             return self._padded(w.n * (w.k // SUPER) * KQUANTS[w.fmt][1])
+        if w.pending:  # (IQ4 rows: Q8 blocks once rewritten, int8 values and fp16 scales)
+            return self._padded(w.n * w.k) + self._padded(w.n * w.k // 32 * 2)
         return sum(self._padded(a.nbytes) for a in self.arrays(w))
 
     def _padded(self, n: int) -> int:

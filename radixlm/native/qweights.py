@@ -17,7 +17,7 @@ bytes per scale: at one token per step the weights stream from DRAM, and fp32 sc
 were 24 bytes per Q4 block instead of 20).
 Weights from GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors are the file's own
 numbers; other quantized GGUF types are rewritten into one of these formats where a caller
-asks (``gguf_blocks``, ``recode.py``: exactly for Q3_K and Q5_0); checkpoints are quantized
+asks (``gguf_blocks``, ``recode.py``: exactly for Q3_K, Q5_0 and IQ4_NL); checkpoints are quantized
 here only on request (``quantize``).
 """
 
@@ -49,8 +49,9 @@ class QWeight:
     m: np.ndarray | None  # float16 [n, k/32] (Q4 only)
     kind: str = ""  # q4_0 | q4_1 | q8_0 | bf16 | fp32: what the numbers are
     origin: str | None = None  # the GGUF tensor type they were read from (None: made here)
-    # "Q3_K": ``qs`` still holds the file's Q3_K rows, rewritten into ``fmt``'s (Q6_K) by
-    # ``materialized`` where the weight is placed (one tensor's rewrite alive at a time)
+    # a ``recode.PENDING`` type: ``qs`` still holds the file's rows ``[n, bytes]`` of it,
+    # rewritten into ``fmt``'s (Q6_K for Q3_K, Q8 for IQ4_NL / IQ4_XS) by ``materialized``
+    # where the weight is placed (one tensor's rewrite alive at a time)
     pending: str | None = None
 
     @property
@@ -64,7 +65,8 @@ class QWeight:
     @property
     def k(self) -> int:
         if self.pending:
-            return int(self.qs.shape[1]) // recode.Q3_K_BYTES * SUPER
+            size, weights = recode.PENDING[self.pending]
+            return int(self.qs.shape[1]) // size * weights
         if self.fmt in KQUANTS:
             return int(self.qs.shape[1]) // KQUANTS[self.fmt][1] * SUPER
         return int(self.qs.shape[1]) * (1 if self.dense else BLOCK)
@@ -74,12 +76,17 @@ class QWeight:
         new QWeight; the file's rows untouched), else itself."""
         if not self.pending:
             return self
-        return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs, threads), None, None,
-                       self.kind, self.origin)
+        if self.pending == "Q3_K":
+            return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs, threads), None, None,
+                           self.kind, self.origin)
+        q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
+        return QWeight(self.fmt, q, d, None, self.kind, self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:
         the file's own numbers; float64: ``d q + m`` before any rounding)."""
+        if self.pending and self.fmt not in KQUANTS:
+            return self.materialized().dequantize(dtype)
         if self.fmt == FMT_F32:
             return self.qs.astype(dtype)
         if self.fmt == FMT_BF16:
@@ -99,7 +106,8 @@ class QWeight:
     def rows(self, perm: np.ndarray) -> QWeight:
         """The same weights with output rows reordered."""
         return QWeight(self.fmt, self.qs[perm], None if self.d is None else self.d[perm],
-                       None if self.m is None else self.m[perm], self.kind, self.origin)
+                       None if self.m is None else self.m[perm], self.kind, self.origin,
+                       self.pending)
 
 
 def is_kquant(w: QWeight) -> bool:
@@ -118,6 +126,7 @@ def dense_rows(w: np.ndarray) -> QWeight:
 def concat(parts: list[QWeight]) -> QWeight:
     """Row-concatenation (fused q/k/v or gate/up); mixed formats become Q8 of the
     dequantized values (exact for Q8 parts, within Q8 rounding for the others)."""
+    parts = [p.materialized() for p in parts]
     if len({(p.fmt, p.kind) for p in parts}) > 1:
         parts = [quantize_q8(p.dequantize()) for p in parts]
     first = parts[0]
@@ -212,9 +221,10 @@ def from_gguf_raw(type_name: str, raw: np.ndarray) -> QWeight | None:
 
 
 def recoded(type_name: str, raw: np.ndarray) -> QWeight:
-    """A GGUF tensor of a type the library has no kernel for (``recode.EXACT`` or
-    ``recode.REQUANTIZED``; raw bytes ``[n, bytes per row]``) as blocks of a native format
-    (recode.py's rules; Q3_K's rewrite ``pending`` until placed); ``origin`` is
+    """A GGUF tensor of a type the library has no kernel for (``recode.EXACT``,
+    ``recode.ROUNDED`` or ``recode.REQUANTIZED``; raw bytes ``[n, bytes per row]``) as blocks
+    of a native format (recode.py's rules; ``recode.PENDING`` types' rewrites ``pending``
+    until placed); ``origin`` is
     ``type_name``. A ValueError for any other type."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if type_name == "Q3_K":  # (rewritten where it is placed: ``materialized``)
@@ -223,6 +233,9 @@ def recoded(type_name: str, raw: np.ndarray) -> QWeight:
     if type_name == "Q5_0":
         q, d = recode.q5_0_as_q8_0(raw)
         return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)
+    if type_name in ("IQ4_NL", "IQ4_XS"):  # (rewritten where placed: ``materialized``)
+        recode.check_rows(raw, recode.PENDING[type_name][0], type_name)
+        return QWeight(FMT_Q8, raw, None, None, "q8_0", type_name, pending=type_name)
     if type_name not in recode.REQUANTIZED:
         raise ValueError(f"no native format holds GGUF type {type_name}")
     import gguf

@@ -11,19 +11,37 @@ llama.cpp's and gguf-py's dequantization):
 - ``Q5_0`` -> ``Q8_0``: ``d * (q - 16)`` with ``q`` 5-bit a block of 32 is ``d * q8`` with
   ``q8 = q - 16`` (34 bytes a block against 22).
 
+- ``IQ4_NL`` -> ``Q8_0``: ``d * kv[q]`` with ``q`` a nibble indexing ggml's non-linear grid
+  ``kvalues_iq4nl`` (int8 values) a block of 32 is ``d * q8`` with ``q8 = kv[q]`` (34 bytes a
+  block against 18).
+
+``IQ4_XS`` runs as Q8_0 blocks of the file's values with each block's scale rounded:
+``(d * (ls - 32)) * kv[q]`` (a 6-bit ``ls`` a block of 32, fp16 ``d`` a super-block of 256)
+is ``d8 * q8`` with ``q8 = kv[q]`` exactly and ``d8`` the fp16 nearest ``d * (ls - 32)``
+(llama.cpp multiplies in fp32): each weight within 2^-11 of the file's, relatively, where
+that scale is a normal fp16 (from 2^-14), within 2^-25 x |q8| below (its own 4-bit grid's
+steps are ~10%). 34 bytes a block against 17.
+
 The others (``Q2_K``, ``Q5_1``: a minimum per block that no kernel format carries) are
 re-quantized: Q8_0 blocks of their dequantized values, close to the file's numbers but not
 equal to them. ``qweights.recoded`` applies these rules (``QWeight.origin`` names the file's
-type).
+type); Q3_K, IQ4_NL and IQ4_XS rows stay the file's until placed (``PENDING``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-EXACT = {"Q3_K": "Q6_K", "Q5_0": "Q8_0"}  # file type -> the kernel format holding it exactly
+EXACT = {"Q3_K": "Q6_K", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0"}  # file type -> the kernel
+# format holding it exactly
+ROUNDED = {"IQ4_XS": "Q8_0"}  # the file's values, each block's scale rounded to fp16
 REQUANTIZED = ("Q2_K", "Q5_1")  # run as Q8_0 blocks of their values (not exact)
 Q3_K_BYTES, Q5_0_BYTES = 110, 22
+# rewritten where placed (``QWeight.pending``): file type -> (bytes, weights) a block
+PENDING = {"Q3_K": (Q3_K_BYTES, 256), "IQ4_NL": (18, 32), "IQ4_XS": (136, 256)}
+IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                     113], np.int8)  # ggml's kvalues_iq4nl (csrc/recode.c's IQ4_GRID)
+_IQ4_QS = {"IQ4_NL": (2, 1), "IQ4_XS": (8, 8)}  # where a block's nibbles start, groups of 16
 
 
 def check_rows(raw: np.ndarray, size: int, name: str) -> np.ndarray:
@@ -87,3 +105,46 @@ def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q = (low | (bits << 4)).astype(np.int8) - np.int8(16)
     n = raw.shape[0]
     return q.reshape(n, -1, 32), b[:, :2].copy().view(np.float16).reshape(n, -1)
+
+
+def iq4_as_q8_0(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    """IQ4_NL / IQ4_XS rows ``[n, nb * 18 | 136]`` as Q8_0's int8 values ``[n, k/32, 32]``
+    (the library's ``rlm_iq4_values`` on ``threads`` where built, else numpy) and fp16
+    scales ``[n, k/32]`` (the module's docstring: IQ4_NL's exact, IQ4_XS's rounded). A
+    ValueError where a scale is past fp16's range (only a damaged file's can be)."""
+    from radixlm.native import build
+
+    size = PENDING[type_name][0]
+    b = check_rows(raw, size, type_name)
+    at, groups = _IQ4_QS[type_name]
+    if (lib := build.load()) is None:
+        q = iq4_values_numpy(type_name, raw)
+    else:
+        q = np.empty((b.shape[0] * groups, 32), np.int8)
+        lib.rlm_iq4_values(b.ctypes.data, b.shape[0], size, at, groups, q.ctypes.data,
+                           threads)
+    n = raw.shape[0]
+    return q.reshape(n, -1, 32), iq4_scales(type_name, b).reshape(n, -1)
+
+
+def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
+    """``iq4_as_q8_0``'s values in numpy ``[blocks * groups, 32]`` (the library's twin)."""
+    at, _ = _IQ4_QS[type_name]
+    qs = check_rows(raw, PENDING[type_name][0], type_name)[:, at:].reshape(-1, 16)
+    return IQ4_GRID[np.concatenate([qs & 15, qs >> 4], axis=1)]
+
+
+def iq4_scales(type_name: str, b: np.ndarray) -> np.ndarray:
+    """The fp16 scale of each block of 32 of IQ4 blocks ``b`` ``[nb, bytes]``."""
+    d = b[:, :2].copy().view(np.float16)
+    if type_name == "IQ4_NL":
+        return d.reshape(-1)
+    low = b[:, 4:8, None] >> np.array([0, 4], np.uint8)  # block j: nibble j % 2 of byte j / 2
+    high = b[:, 2:4].copy().view("<u2") >> (2 * np.arange(8, dtype=np.uint16))  # bits 2j, 2j+1
+    ls = (low.reshape(-1, 8) & 15) | ((high & 3).astype(np.uint8) << 4)
+    with np.errstate(over="ignore"):
+        scales = (d.astype(np.float32) * (ls.astype(np.float32) - 32)).astype(np.float16)
+    if not np.isfinite(scales).all():
+        raise ValueError("IQ4_XS block scales past fp16's range (d * (ls - 32))")
+    return scales.reshape(-1)

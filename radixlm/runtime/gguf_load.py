@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from radixlm.native.qweights import recoded
-from radixlm.native.recode import EXACT, REQUANTIZED
+from radixlm.native.recode import EXACT, REQUANTIZED, ROUNDED
 
 logger = logging.getLogger(__name__)
 
@@ -179,18 +179,23 @@ def native_blocks(path, hf_config) -> NativeGGUF:
     if exact := [f"{o} as {k.upper()}" for o, k in rewritten if o in EXACT]:
         logger.info("%s: %s tensors run as blocks of the same numbers (no native kernel for "
                     "the type: more bytes a step reads)", Path(path).name, ", ".join(exact))
-    if lossy := [o for o, _ in rewritten if o not in EXACT]:
+    if rounded := [o for o, _ in rewritten if o in ROUNDED]:
+        logger.info("%s: %s tensors run as Q8_0 blocks of the file's values, each block's "
+                    "scale rounded to fp16 (no native kernel for the type: more bytes a "
+                    "step reads)", Path(path).name, ", ".join(rounded))
+    if lossy := [o for o, _ in rewritten if o in REQUANTIZED]:
         logger.warning("%s: %s tensors run re-quantized to Q8_0 (no native format holds their "
                        "numbers: close to the file's, not equal)", Path(path).name,
                        ", ".join(lossy))
     return NativeGGUF(blocks, vectors, permuted(mt), total)
 
 
-# Quantized types the native library has no kernel for (radixlm/native/recode.py): Q3_K and
-# Q5_0 run as Q6_K / Q8_0 blocks of the same numbers, Q2_K and Q5_1 re-quantized to Q8_0
-# (named in the start log and the weights label, e.g. "q6_k (from Q3_K)"). Q4_K, Q5_K and
-# Q6_K run in their own super-blocks (csrc/kquants.c).
-RECODED_TYPES = (*EXACT, *REQUANTIZED)
+# Quantized types the native library has no kernel for (radixlm/native/recode.py): Q3_K,
+# Q5_0 and IQ4_NL run as Q6_K / Q8_0 blocks of the same numbers, IQ4_XS as Q8_0 blocks of its
+# values under fp16 block scales, Q2_K and Q5_1 re-quantized to Q8_0 (named in the start log
+# and the weights label, e.g. "q6_k (from Q3_K)"). Q4_K, Q5_K and Q6_K run in their own
+# super-blocks (csrc/kquants.c).
+RECODED_TYPES = (*EXACT, *ROUNDED, *REQUANTIZED)
 
 
 def _recoded(t, kind: str, path):

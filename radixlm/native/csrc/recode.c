@@ -1,5 +1,6 @@
-/* GGUF Q3_K super-blocks rewritten as Q6_K super-blocks of the same numbers (native/recode.py
- * says why it is exact, and holds the numpy twin this is tested against).
+/* GGUF Q3_K super-blocks rewritten as Q6_K super-blocks of the same numbers, and IQ4_NL /
+ * IQ4_XS nibbles as the int8 values of Q8_0 blocks (native/recode.py says why, and holds the
+ * numpy twins these are tested against).
  *   Q3_K (110 bytes): 32 bytes of high bits (bit 4 h + t of byte l: element 128 h + 32 t + l,
  *        set meaning no -4), 64 of 2-bit pairs (bits 2 t of byte 32 h + l: the same element's
  *        low two), 12 of 6-bit scales (16, each biased by 32; llama.cpp's packing), fp16 d.
@@ -50,4 +51,49 @@ static void recode_job(void *ctx, int tid, int nth) {
 void rlm_q3k_as_q6k(const uint8_t *src, int64_t nsb, uint8_t *dst, int32_t nthreads) {
     RecodeJob j = {src, nsb, dst};
     run_parallel(recode_job, &j, nthreads < 1 ? 1 : nthreads);
+}
+
+/* IQ4_NL / IQ4_XS: a nibble indexes ggml's non-linear grid kvalues_iq4nl. */
+static const int8_t IQ4_GRID[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+typedef struct {
+    const uint8_t *src;
+    int64_t nblocks;
+    int32_t block_bytes, qs_at, groups;
+    int8_t *dst;
+} Iq4Job;
+
+/* A group of 16 bytes as 32 values: byte j's low nibble is element j, its high one 16 + j. */
+static void iq4_group(const uint8_t *qs, int8_t *out) {
+#ifdef RLM_AVX2
+    const __m128i grid = _mm_loadu_si128((const __m128i *)IQ4_GRID);
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)out, _mm_shuffle_epi8(grid, _mm_and_si128(x, m)));
+    _mm_storeu_si128((__m128i *)(out + 16),
+                     _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(x, 4), m)));
+#else
+    for (int j = 0; j < 16; j++) {
+        out[j] = IQ4_GRID[qs[j] & 15];
+        out[16 + j] = IQ4_GRID[qs[j] >> 4];
+    }
+#endif
+}
+
+static void iq4_job(void *ctx, int tid, int nth) {
+    const Iq4Job *j = (const Iq4Job *)ctx;
+    const int64_t b0 = j->nblocks * tid / nth, b1 = j->nblocks * (tid + 1) / nth;
+    for (int64_t b = b0; b < b1; b++)
+        for (int g = 0; g < j->groups; g++)
+            iq4_group(j->src + b * j->block_bytes + j->qs_at + 16 * g,
+                      j->dst + (b * j->groups + g) * 32);
+}
+
+/* The values of nblocks blocks of block_bytes at src, each holding groups x 16 bytes of
+ * nibbles from byte qs_at (IQ4_NL: 18, 2, 1; IQ4_XS: 136, 8, 8), as int8 rows of 32 at dst
+ * (nblocks * groups * 32 bytes), split over the team of nthreads. */
+void rlm_iq4_values(const uint8_t *src, int64_t nblocks, int32_t block_bytes, int32_t qs_at,
+                    int32_t groups, int8_t *dst, int32_t nthreads) {
+    Iq4Job j = {src, nblocks, block_bytes, qs_at, groups, dst};
+    run_parallel(iq4_job, &j, nthreads < 1 ? 1 : nthreads);
 }
