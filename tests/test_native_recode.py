@@ -194,8 +194,9 @@ def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path):
 
 def test_an_iq4_xs_file_serves_transformers_choices(tmp_path):
     """A tiny Llama file as llama.cpp's IQ4_XS mix writes it (IQ4_XS matrices and tied
-    embedding, IQ4_NL down projections): the label names both origins, every int8 step reads
-    Q8 rows (the embedding's unpacked from them), and prefill plus 16 greedy steps choose
+    embedding, IQ4_NL down projections): the label names both origins, the int8 steps read
+    kx32.c's IQ4 rows where the build has them (the embedding's unpacked from them), else
+    Q8 rows, and prefill plus 16 greedy steps choose
     transformers' argmax on the file (fp32 activations: up to the scales' fp16 rounding;
     int8: within the activations' rounding)."""
     from radixlm.runtime.engine import Engine
@@ -208,11 +209,53 @@ def test_an_iq4_xs_file_serves_transformers_choices(tmp_path):
         with Engine(str(path), dtype="float32", native_activations=act,
                     max_total_tokens=2048, log_level="warning") as engine:
             weights = engine.runner.precision["weights"]
-            for label in ("q8_0 (from IQ4_XS)", "q8_0 (from IQ4_NL)"):
+            native = engine.runner.native
+            iq4 = act == "int8" and bool(native.lib.rlm_kx32_rows())  # (kx32.c's IQ4 rows)
+            for kind in ("IQ4_XS", "IQ4_NL"):
+                label = kind.lower() if iq4 else f"q8_0 (from {kind})"
                 assert label in weights, weights
+            assert native.arena.int8_only == iq4
             outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                                   "ignore_eos": True})
     _chosen_are_argmax(path, prompts, outs["fp32"], 2e-3, also=((outs["int8"], 0.02),))
+
+
+@needs_compiler
+@pytest.mark.parametrize("type_name", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_rows_compute_their_q8_rewrites_bits(lib, type_name):  # noqa: F811
+    """Where every step is int8 on a build with kx32 rows (512-bit VNNI without AMX), an
+    IQ4 matrix is held at 18 bytes a row's block of 32 (the file's nibbles, the rewrite's
+    fp16 scales: 288 a group of 16 rows' block) and computes the bits of its Q8 rewrite's
+    rows for steps of 1 to 64 tokens on 1 and 2 threads; its rows unpack (the embedding
+    lookup) to the rewrite's numbers. Other builds place the Q8 rewrite."""
+    import ctypes
+
+    import torch
+
+    from radixlm.native.ops import Arena, qmat
+    from radixlm.native.qweights import FMT_IQ4, FMT_Q8
+
+    raw = _raw(type_name, 48, 1024, seed=10)
+    w = recoded(type_name, raw)
+    arena = Arena([w], lib=lib, int8_only=True)
+    mat, _ = arena.place(w)
+    q8, keep = w.materialized(), []
+    ref = qmat(q8, keep, lib)
+    if lib.rlm_kx32_rows():
+        assert (mat.fmt, arena.kind(w)) == (FMT_IQ4, type_name.lower())
+        assert arena.repacked_bytes == 48 * 1024 // 32 * 18 and not mat.qs
+    else:
+        assert (mat.fmt, arena.kind(w)) == (FMT_Q8, "q8_0")
+    rng = torch.Generator().manual_seed(0)
+    for t in (1, 2, 3, 7, 16, 64):
+        x = torch.randn(t, 1024, generator=rng)
+        for threads in (1, 2):
+            assert torch.equal(_int8_matmul(lib, mat, x, threads),
+                               _int8_matmul(lib, ref, x, threads)), (t, threads)
+    rows = np.arange(48, dtype=np.int64)
+    out = torch.empty(48, 1024)  # (64-byte aligned: the library stores whole vectors)
+    lib.rlm_dequant_rows(ctypes.byref(mat), rows.ctypes.data, 48, out.data_ptr())
+    assert np.array_equal(out.numpy(), q8.dequantize())
 
 
 def test_a_pending_rewrite_is_placed_in_its_own_bytes():

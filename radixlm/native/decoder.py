@@ -10,6 +10,7 @@ Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash atte
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from typing import Protocol
 
 import numpy as np
@@ -239,6 +240,8 @@ class NativeDecoder:
         order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
         self.arena = Arena(order, lib, torch.get_num_threads(),  # in step order
                            int8_only=all(m == ACT_INT8 for _, m in self.act_modes))
+        placed = [dataclasses.replace(w, kind=self.arena.kind(w)) for w in [*flat, head]]
+        self.weights = describe_weights(placed[:-1], placed[-1])  # (as the arena holds them)
         self._release = release or (lambda w: None)
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
         self.head, head_rows = self._place(head)

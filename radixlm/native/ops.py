@@ -12,6 +12,7 @@ import torch
 from radixlm.native import pages, reserve
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import (
+    FMT_IQ4,
     FMT_Q3_K,
     FMT_Q4,
     FMT_Q4_K,
@@ -25,7 +26,8 @@ from radixlm.native.qweights import (
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
 REPACKED = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)  # read 16 rows side by side by the int8 kernels
-BLOCKS32 = (FMT_Q8, FMT_Q4)  # likewise where every step is int8 (Arena, csrc/kx32.c)
+BLOCKS32 = (FMT_Q8, FMT_Q4, FMT_IQ4)  # likewise where every step is int8 (Arena, kx32.c)
+IQ4_TYPES = ("IQ4_NL", "IQ4_XS")
 
 
 class Arena:
@@ -117,9 +119,19 @@ class Arena:
         """Whether ``w`` (a pending Q3_K rewrite) is placed in kx3.c's rows (see the class)."""
         return self._kx3 and w.pending == "Q3_K" and w.n % 16 == 0
 
+    def iq4(self, w: QWeight) -> bool:
+        """Whether ``w`` (a pending IQ4_NL / IQ4_XS rewrite) is placed in kx32.c's IQ4 rows:
+        its nibbles at about the file's size, the Q8 rewrite's bits on every step (else
+        that rewrite's Q8 rows)."""
+        return self._kx32 and w.pending in IQ4_TYPES and w.n % 16 == 0
+
+    def kind(self, w: QWeight) -> str:
+        """What ``w``'s numbers are once placed (``iq4_xs`` where ``iq4``, else its kind)."""
+        return w.pending.lower() if self.iq4(w) else w.kind
+
     def _kx_fmt(self, w: QWeight) -> int:
-        """The format ``w``'s repacked rows hold (FMT_Q3_K for ``kx3``)."""
-        return FMT_Q3_K if self.kx3(w) else w.fmt
+        """The format ``w``'s repacked rows hold (FMT_Q3_K for ``kx3``, FMT_IQ4 for ``iq4``)."""
+        return FMT_Q3_K if self.kx3(w) else FMT_IQ4 if self.iq4(w) else w.fmt
 
     def repacked(self, w: QWeight) -> bool:
         """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
@@ -160,7 +172,9 @@ class Arena:
         rewrite is done here (its rows live until copied or repacked; kx3 repacks the
         file's Q3_K rows themselves)."""
         fmt = self._kx_fmt(w)
-        if fmt != FMT_Q3_K:
+        if fmt == FMT_IQ4:
+            w = w.as_iq4()
+        elif fmt != FMT_Q3_K:
             w = w.materialized(self._threads)
         if self.repacked(w) and w.fmt in BLOCKS32:
             return self._place_kx32(w)

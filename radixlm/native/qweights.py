@@ -32,6 +32,7 @@ from radixlm.native import recode
 
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
+FMT_IQ4 = 5  # csrc/rlm.h: IQ4 grid values at Q4's nibbles under Q8's scales (kx32 rows only)
 FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as in the file
 FMT_Q3_K = 11  # csrc/rlm.h: a Q3_K rewrite's Q6_K numbers in kx3.c's rows only (Arena)
 KQUANT_FMTS = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)
@@ -81,6 +82,13 @@ class QWeight:
                            self.kind, self.origin)
         q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
         return QWeight(self.fmt, q, d, None, self.kind, self.origin)
+
+    def as_iq4(self) -> QWeight:
+        """A pending IQ4_NL / IQ4_XS rewrite as ``FMT_IQ4`` blocks (``recode.iq4_nibbles``:
+        the file's nibbles, the Q8 rewrite's scales), which only the arena's kx32 rows
+        take (``ops.Arena``)."""
+        qs, d = recode.iq4_nibbles(self.pending, self.qs)
+        return QWeight(FMT_IQ4, qs, d, None, self.pending.lower(), self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:

@@ -128,6 +128,20 @@ def iq4_as_q8_0(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.n
     return q.reshape(n, -1, 32), iq4_scales(type_name, b).reshape(n, -1)
 
 
+def iq4_nibbles(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_NL / IQ4_XS rows ``[n, nb * 18 | 136]`` as their nibbles ``[n, k/32, 16]`` (byte j:
+    element j low, 16 + j high, indices into ``IQ4_GRID``) and the fp16 scales of
+    ``iq4_as_q8_0`` ``[n, k/32]``: IQ4_NL's both views of the file's blocks, IQ4_XS's copies."""
+    size = PENDING[type_name][0]
+    b = check_rows(raw, size, type_name)
+    n, at = raw.shape[0], _IQ4_QS[type_name][0]
+    if type_name == "IQ4_NL":
+        blocks = raw.reshape(n, -1, size)
+        return blocks[..., at:], blocks[..., :2].view(np.float16)[..., 0]
+    return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
+            iq4_scales(type_name, b).reshape(n, -1))
+
+
 def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
     """``iq4_as_q8_0``'s values in numpy ``[blocks * groups, 32]`` (the library's twin)."""
     at, _ = _IQ4_QS[type_name]

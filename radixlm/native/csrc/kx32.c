@@ -1,4 +1,4 @@
-/* 32-element block rows (Q8_0, Q4_0 / Q4_1) repacked 16 side by side (QMat.qx with qs NULL)
+/* 32-element block rows (Q8_0, Q4_0 / Q4_1, IQ4) repacked 16 side by side (QMat.qx, qs NULL)
  * for the 512-bit VNNI int8 kernel, and that kernel. Group g (rows 16 g ..) takes nb
  * kx32_bytes() from qx + g nb kx32_bytes():
  *   Q8 (544 bytes a block): block b at 544 b: d[16] fp16 (row r's scale of block b), then 8
@@ -8,7 +8,11 @@
  *     320 c holds the minimums m[nc][16] fp16 first (read together, before the chunk's
  *     products), then per block d[16] fp16 and 4 vectors of 64 bytes, vector v's byte 4 r +
  *     e = element 4 v + e of row r's block in its low nibble, 16 + 4 v + e in its high.
- * The plain layout's size. One u8 x s8 dot instruction of a vector against 4 activations
+ *   IQ4 (288 bytes a block): block b at 288 b: d[16] fp16, then Q4's 4 vectors of nibbles,
+ *     each an index into IQ4_GRID: the Q8 block of those values at 18 bytes a row's block
+ *     against 34, computed as Q8's (the same bits as its Q8 rewrite: the grid's value plus
+ *     128, unsigned, from one byte shuffle, then Q8's sums, lanes and scales).
+ * The plain layout's size (IQ4: about the file's). One u8 x s8 dot instruction of a vector against 4 activations
  * broadcast adds 4 products of each of the 16 rows, a row a lane: a block's 16 integer sums
  * after 8 of them (Q8: of (w + 128) a, less 128 sum a, the token's, made once per call: the
  * exact sum of w a). Each row's sums are scaled and added into the lane its block has in
@@ -21,11 +25,14 @@
  * pace. Matrices of whole groups only (n % 16 == 0): ops.Arena keeps others plain. */
 #include "rlm.h"
 
-static inline int64_t kx32_bytes(int fmt) { return fmt == FMT_Q8 ? 544 : 320; }
+static inline int64_t kx32_bytes(int fmt) {
+    return fmt == FMT_Q8 ? 544 : fmt == FMT_IQ4 ? 288 : 320;
+}
 
 /* Where block b's record (d, then the quants) lies in a group of nb blocks. */
 static inline int64_t kx32_at(int fmt, int nb, int b) {
     if (fmt == FMT_Q8) return 544 * (int64_t)b;
+    if (fmt == FMT_IQ4) return 288 * (int64_t)b;
     const int j = b % 16, c = b - j, nc = nb - c < 16 ? nb - c : 16;
     return 320 * (int64_t)c + 32 * nc + 288 * j;
 }
@@ -34,8 +41,8 @@ static inline int64_t kx32_at(int fmt, int nb, int b) {
 static inline int64_t kx32_min_at(int b) { return 320 * (int64_t)(b - b % 16) + 32 * (b % 16); }
 
 /* Rows 0 .. 15 of a block matrix (qs: block b of row r at qs + r qrow + b qblk, 32 bytes for
- * Q8, 16 for Q4; its fp16 scale at d + r drow + b dblk, Q4's minimum likewise at m; strides
- * in bytes) as one repacked group. */
+ * Q8, 16 for Q4 and IQ4; its fp16 scale at d + r drow + b dblk, Q4's minimum likewise at m;
+ * strides in bytes) as one repacked group. */
 static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t qblk,
                               const uint8_t *d, int64_t drow, int64_t dblk, const uint8_t *m,
                               int64_t mrow, int64_t mblk, int nb, uint8_t *dst) {
@@ -44,7 +51,7 @@ static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t 
         uint8_t *o = dst + kx32_at(fmt, nb, b), *v = o + 32;
         for (int r = 0; r < 16; r++) {
             memcpy(o + 2 * r, d + r * drow + b * dblk, 2);
-            if (!q8) memcpy(dst + kx32_min_at(b) + 2 * r, m + r * mrow + b * mblk, 2);
+            if (fmt == FMT_Q4) memcpy(dst + kx32_min_at(b) + 2 * r, m + r * mrow + b * mblk, 2);
             const uint8_t *q = qs + r * qrow + b * qblk;
             for (int s = 0; s < (q8 ? 8 : 4); s++) {
                 uint32_t e4; /* (Q4: the plain block's byte j holds elements j, 16 + j) */
@@ -57,18 +64,26 @@ static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t 
 }
 
 /* Row n of a repacked matrix in the plain layout: qs [nb, 32 | 16] bytes, d (and Q4's m)
- * [nb] fp16. */
+ * [nb] fp16; IQ4's as Q8's (its values from the grid). */
 static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *m) {
     const int nb = w->k / 32, r = (int)(n % 16), q8 = w->fmt == FMT_Q8;
     const uint8_t *g = w->qx + n / 16 * nb * kx32_bytes(w->fmt);
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = g + kx32_at(w->fmt, nb, b), *v = o + 32;
         memcpy(d + b, o + 2 * r, 2);
-        if (!q8) memcpy(m + b, g + kx32_min_at(b) + 2 * r, 2);
+        if (w->fmt == FMT_Q4) memcpy(m + b, g + kx32_min_at(b) + 2 * r, 2);
         for (int s = 0; s < (q8 ? 8 : 4); s++) {
             uint32_t e4;
             memcpy(&e4, v + 64 * s + 4 * r, 4);
             if (q8) e4 ^= 0x80808080u;
+            if (w->fmt == FMT_IQ4) { /* element 4 s + e low, 16 + 4 s + e high */
+                for (int e = 0; e < 4; e++) {
+                    const uint8_t x = (uint8_t)(e4 >> (8 * e));
+                    qs[32 * b + 4 * s + e] = (uint8_t)IQ4_GRID[x & 15];
+                    qs[32 * b + 16 + 4 * s + e] = (uint8_t)IQ4_GRID[x >> 4];
+                }
+                continue;
+            }
             memcpy(qs + (q8 ? 32 : 16) * b + 4 * s, &e4, 4);
         }
     }
@@ -92,8 +107,10 @@ static inline __m512 kx_lanes_tree(const __m512 *c) {
 static inline __attribute__((always_inline)) void kx32_group(
     const int fmt, const uint8_t *qx, int nb, const Act *a, int t, const int G, int k,
     const int32_t *c128, float *y, int64_t ldy, int n) {
-    const int q8 = fmt == FMT_Q8;
+    const int q8 = fmt == FMT_Q8 || fmt == FMT_IQ4; /* (IQ4: Q8's operations from st on) */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_xor_si128(
+        _mm_loadu_si128((const __m128i *)IQ4_GRID), _mm_set1_epi8((char)0x80)));
     __m512 acc[G][16];
     for (int i = 0; i < G; i++)
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
@@ -110,8 +127,14 @@ static inline __attribute__((always_inline)) void kx32_group(
             }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
         __m512i st[8];
-        if (q8) {
+        if (fmt == FMT_Q8) {
             for (int v = 0; v < 8; v++) st[v] = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
+        } else if (fmt == FMT_IQ4) { /* the grid's value + 128 at each nibble */
+            for (int v = 0; v < 4; v++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
+                st[v] = _mm512_shuffle_epi8(grid, _mm512_and_si512(x, m4));
+                st[v + 4] = _mm512_shuffle_epi8(grid, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+            }
         } else {
             for (int v = 0; v < 4; v++) {
                 const __m512i x = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
@@ -144,7 +167,7 @@ static inline __attribute__((always_inline)) void kx32_group(
 /* Repacked groups g0 .. g1 - 1, all T tokens, into y + 16 g0 - yoff (row stride ldy). */
 static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                         int64_t ldy, int yoff) {
-    const int k = w->k, nb = k / 32, q8 = w->fmt == FMT_Q8;
+    const int k = w->k, nb = k / 32, q8 = w->fmt == FMT_Q8 || w->fmt == FMT_IQ4;
     int32_t c128[64 * 128]; /* Q8: a tile's 128 sum a per block (64 tokens, k <= 4096) */
     int32_t *c = !q8 || nb <= 128 ? c128 : (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)nb);
     if (!c) abort(); /* no memory for a tile's sums: nothing sensible left to do */
@@ -162,9 +185,10 @@ static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, floa
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
                 const int32_t *ct = c + (int64_t)(t - t0) * nb;
-                switch (G + 8 * q8) {
+                switch (G + 8 * q8 + 8 * (w->fmt == FMT_IQ4)) {
 #define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
-                 case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break;
+                 case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
+                 case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }

@@ -53,9 +53,7 @@ void rlm_q3k_as_q6k(const uint8_t *src, int64_t nsb, uint8_t *dst, int32_t nthre
     run_parallel(recode_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
-/* IQ4_NL / IQ4_XS: a nibble indexes ggml's non-linear grid kvalues_iq4nl. */
-static const int8_t IQ4_GRID[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                    1,    13,   25,  38,  53,  69,  89,  113};
+/* IQ4_NL / IQ4_XS: a nibble indexes ggml's non-linear grid kvalues_iq4nl (rlm.h's IQ4_GRID). */
 
 typedef struct {
     const uint8_t *src;
