@@ -125,21 +125,30 @@ def iq4_as_q8_0(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.n
         lib.rlm_iq4_values(b.ctypes.data, b.shape[0], size, at, groups, q.ctypes.data,
                            threads)
     n = raw.shape[0]
-    return q.reshape(n, -1, 32), iq4_scales(type_name, b).reshape(n, -1)
+    return q.reshape(n, -1, 32), iq4_scales(type_name, b, threads).reshape(n, -1)
 
 
-def iq4_nibbles(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def iq4_nibbles(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
     """IQ4_NL / IQ4_XS rows ``[n, nb * 18 | 136]`` as their nibbles ``[n, k/32, 16]`` (byte j:
     element j low, 16 + j high, indices into ``IQ4_GRID``) and the fp16 scales of
-    ``iq4_as_q8_0`` ``[n, k/32]``: IQ4_NL's both views of the file's blocks, IQ4_XS's copies."""
+    ``iq4_as_q8_0`` ``[n, k/32]``: IQ4_NL's both views of the file's blocks, IQ4_XS's copies
+    (the library's ``rlm_iq4xs_split`` on ``threads`` where built)."""
+    from radixlm.native import build
+
     size = PENDING[type_name][0]
     b = check_rows(raw, size, type_name)
     n, at = raw.shape[0], _IQ4_QS[type_name][0]
     if type_name == "IQ4_NL":
         blocks = raw.reshape(n, -1, size)
         return blocks[..., at:], blocks[..., :2].view(np.float16)[..., 0]
-    return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
-            iq4_scales(type_name, b).reshape(n, -1))
+    if (lib := build.load()) is None:
+        return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
+                iq4_scales(type_name, b).reshape(n, -1))
+    qs, scales = np.empty((b.shape[0], 128), np.uint8), np.empty(b.shape[0] * 8, np.float32)
+    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], qs.ctypes.data, scales.ctypes.data,
+                        threads)
+    return qs.reshape(n, -1, 16), _fp16_scales(scales).reshape(n, -1)
 
 
 def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
@@ -149,16 +158,36 @@ def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
     return IQ4_GRID[np.concatenate([qs & 15, qs >> 4], axis=1)]
 
 
-def iq4_scales(type_name: str, b: np.ndarray) -> np.ndarray:
-    """The fp16 scale of each block of 32 of IQ4 blocks ``b`` ``[nb, bytes]``."""
+def iq4_scales(type_name: str, b: np.ndarray, threads: int = 1) -> np.ndarray:
+    """The fp16 scale of each block of 32 of IQ4 blocks ``b`` ``[nb, bytes]`` (IQ4_XS's: the
+    library's ``rlm_iq4xs_split`` where built, else ``iq4_xs_scales_numpy``)."""
+    from radixlm.native import build
+
     d = b[:, :2].copy().view(np.float16)
     if type_name == "IQ4_NL":
         return d.reshape(-1)
+    if (lib := build.load()) is None:
+        return iq4_xs_scales_numpy(b)
+    qs, scales = np.empty((b.shape[0], 128), np.uint8), np.empty(b.shape[0] * 8, np.float32)
+    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], qs.ctypes.data, scales.ctypes.data,
+                        threads)
+    return _fp16_scales(scales)
+
+
+def _fp16_scales(scales: np.ndarray) -> np.ndarray:
+    """IQ4_XS's fp32 block scales (exact) rounded to the nearest fp16; a ValueError where one
+    is past fp16's range."""
+    with np.errstate(over="ignore"):
+        out = scales.astype(np.float16)
+    if not np.isfinite(out).all():
+        raise ValueError("IQ4_XS block scales past fp16's range (d * (ls - 32))")
+    return out
+
+
+def iq4_xs_scales_numpy(b: np.ndarray) -> np.ndarray:
+    """``iq4_scales`` of IQ4_XS blocks in numpy (the library's twin)."""
+    d = b[:, :2].copy().view(np.float16)
     low = b[:, 4:8, None] >> np.array([0, 4], np.uint8)  # block j: nibble j % 2 of byte j / 2
     high = b[:, 2:4].copy().view("<u2") >> (2 * np.arange(8, dtype=np.uint16))  # bits 2j, 2j+1
     ls = (low.reshape(-1, 8) & 15) | ((high & 3).astype(np.uint8) << 4)
-    with np.errstate(over="ignore"):
-        scales = (d.astype(np.float32) * (ls.astype(np.float32) - 32)).astype(np.float16)
-    if not np.isfinite(scales).all():
-        raise ValueError("IQ4_XS block scales past fp16's range (d * (ls - 32))")
-    return scales.reshape(-1)
+    return _fp16_scales((d.astype(np.float32) * (ls.astype(np.float32) - 32)).reshape(-1))

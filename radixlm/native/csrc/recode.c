@@ -95,3 +95,34 @@ void rlm_iq4_values(const uint8_t *src, int64_t nblocks, int32_t block_bytes, in
     Iq4Job j = {src, nblocks, block_bytes, qs_at, groups, dst};
     run_parallel(iq4_job, &j, nthreads < 1 ? 1 : nthreads);
 }
+
+typedef struct {
+    const uint8_t *src;
+    int64_t nsb;
+    uint8_t *qs;
+    float *scales;
+} Iq4xsJob;
+
+static void iq4xs_job(void *ctx, int tid, int nth) {
+    const Iq4xsJob *j = (const Iq4xsJob *)ctx;
+    const int64_t s0 = j->nsb * tid / nth, s1 = j->nsb * (tid + 1) / nth;
+    for (int64_t s = s0; s < s1; s++) {
+        const uint8_t *p = j->src + 136 * s;
+        const float d = H((f16)(p[0] | p[1] << 8));
+        const unsigned high = (unsigned)(p[2] | p[3] << 8);
+        for (int b = 0; b < 8; b++) {
+            const int ls = ((p[4 + b / 2] >> (4 * (b % 2))) & 15) | (((high >> (2 * b)) & 3) << 4);
+            j->scales[8 * s + b] = d * (float)(ls - 32); /* (exact in fp32) */
+        }
+        memcpy(j->qs + 128 * s, p + 8, 128);
+    }
+}
+
+/* nsb IQ4_XS super-blocks at src split into their nibbles (qs: nsb x 128 bytes, block b's 16
+ * at 16 b) and each block of 32's scale d (ls - 32) in fp32 (scales: nsb x 8), over the team
+ * of nthreads. */
+void rlm_iq4xs_split(const uint8_t *src, int64_t nsb, uint8_t *qs, float *scales,
+                     int32_t nthreads) {
+    Iq4xsJob j = {src, nsb, qs, scales};
+    run_parallel(iq4xs_job, &j, nthreads < 1 ? 1 : nthreads);
+}
