@@ -324,6 +324,9 @@ def test_small_files_equal_transformers(case, tmp_path):
     assert own is not info.tokenizer
     assert own.backend_tokenizer is not info.tokenizer.backend_tokenizer
     _same_tokenizer(own, tokenizer)
+    own.add_tokens(["<radixlm-edit>"])  # (an edit of one is no one else's: no shared backend)
+    assert "<radixlm-edit>" not in gguf_tokenizer(path).get_vocab()
+    _same_tokenizer(info.tokenizer, tokenizer)
 
 
 def test_the_tokenizer_dict_is_transformers_own(tmp_path):
