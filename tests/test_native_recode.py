@@ -181,52 +181,54 @@ def test_a_q3_k_m_like_file_serves_transformers_choices(tmp_path):
     Where every step is int8 on a build that repacks K-quant rows, the rewritten Q6_K rows
     are kept repacked only (the head's too: the token embedding's rows are unpacked from
     them), else beside their repacked copy."""
+    def check(engine, act: str) -> None:
+        weights = engine.runner.precision["weights"]
+        for label in ("q6_k (from Q3_K)", "q8_0 (from Q5_0)", "q8_0 (from Q5_1)", "q4_k"):
+            assert label in weights, weights
+        native = engine.runner.native
+        repacked_only = act == "int8" and bool(native.lib.rlm_kx_rows())
+        assert native.arena.int8_only == repacked_only
+        assert (native.head.qs is None) == repacked_only  # (the tied embedding)
+
+    _served_as_transformers_chooses(write_tiny_gguf(tmp_path / "tiny-q3mix.gguf", "tiny", _mix),
+                                    check, 1e-3)
+
+
+def _served_as_transformers_chooses(path, check, tol: float) -> None:
+    """Prefill plus 16 greedy steps of three prompts at fp32 and int8 activations
+    (``check(engine, act)`` on each engine first): every token chosen is transformers'
+    argmax on the file (fp32 within ``tol``, int8 within 0.02)."""
     from radixlm.runtime.engine import Engine
 
-    path = write_tiny_gguf(tmp_path / "tiny-q3mix.gguf", "tiny", _mix)
     prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
     outs = {}
     for act in ("fp32", "int8"):
         with Engine(str(path), dtype="float32", native_activations=act,
                     max_total_tokens=2048, log_level="warning") as engine:
-            weights = engine.runner.precision["weights"]
-            for label in ("q6_k (from Q3_K)", "q8_0 (from Q5_0)", "q8_0 (from Q5_1)", "q4_k"):
-                assert label in weights, weights
-            native = engine.runner.native
-            repacked_only = act == "int8" and bool(native.lib.rlm_kx_rows())
-            assert native.arena.int8_only == repacked_only
-            assert (native.head.qs is None) == repacked_only  # (the tied embedding)
+            check(engine, act)
             outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                                   "ignore_eos": True})
-    _chosen_are_argmax(path, prompts, outs["fp32"], 1e-3, also=((outs["int8"], 0.02),))
+    _chosen_are_argmax(path, prompts, outs["fp32"], tol, also=((outs["int8"], 0.02),))
 
 
 def test_an_iq4_xs_file_serves_transformers_choices(tmp_path):
     """A tiny Llama file as llama.cpp's IQ4_XS mix writes it (IQ4_XS matrices and tied
     embedding, IQ4_NL down projections): the label names both origins, the int8 steps read
     kx32.c's IQ4 rows where the build has them (the embedding's unpacked from them), else
-    Q8 rows, and prefill plus 16 greedy steps choose
-    transformers' argmax on the file (fp32 activations: up to the scales' fp16 rounding;
-    int8: within the activations' rounding)."""
-    from radixlm.runtime.engine import Engine
+    Q8 rows, and the tokens chosen are transformers' argmax on the file (fp32 activations:
+    up to the scales' fp16 rounding; int8: within the activations' rounding)."""
+
+    def check(engine, act: str) -> None:
+        weights, native = engine.runner.precision["weights"], engine.runner.native
+        iq4 = act == "int8" and bool(native.lib.rlm_kx32_rows())  # (kx32.c's IQ4 rows)
+        for kind in ("IQ4_XS", "IQ4_NL"):
+            label = kind.lower() if iq4 else f"q8_0 (from {kind})"
+            assert label in weights, weights
+        assert native.arena.int8_only == iq4
 
     path = write_tiny_gguf(tmp_path / "tiny-iq4.gguf", "tiny",
                            lambda t: "IQ4_NL" if "ffn_down" in t else "IQ4_XS")
-    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
-    outs = {}
-    for act in ("fp32", "int8"):
-        with Engine(str(path), dtype="float32", native_activations=act,
-                    max_total_tokens=2048, log_level="warning") as engine:
-            weights = engine.runner.precision["weights"]
-            native = engine.runner.native
-            iq4 = act == "int8" and bool(native.lib.rlm_kx32_rows())  # (kx32.c's IQ4 rows)
-            for kind in ("IQ4_XS", "IQ4_NL"):
-                label = kind.lower() if iq4 else f"q8_0 (from {kind})"
-                assert label in weights, weights
-            assert native.arena.int8_only == iq4
-            outs[act] = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
-                                                  "ignore_eos": True})
-    _chosen_are_argmax(path, prompts, outs["fp32"], 2e-3, also=((outs["int8"], 0.02),))
+    _served_as_transformers_chooses(path, check, 2e-3)
 
 
 @needs_compiler
