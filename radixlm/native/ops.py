@@ -9,7 +9,7 @@ import mmap
 import numpy as np
 import torch
 
-from radixlm.native import pages, reserve
+from radixlm.native import pages
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import (
     FMT_IQ4,
@@ -78,17 +78,11 @@ class Arena:
         # 8B's arena populate took 2.5-3.0 s on them against 0.7-1.0 s, compaction, on the
         # Ice Lake VM); a shared map (shmem) fills at half the rate of a private one (10 GiB:
         # 11.7-12.8 s against 5.3 s, Zen 4 VM)
-        # (``reserve.take``: the map made and mostly filled while the start did other work)
-        ahead = reserve.take(size)
-        if ahead is None:
-            self._map = mmap.mmap(-1, size + 2 * self.HUGE, flags=mmap.MAP_PRIVATE)
-            raw = np.frombuffer(self._map, dtype=np.uint8)
-            start = (-raw.ctypes.data) % self.HUGE
-            self._buf = raw[start:start + size]
-            pages.huge(self._buf.ctypes.data, -(-size // self.HUGE) * self.HUGE)
-        else:
-            self._map, self._buf = ahead
-        self._used, self.reserved = 0, ahead is not None
+        self._map = mmap.mmap(-1, size + 2 * self.HUGE, flags=mmap.MAP_PRIVATE)
+        raw = np.frombuffer(self._map, dtype=np.uint8)
+        start = (-raw.ctypes.data) % self.HUGE
+        self._buf, self._used = raw[start:start + size], 0
+        pages.huge(self._buf.ctypes.data, -(-size // self.HUGE) * self.HUGE)
         pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
                        threads=max(1, threads))
 

@@ -70,15 +70,6 @@ def release(a: np.ndarray | None) -> int:
     return hi - lo if libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0 else 0
 
 
-def discard(address: int, size: int) -> bool:
-    """Give the whole pages inside ``[address, address + size)`` of a private anonymous map
-    back to the kernel (``MADV_DONTNEED``: they read as zeros if touched again)."""
-    libc = _libc()
-    page = mmap.PAGESIZE
-    lo, hi = -(-address // page) * page, (address + size) // page * page
-    return libc is not None and hi > lo and libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0
-
-
 def huge(address: int, size: int) -> bool:
     """Ask for transparent huge pages over ``[address, address + size)`` (``MADV_HUGEPAGE``;
     call before the range is touched). False where libc cannot; where the kernel has THP

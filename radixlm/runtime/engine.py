@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 from radixlm import envs
 from radixlm.formats.chat_templates import load_chat_template
-from radixlm.native import reserve
 from radixlm.radix import TreeView
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.grammar_setup import GrammarSetup, in_background
-from radixlm.runtime.model_runner import ModelRunner, reserve_arena
+from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.request_rules import fan_out_samples, fit_max_new_tokens
@@ -194,17 +193,12 @@ class Engine:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.model_name = self.config.served_model_name or self.config.model
         self.model_path = resolve_model(self.config.model)
-        reserve_arena(self.config, self.model_path)  # (filled beside the config's imports)
-        try:
-            self.hf_config = load_hf_config(self.model_path)
-            self.context_len = min(
-                self.config.context_length or self.hf_config.max_position_embeddings,
-                self.hf_config.max_position_embeddings)
-            text = in_background(_text_side, self.config, self.model_path, self.hf_config)
-            # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
-            self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        finally:
-            reserve.drop()  # (what the runner's arena did not take)
+        self.hf_config = load_hf_config(self.model_path)
+        self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
+                               self.hf_config.max_position_embeddings)
+        text = in_background(_text_side, self.config, self.model_path, self.hf_config)
+        # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
+        self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         try:
             self.tokenizer, self.eos_ids = text.result()
             self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import torch
 
-from radixlm.native import reserve
-from radixlm.native.reserve import available_memory
 from radixlm.runtime.attention.base import create_attention_backend, resolve_backend_name
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.device import pick_device_dtype
@@ -201,19 +199,27 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def reserve_arena(config: EngineConfig, model_dir) -> bool:
-    """For a GGUF the native library will read (its arena about the file's size; IQ4 and
-    re-quantized types up to ~2x, which fill the rest themselves): start filling the arena's
-    memory on a thread while the start goes on (``native/reserve.py``); the caller
-    ``reserve.drop``s what the runner did not take."""
-    from radixlm import envs
+def available_memory() -> int:
+    """Bytes of memory available to this process: ``MemAvailable`` (free + reclaimable
+    page cache), bounded by a cgroup limit where one is set."""
+    import os
 
-    if (not is_gguf(model_dir) or config.tp_size > 1 or config.weight_quant == "none"
-            or not envs.native_enabled() or config.device == "cuda"
-            or (config.device == "auto" and torch.cuda.is_available())):
-        return False
-    size = Path(model_dir).stat().st_size
-    return reserve.reserve(size * 5 // 2, size * 97 // 100)
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    for path, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
+        try:
+            limit = open(path).read().strip()
+            if limit != "max":
+                avail = min(avail, int(limit) - int(open(used).read()))
+        except (OSError, ValueError):
+            pass
+    return avail
 
 
 def weights_bytes(model_dir) -> int:
@@ -417,8 +423,7 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             left = free
         else:
-            # (the arena's memory that ``reserve`` already filled counts as available)
-            free = available_memory() + reserve.filled_bytes()
+            free = available_memory()
             left = free - weights
             tokens = (config.max_total_tokens if config.max_total_tokens is not None
                       else context_len)
