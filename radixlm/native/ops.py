@@ -57,7 +57,10 @@ class Arena:
     Likewise a Q3_K matrix of whole groups of 16 rows (``kx3``, ``lib.rlm_kx3_rows()``: AVX2
     and 512-bit builds without AMX int8 tiles) is placed in kx3.c's rows only: its rewrite's
     Q6_K numbers at 3 bits a weight, 114 bytes a row's super-block against the 210 of the
-    Q6_K rows (the file's 110); the same bits as those rows on every int8 step."""
+    Q6_K rows (the file's 110); the same bits as those rows on every int8 step. An IQ4_NL /
+    IQ4_XS matrix of whole groups (``iq4``, kx32 builds, every step int8) is placed in
+    kx32.c's IQ4 rows: the file's nibbles and its Q8 rewrite's scales, 18 bytes a row's
+    block of 32 against the rewrite's 34, that rewrite's bits."""
 
     ALIGN, HUGE = 64, 2 << 20
 

@@ -460,7 +460,8 @@ int64_t rlm_matmul_workspace_floats(int32_t T, int32_t k, int32_t nthreads) {
 }
 
 /* out[i * k] = row rows[i] of w in fp32, any format (dequant_row): the embedding lookup of
- * a model whose token embedding is a block matrix, and the kernel tests' dequantization. */
+ * a model whose token embedding is a block matrix, and the kernel tests' dequantization.
+ * out is 64-byte aligned and k a multiple of 32 (whole-vector stores). */
 void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *out) {
     const int nb = w->k / 32;
     const int64_t row_bytes = row_bytes_of(w);
