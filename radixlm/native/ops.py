@@ -170,7 +170,7 @@ class Arena:
         file's Q3_K rows themselves)."""
         fmt = self._kx_fmt(w)
         if fmt == FMT_IQ4:
-            w = w.as_iq4()
+            w = w.as_iq4(self._threads)
         elif fmt != FMT_Q3_K:
             w = w.materialized(self._threads)
         if self.repacked(w) and w.fmt in BLOCKS32:

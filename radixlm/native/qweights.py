@@ -83,11 +83,11 @@ class QWeight:
         q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
         return QWeight(self.fmt, q, d, None, self.kind, self.origin)
 
-    def as_iq4(self) -> QWeight:
-        """A pending IQ4_NL / IQ4_XS rewrite as ``FMT_IQ4`` blocks (``recode.iq4_nibbles``:
-        the file's nibbles, the Q8 rewrite's scales), which only the arena's kx32 rows
-        take (``ops.Arena``)."""
-        qs, d = recode.iq4_nibbles(self.pending, self.qs)
+    def as_iq4(self, threads: int = 1) -> QWeight:
+        """A pending IQ4_NL / IQ4_XS rewrite as ``FMT_IQ4`` blocks (``recode.iq4_nibbles`` on
+        ``threads``: the file's nibbles, the Q8 rewrite's scales), which only the arena's
+        kx32 rows take (``ops.Arena``)."""
+        qs, d = recode.iq4_nibbles(self.pending, self.qs, threads)
         return QWeight(FMT_IQ4, qs, d, None, self.pending.lower(), self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
@@ -232,8 +232,7 @@ def recoded(type_name: str, raw: np.ndarray) -> QWeight:
     """A GGUF tensor of a type the library has no kernel for (``recode.EXACT``,
     ``recode.ROUNDED`` or ``recode.REQUANTIZED``; raw bytes ``[n, bytes per row]``) as blocks
     of a native format (recode.py's rules; ``recode.PENDING`` types' rewrites ``pending``
-    until placed); ``origin`` is
-    ``type_name``. A ValueError for any other type."""
+    until placed); ``origin`` is ``type_name``. A ValueError for any other type."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if type_name == "Q3_K":  # (rewritten where it is placed: ``materialized``)
         recode.check_rows(raw, recode.Q3_K_BYTES, "Q3_K")
