@@ -145,10 +145,17 @@ def iq4_nibbles(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.n
     if (lib := build.load()) is None:
         return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
                 iq4_scales(type_name, b).reshape(n, -1))
+    qs, scales = _iq4xs_split(lib, b, threads)
+    return qs.reshape(n, -1, 16), scales.reshape(n, -1)
+
+
+def _iq4xs_split(lib, b: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_XS super-blocks ``b`` ``[nb, 136]`` as their nibbles ``[nb, 128]`` and fp16 block
+    scales ``[nb * 8]`` (``rlm_iq4xs_split``'s fp32, rounded here)."""
     qs, scales = np.empty((b.shape[0], 128), np.uint8), np.empty(b.shape[0] * 8, np.float32)
     lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], qs.ctypes.data, scales.ctypes.data,
                         threads)
-    return qs.reshape(n, -1, 16), _fp16_scales(scales).reshape(n, -1)
+    return qs, _fp16_scales(scales)
 
 
 def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
@@ -163,15 +170,11 @@ def iq4_scales(type_name: str, b: np.ndarray, threads: int = 1) -> np.ndarray:
     library's ``rlm_iq4xs_split`` where built, else ``iq4_xs_scales_numpy``)."""
     from radixlm.native import build
 
-    d = b[:, :2].copy().view(np.float16)
     if type_name == "IQ4_NL":
-        return d.reshape(-1)
+        return b[:, :2].copy().view(np.float16).reshape(-1)
     if (lib := build.load()) is None:
         return iq4_xs_scales_numpy(b)
-    qs, scales = np.empty((b.shape[0], 128), np.uint8), np.empty(b.shape[0] * 8, np.float32)
-    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], qs.ctypes.data, scales.ctypes.data,
-                        threads)
-    return _fp16_scales(scales)
+    return _iq4xs_split(lib, b, threads)[1]
 
 
 def _fp16_scales(scales: np.ndarray) -> np.ndarray:
