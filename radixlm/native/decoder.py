@@ -10,7 +10,6 @@ Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash atte
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 from typing import Protocol
 
 import numpy as np
@@ -178,18 +177,20 @@ def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
 _MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
 
 
-def _label(w: QWeight) -> str:
-    if w.origin and w.origin.lower() != w.kind:
-        return f"{w.kind} (from {w.origin})"
-    return w.kind
+def _label(w: QWeight, kind) -> str:
+    if w.origin and w.origin.lower() != kind(w):
+        return f"{kind(w)} (from {w.origin})"
+    return kind(w)
 
 
-def describe_weights(layer_weights: list[QWeight], head: QWeight) -> str:
+def describe_weights(layer_weights: list[QWeight], head: QWeight, kind=None) -> str:
     """What the step's matrices are, e.g. ``gguf q4_1, head q8_0`` (a GGUF's own blocks),
-    ``bf16`` (dense rows), ``q8_0`` (blocks made at load)."""
-    layers = ", ".join(sorted({_label(w) for w in layer_weights}))
+    ``bf16`` (dense rows), ``q8_0`` (blocks made at load). ``kind(w)``: what a weight's
+    numbers are where it is held (``Arena.kind``; default ``w.kind``)."""
+    kind = kind or (lambda w: w.kind)
+    layers = ", ".join(sorted({_label(w, kind) for w in layer_weights}))
     text = ("gguf " if any(w.origin for w in [*layer_weights, head]) else "") + layers
-    return text if _label(head) == layers else f"{text}, head {_label(head)}"
+    return text if _label(head, kind) == layers else f"{text}, head {_label(head, kind)}"
 
 
 class NativeDecoder:
@@ -226,11 +227,11 @@ class NativeDecoder:
             if embed is None:
                 raise ValueError("the model has no embedding tensor (token_embd)")
         flat = [w for m in mats for parts in m.values() for w in parts]
-        self.weights = describe_weights(flat, head)
         quantized = any(not w.dense for w in [*flat, head])
         if act == "int8" and not quantized:
             raise ValueError(f"native_activations='int8' rounds activations for block "
-                             f"weights; this model runs dense {self.weights} rows (use "
+                             f"weights; this model runs dense {describe_weights(flat, head)} "
+                             "rows (use "
                              "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
         int8 = quantized and int8_decode_preferred()
         self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()), model.dtype,
@@ -240,8 +241,7 @@ class NativeDecoder:
         order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
         self.arena = Arena(order, lib, torch.get_num_threads(),  # in step order
                            int8_only=all(m == ACT_INT8 for _, m in self.act_modes))
-        placed = [dataclasses.replace(w, kind=self.arena.kind(w)) for w in [*flat, head]]
-        self.weights = describe_weights(placed[:-1], placed[-1])  # (as the arena holds them)
+        self.weights = describe_weights(flat, head, self.arena.kind)  # (as the arena holds)
         self._release = release or (lambda w: None)
         self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
         self.head, head_rows = self._place(head)

@@ -145,16 +145,19 @@ def iq4_nibbles(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.n
     if (lib := build.load()) is None:
         return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
                 iq4_scales(type_name, b).reshape(n, -1))
-    qs, scales = _iq4xs_split(lib, b, threads)
+    qs, scales = _iq4xs_split(lib, b, threads, nibbles=True)
     return qs.reshape(n, -1, 16), scales.reshape(n, -1)
 
 
-def _iq4xs_split(lib, b: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """IQ4_XS super-blocks ``b`` ``[nb, 136]`` as their nibbles ``[nb, 128]`` and fp16 block
-    scales ``[nb * 8]`` (``rlm_iq4xs_split``'s fp32, rounded here)."""
-    qs, scales = np.empty((b.shape[0], 128), np.uint8), np.empty(b.shape[0] * 8, np.float32)
-    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], qs.ctypes.data, scales.ctypes.data,
-                        threads)
+def _iq4xs_split(lib, b: np.ndarray, threads: int,
+                 nibbles: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
+    """IQ4_XS super-blocks ``b`` ``[nb, 136]`` as their nibbles ``[nb, 128]`` (with
+    ``nibbles``, else None) and fp16 block scales ``[nb * 8]`` (``rlm_iq4xs_split``'s fp32,
+    rounded here)."""
+    qs = np.empty((b.shape[0], 128), np.uint8) if nibbles else None
+    scales = np.empty(b.shape[0] * 8, np.float32)
+    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], None if qs is None else qs.ctypes.data,
+                        scales.ctypes.data, threads)
     return qs, _fp16_scales(scales)
 
 

@@ -12,7 +12,8 @@
  *     each an index into IQ4_GRID: the Q8 block of those values at 18 bytes a row's block
  *     against 34, computed as Q8's (the same bits as its Q8 rewrite: the grid's value plus
  *     128, unsigned, from one byte shuffle, then Q8's sums, lanes and scales).
- * The plain layout's size (IQ4: about the file's). One u8 x s8 dot instruction of a vector against 4 activations
+ * The plain layout's size (IQ4: about the file's). One u8 x s8 dot instruction of a vector
+ * against 4 activations
  * broadcast adds 4 products of each of the 16 rows, a row a lane: a block's 16 integer sums
  * after 8 of them (Q8: of (w + 128) a, less 128 sum a, the token's, made once per call: the
  * exact sum of w a). Each row's sums are scaled and added into the lane its block has in
@@ -185,7 +186,7 @@ static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, floa
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
                 const int32_t *ct = c + (int64_t)(t - t0) * nb;
-                switch (G + 8 * q8 + 8 * (w->fmt == FMT_IQ4)) {
+                switch (G + 8 * (w->fmt == FMT_Q8) + 16 * (w->fmt == FMT_IQ4)) {
 #define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
                  case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
                  case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break;

@@ -114,13 +114,13 @@ static void iq4xs_job(void *ctx, int tid, int nth) {
             const int ls = ((p[4 + b / 2] >> (4 * (b % 2))) & 15) | (((high >> (2 * b)) & 3) << 4);
             j->scales[8 * s + b] = d * (float)(ls - 32); /* (exact in fp32) */
         }
-        memcpy(j->qs + 128 * s, p + 8, 128);
+        if (j->qs) memcpy(j->qs + 128 * s, p + 8, 128);
     }
 }
 
 /* nsb IQ4_XS super-blocks at src split into their nibbles (qs: nsb x 128 bytes, block b's 16
- * at 16 b) and each block of 32's scale d (ls - 32) in fp32 (scales: nsb x 8), over the team
- * of nthreads. */
+ * at 16 b; NULL: the scales alone) and each block of 32's scale d (ls - 32) in fp32 (scales:
+ * nsb x 8), over the team of nthreads. */
 void rlm_iq4xs_split(const uint8_t *src, int64_t nsb, uint8_t *qs, float *scales,
                      int32_t nthreads) {
     Iq4xsJob j = {src, nsb, qs, scales};
