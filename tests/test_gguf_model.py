@@ -11,6 +11,7 @@ real header), are ValueErrors that name the problem, without a large allocation.
 
 from __future__ import annotations
 
+import copy
 import struct
 import time
 import tracemalloc
@@ -20,9 +21,9 @@ import gguf
 import numpy as np
 import pytest
 
+from radixlm.native.file_config import FAMILIES, FileConfig
 from radixlm.native.gguf_file import read_gguf
 from radixlm.native.gguf_model import GGUFModelInfo
-from radixlm.native.llama_config import LlamaConfig as RadixLlamaConfig
 from radixlm.runtime.gguf_config import config_fixups
 from radixlm.runtime.gguf_load import gguf_hf_config, gguf_tokenizer
 from radixlm.runtime.weights import alias_paths
@@ -50,9 +51,15 @@ def _same_config(ours, theirs, rope_differs: bool = False) -> None:
     from radixlm.runtime.models.llama import ModelConfig
 
     a, b = ours.to_dict(), theirs.to_dict()
-    skip = {"_name_or_path"} | ({"rope_parameters"} if rope_differs else set())
-    if ours.model_type == "llama":  # transformers' class declared in radixlm (light imports)
-        assert type(ours) is RadixLlamaConfig and type(theirs).__name__ == "LlamaConfig"
+    skip = {"_name_or_path", "transformers_version"} | (
+        {"rope_parameters"} if rope_differs else set())
+    if ours.model_type in FAMILIES:  # transformers' values, without importing transformers
+        assert type(ours) is FileConfig
+        assert type(ours.hf()) is type(theirs)
+        hf = ours.hf().to_dict()
+        assert {k: v for k, v in hf.items() if k != "transformers_version"} == a
+        for key in set(a) - skip:
+            assert getattr(ours, key) == getattr(theirs, key), key
     else:
         assert type(ours) is type(theirs)
     assert {k: v for k, v in a.items() if k not in skip} == \
@@ -237,55 +244,58 @@ def test_the_engine_path_equals_transformers_and_its_tokenizers_are_its_own():
     assert len(second) == len(first) - 1
 
 
-def test_radixlm_llama_config_is_transformers_own():
-    """The Llama config class declared in radixlm has transformers' fields (names, types,
-    defaults, order), class attributes, bases and checks, and builds equal configs."""
-    import dataclasses
+def test_file_config_holds_transformers_fields_and_rules():
+    """``FileConfig`` of Llama / Qwen 2 / Qwen 3: transformers' fields and defaults (every
+    key its ``to_dict`` writes, and nothing more), its derived fields and its shape check,
+    for the values a GGUF gives; and the reader's key table is transformers' own."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from transformers.models.llama.configuration_llama import LlamaConfig
+    from radixlm.native.file_config import GGUF_RENAMES
 
-    def fields(cls):
-        return [(f.name, f.type, f.default, f.default_factory, f.kw_only, f.init, f.repr,
-                 f.compare, sorted(f.metadata)) for f in dataclasses.fields(cls)]
-
-    assert fields(RadixLlamaConfig) == fields(LlamaConfig)
-    assert RadixLlamaConfig.__mro__[1:] == LlamaConfig.__mro__[1:]
-    assert RadixLlamaConfig.__name__ == LlamaConfig.__name__
-    mine, theirs = vars(RadixLlamaConfig), vars(LlamaConfig)
-    data = {k for k, v in theirs.items() if not callable(v) and not k.startswith("__")}
-    assert {k for k, v in mine.items() if not callable(v) and not k.startswith("__")} == data
-    assert all(mine[k] == theirs[k] for k in data - {"__dataclass_fields__"})
-    assert {k for k, v in mine.items() if callable(v)} == {k for k, v in theirs.items()
-                                                          if callable(v)}
-    for kwargs in ({}, dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-                            rope_theta=5e5, tie_word_embeddings=True, head_dim=32),
-                   dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, eos_token_id=[1, 2])):
-        assert RadixLlamaConfig(**kwargs).to_dict() == LlamaConfig(**kwargs).to_dict()
-        assert RadixLlamaConfig(**kwargs).to_diff_dict() == LlamaConfig(**kwargs).to_diff_dict()
-    for bad in (dict(initializer_range=2.0), dict(hidden_size=100, num_attention_heads=3),
-                dict(hidden_size="x")):
-        with pytest.raises(Exception) as mine_error:
-            RadixLlamaConfig(**bad)
-        with pytest.raises(Exception) as their_error:
-            LlamaConfig(**bad)
-        assert type(mine_error.value) is type(their_error.value)
-        assert str(mine_error.value) == str(their_error.value)
+    assert GGUF_RENAMES == {k: GGUF_CONFIG_MAPPING[k] for k in GGUF_RENAMES}
+    cases = ({}, dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                      rope_theta=5e5, tie_word_embeddings=True, vocab_size=99, bos_token_id=3,
+                      eos_token_id=4, unk_token_id=0, _model_name_or_path="x"),
+             dict(num_hidden_layers=3, max_position_embeddings=512, rms_norm_eps=1e-5,
+                  intermediate_size=64, head_dim=8))
+    for family in sorted(FAMILIES):
+        for values in cases:
+            ours, theirs = FileConfig(family, values), AutoConfig.for_model(family, **values)
+            want = {k: v for k, v in theirs.to_dict().items() if k != "transformers_version"}
+            assert ours.to_dict() == want, (family, values)
+            assert copy.deepcopy(ours).to_dict() == want
+            assert ours.hf().to_dict() == theirs.to_dict()
+    bad = ((dict(hidden_size=100, num_attention_heads=3), "hidden size .100. is not a multiple"),
+           (dict(hidden_size="x"), "hidden_size is 'x'"),
+           (dict(num_attention_heads=0), "num_attention_heads is 0, not positive"),
+           (dict(rms_norm_eps="tiny"), "rms_norm_eps is 'tiny'"),
+           (dict(rope_theta=[1.0]), "rope_theta is"),
+           (dict(tie_word_embeddings=1), "tie_word_embeddings is 1"),
+           (dict(num_hidden_layers=-2), "num_hidden_layers is -2"))
+    for values, message in bad:
+        with pytest.raises(ValueError, match=message):
+            FileConfig("llama", values)
 
 
 def test_a_llama_gguf_loads_without_transformers_modeling_imports():
-    """The point of ``llama_config``: reading a Llama GGUF's config and tokenizer imports
-    neither transformers' Llama config module nor what it pulls (torch.distributed.tensor)."""
+    """The point of ``file_config``: a Llama GGUF's config and rotary table import no
+    transformers at all, and its tokenizer neither transformers' Llama config module nor
+    what that pulls (torch.distributed.tensor)."""
     import subprocess
     import sys
 
-    code = ("import sys; from radixlm.runtime.weights import load_hf_config, load_tokenizer; "
-            f"load_tokenizer({str(EMBEDDED)!r}); from pathlib import Path; "
-            f"load_hf_config(Path({str(EMBEDDED)!r})); "
+    code = ("import sys; from pathlib import Path; import torch; "
+            "from radixlm.runtime.weights import load_hf_config, load_tokenizer; "
+            "from radixlm.runtime.models.rope import Rope; "
+            f"Rope.from_hf(load_hf_config(Path({str(EMBEDDED)!r})), torch.device('cpu')); "
+            "print(sorted(m for m in sys.modules if m.startswith('transformers'))); "
+            f"load_tokenizer({str(EMBEDDED)!r}); "
             "print(sorted(m for m in sys.modules if m in ('transformers.activations', "
             "'torch.distributed.tensor', 'transformers.models.llama.configuration_llama')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
-    assert out.strip() == "[]"
+    assert out.split("\n")[:2] == ["[]", "[]"]
 
 
 CASES = {
@@ -403,6 +413,38 @@ def test_llama3_rope_freqs_become_llama3_rope_parameters(params, tmp_path):
     assert np.allclose(_inv_freq(info.config), inv / np.array(divisors, np.float32),
                        rtol=1e-5)
     _same_config(info.config, _reference_config(path), rope_differs=True)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default"}, {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_rope_tables_are_transformers_bits(rope, family):
+    """The rotary frequencies computed in radixlm (default, linear, llama3) are the bits of
+    transformers' rope functions (the model class's own for default); the others are
+    transformers' (given its config)."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    from radixlm.runtime.models.rope import rope_inv_freq
+
+    functions = dict(ROPE_INIT_FUNCTIONS, default={
+        "llama": LlamaRotaryEmbedding, "qwen3": Qwen3RotaryEmbedding}[family]
+        .compute_default_rope_parameters)
+    values = dict(hidden_size=256, num_attention_heads=4, head_dim=64,
+                  max_position_embeddings=4096, rope_parameters={"rope_theta": 5e5, **rope})
+    for config in (AutoConfig.for_model(family, **values), FileConfig(family, values)):
+        ours, scale = rope_inv_freq(config, torch.device("cpu"))
+        theirs, their_scale = functions[rope["rope_type"]](
+            AutoConfig.for_model(family, **values), device=torch.device("cpu"))
+        assert ours.dtype == torch.float32 and torch.equal(ours, theirs.float())
+        assert scale == their_scale
 
 
 def _reference_config(path: Path):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radixlm.native.file_config import FAMILIES, GGUF_RENAMES, FileConfig
 from radixlm.native.gguf_file import GGUFTensor, read_gguf
 from radixlm.native.gguf_tokenizer import RENAMES, byte_level_backend
 
@@ -47,17 +48,17 @@ _ARCH_KEYS = ("attention.key_length", "attention.sliding_window",
 class GGUFModelInfo:
     """A GGUF model as the engine loads it.
 
-    ``config`` is a transformers ``PretrainedConfig`` (``LlamaConfig``, ``Qwen2Config``, ...)
-    for ``ModelConfig.from_hf`` and the rotary tables; ``tokenizer`` (built on first use,
-    ``new_tokenizer``) a transformers fast tokenizer carrying the file's chat template;
-    ``eos_token_ids`` the ids a turn ends with
+    ``config`` is transformers' config (a ``FileConfig`` of its values for Llama and Qwen,
+    transformers' own class for the others) for ``ModelConfig.from_hf`` and the rotary
+    tables; ``tokenizer`` (built on first use, ``new_tokenizer``) a transformers fast
+    tokenizer carrying the file's chat template; ``eos_token_ids`` the ids a turn ends with
     (EOS, then end-of-turn and end-of-message where the file names them); ``tensors`` the
     file's tensors in file order, mapped (not read), every one the architecture needs
     present at the shape the config implies; ``weights_bytes`` their total size."""
 
     path: Path
     architecture: str  # general.architecture
-    config: object  # transformers.PretrainedConfig
+    config: object  # FileConfig | transformers.PretrainedConfig
     eos_token_ids: tuple[int, ...]
     tensors: tuple[GGUFTensor, ...]
     weights_bytes: int
@@ -116,28 +117,24 @@ class GGUFModelInfo:
 
 
 def _wanted_keys() -> set[str]:
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
     keys = {"general.architecture", "general.name", "general.file_type",
             "tokenizer.chat_template"}
     keys |= {f"tokenizer.ggml.{k}" for k in _TOKENIZER_KEYS}
     for arch in ARCHITECTURES:
-        keys |= {f"{arch}.{k}" for k in (*GGUF_CONFIG_MAPPING[arch], *_ARCH_KEYS)}
+        keys |= {f"{arch}.{k}" for k in (*GGUF_RENAMES[arch], *_ARCH_KEYS)}
     return keys
 
 
 def _config(meta: dict, arch: str, tensors: dict[str, GGUFTensor]):
     """The config ``AutoConfig.from_pretrained(dir, gguf_file=...)`` gives, with
-    ``_fixups`` and ``_rope_scaling`` applied (a Llama's in ``llama_config.LlamaConfig``,
-    transformers' class declared where it costs no import)."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
+    ``_fixups`` and ``_rope_scaling`` applied (Llama's and Qwen's built without importing
+    transformers: ``file_config.FileConfig``)."""
     # transformers' rule: a "llama" file is Mistral only where general.name is "mistral"
     updated = "mistral" if arch == "llama" and meta.get("general.name") == "mistral" else arch
     config: dict = {"tie_word_embeddings": "output.weight" not in tensors}
     for key, value in meta.items():
         prefix, _, rest = key.replace(arch, updated).partition(".")
-        target = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
+        target = GGUF_RENAMES.get(prefix, {}).get(rest)
         if target is None or target == -1:
             continue
         if isinstance(value, list) and len(value) == 1:
@@ -150,10 +147,8 @@ def _config(meta: dict, arch: str, tensors: dict[str, GGUFTensor]):
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta:
         config["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     model_type = config.pop("model_type")
-    if model_type == "llama":  # transformers' class, without its module's imports
-        from radixlm.native.llama_config import LlamaConfig
-
-        cfg = LlamaConfig(**config)
+    if model_type in FAMILIES:
+        cfg = FileConfig(model_type, config)
     else:
         from transformers import AutoConfig
 
@@ -357,8 +352,6 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
     ``TokenizersBackend``), the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    from radixlm.native.llama_config import LlamaConfig
-
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
     if tokenizer_dict.get("tokenizer_type") == "gpt2" and "merges" in tokenizer_dict:
         try:
@@ -369,12 +362,13 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
         from transformers.integrations.gguf import convert_gguf_tokenizer
 
         backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    if type(config) is LlamaConfig:
+    if config.model_type == "llama":  # (transformers maps LlamaConfig to no class)
         cls = TokenizersBackend
     else:
         from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
-        cls = TOKENIZER_MAPPING.get(type(config), None) or TokenizersBackend
+        hf = config.hf() if isinstance(config, FileConfig) else config
+        cls = TOKENIZER_MAPPING.get(type(hf), None) or TokenizersBackend
     return cls, backend, {"name_or_path": str(path), **tokenizer_config, **extra}
 
 

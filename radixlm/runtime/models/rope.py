@@ -1,11 +1,12 @@
-"""Rotary tables from a Hugging Face config: the inverse frequencies come from transformers'
-own ``ROPE_INIT_FUNCTIONS`` (llama3, linear, yarn, longrope, ...), so a scaling type is
-computed exactly as the reference computes it. Only "default" is written here, because
-transformers keeps that one per model class.
+"""Rotary tables from a Hugging Face config: the inverse frequencies of "default", "linear" and
+"llama3" written here as transformers computes them (importing transformers costs a start
+~0.6 s), the others (yarn, longrope, dynamic, ...) from transformers' own
+``ROPE_INIT_FUNCTIONS``, so a scaling type is computed exactly as the reference computes it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,13 +32,13 @@ def per_layer_type(hf_config) -> bool:
 def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None,
                   **kwargs) -> tuple[torch.Tensor, float]:
     """Inverse frequencies ``[rotary_dim / 2]`` and the attention scaling of cos/sin for the
-    config's rope type/theta/scaling. ``kwargs`` go to transformers' init function (e.g.
-    ``seq_len`` for longrope's long factors)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
+    config's rope type/theta/scaling. "default", "linear" and "llama3" are computed here, op
+    for op as transformers' functions compute them (the same bits, tested); the others by
+    transformers' init function (``kwargs`` go to it, e.g. ``seq_len`` for longrope's long
+    factors), given transformers' own config (``FileConfig.hf``)."""
     params = rope_params(hf_config, layer_type)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
+    if rope_type in ("default", "linear", "llama3"):
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         head_dim = getattr(hf_config, "head_dim", None) or (
             hf_config.hidden_size // hf_config.num_attention_heads)
@@ -45,13 +46,34 @@ def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None
                              getattr(hf_config, "partial_rotary_factor", 1.0))
         dim = int(head_dim * partial)
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        if rope_type == "linear":
+            inv = inv / params["factor"]
+        elif rope_type == "llama3":
+            inv = _llama3(inv, params, hf_config.max_position_embeddings)
         return inv.to(device), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
     if layer_type is not None:
         kwargs["layer_type"] = layer_type
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device, **kwargs)
+    config = hf_config.hf() if callable(getattr(hf_config, "hf", None)) else hf_config
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device, **kwargs)
     return inv.float(), float(scaling)
+
+
+def _llama3(inv: torch.Tensor, params: dict, max_positions: int) -> torch.Tensor:
+    """Llama 3.1's scaling of the base frequencies ``inv`` (transformers'
+    ``_compute_llama3_parameters``, in its order of operations)."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old = params.get("original_max_position_embeddings", max_positions)
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 @dataclass
