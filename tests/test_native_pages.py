@@ -1,5 +1,6 @@
 """A file map's pages (radixlm/native/pages.py): populated in one call before the arena's
-copy reads them, given back after it; fresh memory populated before it is written."""
+copy reads them, given back after it; fresh memory populated before it is written; the
+arena on huge pages, moved there after it is written where the kernel can."""
 
 from __future__ import annotations
 
@@ -86,31 +87,79 @@ def test_populate_on_threads_maps_every_part_of_the_range(monkeypatch):
     m.close()
 
 
-def _thp_eligible(address: int) -> bool:
-    """``THPeligible`` of the mapping ``address`` lies in (/proc/self/smaps)."""
+def _smaps(address: int, field: str) -> list[str]:
+    """``field`` of the mapping ``address`` lies in (/proc/self/smaps): its words."""
     inside = False
     for line in open("/proc/self/smaps"):
         head = line.split()[0]
         if "-" in head and ":" not in head:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= address < hi
-        elif inside and head == "THPeligible:":
-            return line.split()[1] == "1"
+        elif inside and head == field + ":":
+            return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
-def test_the_arena_asks_for_huge_pages():
-    """The arena's range is THP-eligible wherever the kernel has THP on ("always" or
-    "madvise"); a plain private map of the same size is not where THP waits for madvise."""
-    from radixlm.native.ops import Arena
+def _thp_eligible(address: int) -> bool:
+    return _smaps(address, "THPeligible") == ["1"]
+
+
+def _q8_weight(rows: int):
     from radixlm.native.qweights import FMT_Q8, QWeight
 
+    rng = np.random.default_rng(1)
+    qs = rng.integers(-127, 128, (rows, 2048, 32), dtype=np.int8)  # rows x 64 KiB of Q8
+    return QWeight(FMT_Q8, qs, rng.random((rows, 2048)).astype(np.float16), None)
+
+
+def test_the_arena_ends_on_huge_pages():
+    """Where the kernel has MADV_COLLAPSE the arena is written on 4 KiB pages (no huge-page
+    advice, so no compaction at the first touch) and ``settle`` moves it onto 2 MiB pages
+    after: every chunk the kernel reports collapsed is in huge pages, the bytes unchanged.
+    Elsewhere the range is THP-eligible from the start wherever the kernel has THP on
+    ("always" or "madvise"); a plain private map of the same size is not where THP waits
+    for madvise."""
+    from radixlm.native.ops import Arena
+
     mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1][0]
-    qs = np.zeros((512, 2048, 32), dtype=np.int8)  # 32 MiB of Q8 rows, copied in
-    w = QWeight(FMT_Q8, qs, np.ones((512, 2048), np.float16), None)
+    w = _q8_weight(512)  # 32 MiB, copied in
     arena = Arena([w], lib=None)
-    assert _thp_eligible(arena._buf.ctypes.data) == (mode in "am")  # always / madvise
+    _, arrays = arena.place(w)
+    address = arena._buf.ctypes.data
+    if pages.can_collapse():
+        assert _smaps(address, "AnonHugePages") == ["0", "kB"]
+        assert "hg" not in _smaps(address, "VmFlags")  # (no MADV_HUGEPAGE)
+        before = [a.copy() for a in arrays]
+        thread = arena.settle()
+        thread.join()
+        assert 0 < arena.collapsed_bytes <= arena._span
+        assert int(_smaps(address, "AnonHugePages")[0]) * 1024 >= arena.collapsed_bytes
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
+    else:
+        assert arena.settle() is None
+        assert _thp_eligible(address) == (mode in "am")  # always / madvise
     plain = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)
     plain[0] = 1
-    address = np.frombuffer(plain, np.uint8).ctypes.data
-    assert _thp_eligible(address) == (mode == "a")
+    assert _thp_eligible(np.frombuffer(plain, np.uint8).ctypes.data) == (mode == "a")
+
+
+def test_collapse_stops_when_asked_and_keeps_the_bytes():
+    """``pages.collapse`` over a populated map: nothing once ``stop`` is set, and the bytes
+    of whatever it moved stay as they were."""
+    import threading
+
+    size = 8 << 20
+    m = mmap.mmap(-1, size + (2 << 20), flags=mmap.MAP_PRIVATE)
+    raw = np.frombuffer(m, dtype=np.uint8)
+    buf = raw[(-raw.ctypes.data) % (2 << 20):][:size]
+    buf[:] = np.random.default_rng(2).integers(0, 256, size, dtype=np.uint8)
+    want = buf.copy()
+    stop = threading.Event()
+    stop.set()
+    assert pages.collapse(buf.ctypes.data, size, stop) == 0
+    done = pages.collapse(buf.ctypes.data, size)
+    assert done % pages.COLLAPSE_CHUNK == 0 or done == size
+    assert done == 0 or pages.can_collapse()
+    assert np.array_equal(buf, want)
+    del buf, raw
+    m.close()

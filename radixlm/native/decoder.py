@@ -260,6 +260,7 @@ class NativeDecoder:
         self.final_norm = self._f32(model.norm)
         self._ws = torch.empty(0)
         self._head_ws = torch.empty(0)
+        self.arena.settle()  # (onto huge pages, beside the rest of the start)
 
     # ------------------------------------------------------------------ weights
     def _f32(self, t: torch.Tensor | None) -> int | None:

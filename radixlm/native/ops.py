@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 
 import numpy as np
 import torch
@@ -77,17 +78,40 @@ class Arena:
                    if not self.in_place(w) and not self.repacked(w))
         size += sum(self._padded(lib.rlm_kx_bytes(self._kx_fmt(w), w.n, w.k))
                     for w in weights if self.repacked(w))
-        # a private map on huge pages (``pages.huge``: a decode step streams all of it; an
-        # 8B's arena populate took 2.5-3.0 s on them against 0.7-1.0 s, compaction, on the
-        # Ice Lake VM); a shared map (shmem) fills at half the rate of a private one (10 GiB:
+        # a private map, on huge pages once settled (a decode step streams all of it; see
+        # ``settle``); a shared map (shmem) fills at half the rate of a private one (10 GiB:
         # 11.7-12.8 s against 5.3 s, Zen 4 VM)
         self._map = mmap.mmap(-1, size + 2 * self.HUGE, flags=mmap.MAP_PRIVATE)
         raw = np.frombuffer(self._map, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.HUGE
         self._buf, self._used = raw[start:start + size], 0
-        pages.huge(self._buf.ctypes.data, -(-size // self.HUGE) * self.HUGE)
+        self._span = -(-size // self.HUGE) * self.HUGE
+        self.collapsed_bytes = 0
+        self._later = pages.can_collapse()
+        if not self._later:  # (huge pages at the first touch: the kernel compacts first)
+            pages.huge(self._buf.ctypes.data, self._span)
         pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
                        threads=max(1, threads))
+
+    def settle(self) -> threading.Thread | None:
+        """Move the placed weights onto 2 MiB pages, on a thread of its own (returned; None
+        where there is nothing to do). A decode step streams every weight once, and on 4 KiB
+        pages pays a TLB miss every 4 KiB: a 1B Q4_K_M step 33.5-39.8 ms on 2 MiB pages
+        against 37.7-45.8 ms on 4 KiB ones, an 8B's 231-247 against 262-283 (Ice Lake VM,
+        alternating pairs). Asked for at the first touch (``pages.huge``), they cost the
+        start the kernel's compaction: the 1B's arena 0.9-1.7 s against 0.14-0.29 s on
+        4 KiB pages. So where the kernel has ``MADV_COLLAPSE`` the arena is written on 4 KiB
+        pages and moved here after (``pages.collapse``, beside the engine's first steps:
+        the same addresses and bytes); elsewhere it was on huge pages from the start. The
+        thread holds the arena until it is done."""
+        if not self._later or self._span == 0:
+            return None
+        thread = threading.Thread(target=self._collapse, name="radixlm-pages", daemon=True)
+        thread.start()
+        return thread
+
+    def _collapse(self) -> None:
+        self.collapsed_bytes = pages.collapse(self._buf.ctypes.data, self._span)
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:

@@ -9,6 +9,8 @@ alone. ``populate`` asks the kernel to map a range's pages in one call (``MADV_P
 for a file map about to be read, ``MADV_POPULATE_WRITE`` for fresh memory about to be
 written): on the 2-core VMs a page fault cost ~6 us, and faulting a 0.67 GB model in page by
 page (the file map read, the arena written) took 2.7 s of a 6 s load; populated, 0.4 s.
+``huge`` and ``collapse`` put the arena on 2 MiB pages: asked for before the first touch,
+or moved there after it where the kernel has ``MADV_COLLAPSE`` (``ops.Arena.settle``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 
 MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # <sys/mman.h> on Linux
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
+MADV_COLLAPSE = 25  # Linux 6.1+
+COLLAPSE_CHUNK = 32 << 20  # bytes a ``collapse`` call: the map's lock held that long at most
 PARALLEL_MIN = 64 << 20  # bytes a thread, at least, for ``populate`` to split a range
 
 
@@ -81,6 +85,44 @@ def huge(address: int, size: int) -> bool:
     0.5 s (0.7 GB) or 2 s (4.6 GB) where the kernel compacts memory first."""
     libc = _libc()
     return libc is not None and size > 0 and libc.madvise(address, size, MADV_HUGEPAGE) == 0
+
+
+@functools.lru_cache(maxsize=1)
+def can_collapse() -> bool:
+    """Whether this kernel takes ``MADV_COLLAPSE`` (tried once on a 2 MiB page of a map of
+    its own: EINVAL is a kernel without it, or with transparent huge pages off)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    with mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE) as probe:
+        raw = np.frombuffer(probe, dtype=np.uint8)
+        start = raw.ctypes.data + (-raw.ctypes.data) % (2 << 20)
+        ok = (populate(start, 2 << 20, write=True)
+              and (libc.madvise(start, 2 << 20, MADV_COLLAPSE) == 0
+                   or ctypes.get_errno() not in (22, 38)))  # EINVAL, ENOSYS
+        del raw
+    return ok
+
+
+def collapse(address: int, size: int, stop: threading.Event | None = None) -> int:
+    """Move ``[address, address + size)`` (populated, 2 MiB aligned) onto transparent huge
+    pages now, ``COLLAPSE_CHUNK`` bytes a call (``MADV_COLLAPSE``: the kernel copies each
+    2 MiB run of 4 KiB pages into a huge page; the addresses and the data stay). Returns the
+    bytes the kernel collapsed (a chunk it cannot, e.g. no free huge page to be had, stays on
+    4 KiB pages); stops early once ``stop`` is set. Where a start would otherwise wait for
+    the kernel to compact memory for huge pages at the first touch (``huge``), this lets the
+    weights be written on 4 KiB pages and moved after the engine is ready."""
+    libc = _libc()
+    done = 0
+    if libc is None or not can_collapse():
+        return 0
+    for lo in range(address, address + size, COLLAPSE_CHUNK):
+        if stop is not None and stop.is_set():
+            break
+        n = min(COLLAPSE_CHUNK, address + size - lo)
+        if libc.madvise(lo, n, MADV_COLLAPSE) == 0:
+            done += n
+    return done
 
 
 def populate(address: int, size: int, write: bool, threads: int = 1) -> bool:
