@@ -20,7 +20,9 @@ VmHWM at the end: resident pages, a memory-mapped file's included); radixlm's al
 ``cache_written_gib`` (what its load added to its cache folder, e.g. a converted copy, as
 the folder's growth: another process writing there meanwhile counts too; load with
 ``--prime-radixlm-cache`` to time a load after the cache is filled). The GGUF is read
-once before either starts, so both load from the page cache.
+once before either starts, so both load from the page cache. ``--starts N`` adds N more
+starts of each system after the rounds, alternating, each start to ready printed with the
+per-pair ratios (one start swings up to 2x on the VMs).
 
 Memory: a system whose estimate (file size + its KV cache + a runtime allowance) exceeds
 MemAvailable less ``--mem-reserve-gib`` is not started and is reported as not fitting;
@@ -319,6 +321,10 @@ def main() -> None:
     ap.add_argument("--mem-reserve-gib", type=float, default=1.5,
                     help="MemAvailable kept free: estimates are checked against it and the "
                          "guard stops the workers before it is reached")
+    ap.add_argument("--starts", type=int, default=0,
+                    help="after the rounds, start each system this many more times, "
+                         "alternating, and report each start to ready (one start swings "
+                         "up to 2x on the VMs)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.llama_extra_bufts = extra_bufts_on(args.llama_extra_bufts)
@@ -371,11 +377,25 @@ def run(args) -> int:
             state["first_load"] = primer.close()
         for group in groups:
             run_group(args, gguf, group, dict(zip(names, modes)), guard, state)
+        if args.starts:
+            state["starts"] = time_starts(args, gguf, [n for g in groups for n in g],
+                                          dict(zip(names, modes)), guard)
     except WorkerGone as e:
         state["status"] = str(e)
         print(f"stopped: {e}", flush=True)
     report(args, state)
     return 0 if state["status"] == "ok" and not unfit else 3
+
+
+def time_starts(args, gguf: str, systems: list[str], modes: dict[str, str],
+                guard: MemoryGuard) -> dict[str, list[float]]:
+    """``args.starts`` starts of each system, alternating: start to ready, seconds."""
+    out: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(args.starts):
+        for name in systems:
+            worker = Worker(name, _argv(args, name, gguf, modes.get(name, "auto")), guard)
+            out[name].append(worker.close()["start_to_ready_s"])
+    return out
 
 
 def _read_through(path: str) -> int:
@@ -505,6 +525,12 @@ def report(args, state: dict) -> None:
               f"{first['peak_rss_gib']:.2f} GiB")
     for name in names or ran:
         _table(results, state, name, keys, both)
+    for name, times in state.get("starts", {}).items():
+        ratios = ("; radixlm / llama.cpp per pair " + " ".join(
+            f"{a / b:.2f}" for a, b in zip(times, state["starts"]["llama_cpp"], strict=True))
+            if name != "llama_cpp" and "llama_cpp" in state["starts"] else "")
+        print(f"{name} starts to ready, s: " + " ".join(f"{t:.2f}" for t in times)
+              + f" (median {statistics.median(times):.2f}){ratios}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 
