@@ -11,7 +11,9 @@ engine's own stage functions wrapped by timers, on two threads as the engine run
   (the GGUF header walk and the config: ``load_hf_config``), ``runner`` (``ModelRunner``: the
   KV pool, the arena, every weight placed), of it ``arena`` (the map made and populated) and
   ``place`` (the weights copied or repacked in, summed), then ``scheduler`` and ``gc_freeze``;
-* the engine's setup threads: ``tokenizer`` (``load_tokenizer``, beside ``runner``) and
+* the engine's setup threads: ``vocabulary`` (``checked_vocabulary``: a GGUF's byte-level
+  vocabulary built and checked before ``runner`` starts), ``tokenizer`` (``load_tokenizer``
+  on it, beside ``runner``) and
   ``grammar`` (``grammar_setup.make_backend``: made after ready, not part of it; llguidance's
   tokenizer tables, which ``warm`` makes after that, not counted).
 
@@ -58,8 +60,9 @@ from radixlm.native import ops
 from radixlm.runtime import engine as E
 stages["imports"] = time.perf_counter() - t
 from radixlm.runtime import grammar_setup as G
-for name, attr in (("config", "load_hf_config"), ("tokenizer", "load_tokenizer"),
-                   ("runner", "ModelRunner"), ("scheduler", "Scheduler")):
+for name, attr in (("config", "load_hf_config"), ("vocabulary", "checked_vocabulary"),
+                   ("tokenizer", "load_tokenizer"), ("runner", "ModelRunner"),
+                   ("scheduler", "Scheduler")):
     setattr(E, attr, timed(name, getattr(E, attr)))
 G.make_backend = timed("grammar", G.make_backend)
 envs.freeze_gc = timed("gc_freeze", envs.freeze_gc)
@@ -73,7 +76,7 @@ print("STAGES " + json.dumps(stages), flush=True)
 os._exit(0)
 """
 
-ORDER = ("imports", "config", "tokenizer", "grammar", "runner", "arena", "place",
+ORDER = ("imports", "config", "vocabulary", "tokenizer", "grammar", "runner", "arena", "place",
          "scheduler", "gc_freeze", "construct", "ready")
 
 

@@ -453,6 +453,26 @@ def _reference_config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
+def test_an_engine_refuses_a_bad_merge_before_it_allocates(tmp_path, monkeypatch):
+    """A byte-level vocabulary's damaged merge is found on the setup thread before the
+    runner starts (the backend is built first, without transformers): a ValueError naming
+    the file and the merge, and no runner made, nothing allocated for the weights."""
+    import sys
+
+    import radixlm.runtime.engine as engine_module
+
+    tokens, types, merges, template = _byte_vocab()
+    damaged = [*merges[:5], "Ġ t he", *merges[5:]]
+    monkeypatch.setattr(sys.modules[__name__], "_byte_vocab",
+                        lambda: (tokens, types, damaged, template))
+    path = _write(tmp_path / "bad-merge.gguf")
+    made = []
+    monkeypatch.setattr(engine_module, "ModelRunner", lambda *a, **k: made.append(a))
+    with pytest.raises(ValueError, match=r"bad-merge\.gguf.*'Ġ t he': not two tokens"):
+        engine_module.Engine(str(path), log_level="warning")
+    assert made == []
+
+
 # ---- tensors against the config ----------------------------------------------------------
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
     path = _write(tmp_path / "a.gguf", arch="gpt2")

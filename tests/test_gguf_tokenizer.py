@@ -54,8 +54,13 @@ def _same(ours, theirs) -> None:
 
 
 def test_the_tables_are_transformers_own():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as theirs
+
+    from radixlm.native.gguf_tokenizer import bytes_to_unicode
+
     assert SPLITS == GGUF_PRE_TOKENIZER_SPLITS
     assert RENAMES == GGUF_TOKENIZER_MAPPING
+    assert list(bytes_to_unicode().items()) == list(theirs().items())
 
 
 @pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "qwen35", "tekken", "gpt-4o",
@@ -101,16 +106,17 @@ def test_a_byte_level_vocabulary_without_merges_is_refused():
 
 
 def test_a_vocabulary_without_endoftext_keeps_its_size_in_the_engines_tokenizer():
-    """The tokenizer the engine makes (``_tokenizer_parts``' class around the backend) of a
-    vocabulary without ``<|endoftext|>``: as many tokens as the file, that text in them."""
-    from radixlm.native.gguf_model import GGUFModelInfo, _tokenizer_parts
+    """The tokenizer the engine makes (``new_tokenizer``) of a vocabulary without
+    ``<|endoftext|>``: as many tokens as the file, that text in them."""
+    import dataclasses
+
+    from radixlm.native.gguf_model import GGUFModelInfo
 
     info = GGUFModelInfo.from_path(EMBEDDED)
     tokens = list(info.metadata["tokenizer.ggml.tokens"])
     tokens[0] = "<pad>"  # the embedded vocabulary's <|endoftext|> (id 0), renamed
-    meta = dict(info.metadata, **{"tokenizer.ggml.tokens": tokens})
-    cls, backend, kwargs = _tokenizer_parts(meta, "llama", info.config, EMBEDDED)
-    tokenizer = cls(tokenizer_object=backend, added_tokens_decoder={}, **kwargs)
+    tokenizer = dataclasses.replace(info, metadata=dict(
+        info.metadata, **{"tokenizer.ggml.tokens": tokens})).new_tokenizer()
     assert len(tokenizer) == len(tokens)
     ids = tokenizer("x <|endoftext|> y", add_special_tokens=False).input_ids
     assert max(ids) < len(tokens) and tokenizer.decode(ids) == "x <|endoftext|> y"
@@ -120,14 +126,18 @@ def test_a_vocabulary_without_endoftext_keeps_its_size_in_the_engines_tokenizer(
 def test_a_merge_that_is_not_two_tokens_is_refused_by_name(merge):
     """A damaged merges list (a pair that is not two of the vocabulary's tokens) is a
     ValueError naming the file and the merge, not the tokenizers library's TypeError."""
-    from radixlm.native.gguf_model import GGUFModelInfo, _tokenizer_parts
+    import dataclasses
+
+    from radixlm.native.gguf_model import GGUFModelInfo
 
     info = GGUFModelInfo.from_path(EMBEDDED)
     merges = list(info.metadata["tokenizer.ggml.merges"])
     merges[7] = merge
-    meta = dict(info.metadata, **{"tokenizer.ggml.merges": merges})
-    with pytest.raises(ValueError, match=f"{EMBEDDED.name}.*{merge!r}: not two tokens"):
-        _tokenizer_parts(meta, "llama", info.config, EMBEDDED)
+    damaged = dataclasses.replace(info, metadata=dict(
+        info.metadata, **{"tokenizer.ggml.merges": merges}))
+    for build in (damaged.new_backend, damaged.new_tokenizer):
+        with pytest.raises(ValueError, match=f"{EMBEDDED.name}.*{merge!r}: not two tokens"):
+            build()
 
 
 def test_a_llama_gguf_start_imports_no_model_package():

@@ -78,17 +78,29 @@ class GGUFModelInfo:
         edit)."""
         return self.new_tokenizer()
 
-    def new_tokenizer(self):
-        """A transformers tokenizer of the caller's own, on a backend built for it from this
-        walk's metadata (``_tokenizer_parts``: ~0.2 s for a 49k vocabulary, ~0.5 s for 128k;
-        the engine makes it on the thread that runs beside the weights' loading; the header
-        walk checked what it reads). ``TokenizersBackend`` deep-copies the
+    def new_backend(self):
+        """The vocabulary's ``tokenizers`` backend where radixlm builds it (a byte-level one,
+        ``gguf_tokenizer.byte_level_backend``: no transformers imported, ~0.2 s for 49k
+        tokens), else None (transformers' converter builds it in ``new_tokenizer``).
+        ``ValueError`` names a merge that is not two tokens of the vocabulary making a
+        third: the engine builds this before its runner allocates anything."""
+        tokenizer_dict, _ = _tokenizer_inputs(self.metadata, self.path)
+        if tokenizer_dict.get("tokenizer_type") != "gpt2" or "merges" not in tokenizer_dict:
+            return None
+        try:
+            return byte_level_backend(tokenizer_dict)
+        except ValueError as exc:
+            raise ValueError(f"{self.path}: {exc}") from exc
+
+    def new_tokenizer(self, backend=None):
+        """A transformers tokenizer of the caller's own, on ``backend`` (``new_backend``'s,
+        handed over; built here if None). ``TokenizersBackend`` deep-copies the
         ``tokenizer_object`` it is given (as long again as the build): it gets this one as
         its own copy (``_Handover``)."""
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
         cls, backend, kwargs = _tokenizer_parts(self.metadata, self.architecture, self.config,
-                                                self.path)
+                                                self.path, backend or self.new_backend())
         given = _Handover(backend) if cls is TokenizersBackend else backend
         return cls(tokenizer_object=given, added_tokens_decoder={}, **kwargs)
 
@@ -344,21 +356,17 @@ class _Handover:
         return self._backend
 
 
-def _tokenizer_parts(meta: dict, arch: str, config, path: Path) -> tuple:
+def _tokenizer_parts(meta: dict, arch: str, config, path: Path, backend) -> tuple:
     """``(class, backend, keywords)`` of transformers' GGUF tokenizer from this walk's
-    metadata: the backend ``convert_gguf_tokenizer`` builds (a byte-level vocabulary's built
-    here the same way, ``gguf_tokenizer``: no import of transformers' model packages), the
-    class ``AutoTokenizer`` picks for the config (none for the Llama config radixlm declares:
-    ``TokenizersBackend``), the keywords it is made with (``GGUFModelInfo.new_tokenizer``)."""
+    metadata: ``backend`` (``GGUFModelInfo.new_backend``'s) or, where that is None, the one
+    ``convert_gguf_tokenizer`` builds; the class ``AutoTokenizer`` picks for the config
+    (none for Llama's: ``TokenizersBackend``), the keywords it is made with
+    (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     tokenizer_dict, tokenizer_config = _tokenizer_inputs(meta, path)
-    if tokenizer_dict.get("tokenizer_type") == "gpt2" and "merges" in tokenizer_dict:
-        try:
-            backend, extra = byte_level_backend(tokenizer_dict), {}
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
-    else:
+    extra = {}
+    if backend is None:
         from transformers.integrations.gguf import convert_gguf_tokenizer
 
         backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)

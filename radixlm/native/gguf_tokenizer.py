@@ -92,7 +92,6 @@ def byte_level_backend(tokenizer_dict: dict):
     of the vocabulary making a third. Returns a ``tokenizers.Tokenizer``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     if "merges" not in tokenizer_dict:
         raise ValueError("a byte-level (gpt2) GGUF vocabulary without tokenizer.ggml.merges")
@@ -130,6 +129,17 @@ def byte_level_backend(tokenizer_dict: dict):
                         for t, kind in zip(tokens, types)
                         if kind == _USER_DEFINED and t in vocab])
     return backend
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> character table: printable bytes stand for themselves, the others
+    for the characters from U+0100 on, in byte order (transformers' ``bytes_to_unicode``,
+    equal in a test)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table = {b: chr(b) for b in kept}
+    moved = [b for b in range(256) if b not in table]
+    return table | {b: chr(256 + i) for i, b in enumerate(moved)}
 
 
 def _refuse_merges(merges: list[tuple], vocab: dict[str, int], exc: Exception) -> None:

@@ -11,6 +11,7 @@ import queue
 import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from radixlm import envs
@@ -26,6 +27,7 @@ from radixlm.runtime.request_rules import fan_out_samples, fit_max_new_tokens
 from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
 from radixlm.runtime.scheduler import Scheduler
 from radixlm.runtime.weights import (
+    checked_vocabulary,
     generation_eos_ids,
     load_hf_config,
     load_tokenizer,
@@ -168,11 +170,20 @@ def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _text_side(config: EngineConfig, model_path, hf_config) -> tuple:
+def _text_side(config: EngineConfig, model_path, hf_config, checked: Future) -> tuple:
     """The engine's tokenizer (its chat template as configured) and its end-of-turn ids:
     made on a thread of their own while the weights load (a GGUF's vocabulary ~0.3-0.5 s;
-    the weights are mostly C code, the GIL released)."""
-    tokenizer = load_tokenizer(config.tokenizer_path or model_path)
+    the weights are mostly C code, the GIL released). ``checked`` is done once what of the
+    vocabulary can be checked first is (a GGUF's merges, ``checked_vocabulary``): its
+    exception the ValueError that refuses the file before anything is allocated."""
+    path = config.tokenizer_path or model_path
+    try:
+        backend = checked_vocabulary(path)
+    except BaseException as exc:
+        checked.set_exception(exc)
+        raise
+    checked.set_result(None)
+    tokenizer = load_tokenizer(path, backend)
     if config.chat_template is not None:
         tokenizer.chat_template = load_chat_template(config.chat_template)
     return tokenizer, _eos_ids(tokenizer, hf_config, model_path)
@@ -196,7 +207,9 @@ class Engine:
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
                                self.hf_config.max_position_embeddings)
-        text = in_background(_text_side, self.config, self.model_path, self.hf_config)
+        checked: Future = Future()
+        text = in_background(_text_side, self.config, self.model_path, self.hf_config, checked)
+        checked.result()  # (a damaged vocabulary refused before the runner allocates)
         # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
         self.runner = ModelRunner(self.config, self.model_path, self.context_len)
         try:

@@ -111,10 +111,16 @@ def gguf_hf_config(path):
     return copy.deepcopy(gguf_info(path).config)
 
 
-def gguf_tokenizer(path):
+def gguf_tokenizer(path, backend=None):
     """The transformers tokenizer (with chat template) from the file's metadata (the
-    caller's own: built anew from the cached backend, no copy of a built one)."""
-    return gguf_info(path).new_tokenizer()
+    caller's own, on ``backend``: ``gguf_backend``'s, handed over; else built anew)."""
+    return gguf_info(path).new_tokenizer(backend)
+
+
+def gguf_backend(path):
+    """The file's byte-level vocabulary built and checked without transformers
+    (``GGUFModelInfo.new_backend``; None for the other kinds). ValueError names a bad merge."""
+    return gguf_info(path).new_backend()
 
 
 def gguf_eos_ids(path) -> list[int]:

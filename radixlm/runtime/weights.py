@@ -26,6 +26,7 @@ from radixlm import envs
 from radixlm.runtime.gguf_load import (
     GGUF_TO_HF,
     dequantized_state,
+    gguf_backend,
     gguf_eos_ids,
     gguf_hf_config,
     gguf_tokenizer,
@@ -193,14 +194,23 @@ def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
     return out
 
 
-def load_tokenizer(model: str | Path = DEFAULT_MODEL):
-    """The transformers tokenizer (with chat template) of ``model``."""
+def load_tokenizer(model: str | Path = DEFAULT_MODEL, backend=None):
+    """The transformers tokenizer (with chat template) of ``model``; a GGUF's on
+    ``backend`` where given (``checked_vocabulary``'s)."""
     path = model if isinstance(model, Path) else resolve_model(model)
     if is_gguf(path):
-        return gguf_tokenizer(path)
+        return gguf_tokenizer(path, backend)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def checked_vocabulary(model: str | Path):
+    """What of ``model``'s vocabulary can be built and checked without transformers: a GGUF's
+    byte-level one (``gguf_backend``: ValueError names a bad merge), for ``load_tokenizer``
+    to take; None for the rest."""
+    path = model if isinstance(model, Path) else resolve_model(model)
+    return gguf_backend(path) if is_gguf(path) else None
 
 
 def load_hf_config(model_dir: Path, text_only: bool = True):
