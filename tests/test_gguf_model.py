@@ -473,6 +473,28 @@ def test_an_engine_refuses_a_bad_merge_before_it_allocates(tmp_path, monkeypatch
     assert made == []
 
 
+def test_a_llama_gguf_converts_to_a_transformers_directory(tmp_path):
+    """The test reference's conversion (``weights._convert_gguf``) of a Llama file, whose
+    config radixlm builds without transformers: transformers reads the directory's config
+    back equal to its own GGUF reader's, and the model's logits come out of it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from radixlm.runtime.weights import _convert_gguf
+
+    path = _write(tmp_path / "tiny.gguf")
+    out = tmp_path / "hf"
+    out.mkdir()
+    _convert_gguf(path, out)
+    saved = AutoConfig.from_pretrained(out).to_dict()
+    reference = _reference_config(path).to_dict()
+    for skip in ("_name_or_path", "transformers_version", "dtype", "architectures"):
+        saved.pop(skip, None), reference.pop(skip, None)
+    assert saved == reference
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, saved["vocab_size"])
+
+
 # ---- tensors against the config ----------------------------------------------------------
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
     path = _write(tmp_path / "a.gguf", arch="gpt2")

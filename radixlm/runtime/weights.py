@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from radixlm import envs
+from radixlm.native.file_config import FileConfig
 from radixlm.runtime.gguf_load import (
     GGUF_TO_HF,
     dequantized_state,
@@ -117,6 +118,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     config = gguf_hf_config(gguf_path)
+    if isinstance(config, FileConfig):  # (transformers' own object: it is saved)
+        config = config.hf()
     tensors = dequantized_state(gguf_path, config)
     if "lm_head.weight" in tensors:
         config.tie_word_embeddings = False
