@@ -62,6 +62,8 @@ _FAMILY = {
     "qwen3": _QWEN | {"head_dim": 128, "attention_bias": False},
 }
 FAMILIES = frozenset(_FAMILY)
+_COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+           "num_attention_heads")
 _DEFAULT_THETA = 10000.0
 _NUMBERS = (int, float)
 
@@ -87,31 +89,31 @@ class FileConfig:
 
     def _derive(self, theta) -> None:
         """The class's ``__post_init__``: derived fields and its shape check."""
-        if self.num_attention_heads <= 0:
-            raise ValueError(f"config field num_attention_heads is {self.num_attention_heads}, "
-                             "not positive")
+        for key in _COUNTS:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"config field {key} is {getattr(self, key)}, not positive")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        elif self.num_key_value_heads <= 0:
+            raise ValueError(f"config field num_key_value_heads is "
+                             f"{self.num_key_value_heads}, not positive")
         if self.model_type == "llama":
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(f"The hidden size ({self.hidden_size}) is not a multiple of "
+                                 f"the number of attention heads ({self.num_attention_heads}).")
             if self.head_dim is None:
                 self.head_dim = self.hidden_size // self.num_attention_heads
         else:  # Qwen 2 / 3
             self.sliding_window = self.sliding_window if self.use_sliding_window else None
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.model_type != "llama" and self.layer_types is None:
-            self.layer_types = ["sliding_attention"
-                                if self.sliding_window is not None and i >= self.max_window_layers
-                                else "full_attention" for i in range(self.num_hidden_layers)]
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "num_key_value_heads"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"config field {key} is {getattr(self, key)}, not positive")
+            if self.layer_types is None:
+                self.layer_types = [
+                    "sliding_attention" if self.sliding_window is not None
+                    and i >= self.max_window_layers else "full_attention"
+                    for i in range(self.num_hidden_layers)]
         params = self.rope_parameters if self.rope_parameters is not None else {}
         params.setdefault("rope_theta", theta)
         params.setdefault("rope_type", params.get("type", "default"))
         self.rope_parameters = params
-        if self.model_type == "llama" and self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(f"The hidden size ({self.hidden_size}) is not a multiple of the "
-                             f"number of attention heads ({self.num_attention_heads}).")
 
     def to_dict(self) -> dict:
         """transformers' ``to_dict`` of the same config, less ``transformers_version``."""
@@ -140,7 +142,7 @@ class FileConfig:
 def _check_kind(key: str, value, default) -> None:
     """``value`` is of the kind of its field's default (ints for counts, numbers for the
     rest of the numeric fields, booleans for switches); ``ValueError`` names it."""
-    if isinstance(default, bool) or default is None and key == "tie_word_embeddings":
+    if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int) or key in ("head_dim", "num_key_value_heads"):
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (

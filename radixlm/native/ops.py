@@ -87,8 +87,8 @@ class Arena:
         self._buf, self._used = raw[start:start + size], 0
         self._span = -(-size // self.HUGE) * self.HUGE
         self.collapsed_bytes = 0
-        self._later = pages.can_collapse()
-        if not self._later:  # (huge pages at the first touch: the kernel compacts first)
+        self._collapse_after = pages.can_collapse()
+        if not self._collapse_after:  # (huge pages at the first touch: the kernel compacts first)
             pages.huge(self._buf.ctypes.data, self._span)
         pages.populate(self._buf.ctypes.data, size, write=True,  # all of it is written next
                        threads=max(1, threads))
@@ -104,7 +104,7 @@ class Arena:
         pages and moved here after (``pages.collapse``, beside the engine's first steps:
         the same addresses and bytes); elsewhere it was on huge pages from the start. The
         thread holds the arena until it is done."""
-        if not self._later or self._span == 0:
+        if not self._collapse_after or self._span == 0:
             return None
         thread = threading.Thread(target=self._collapse, name="radixlm-pages", daemon=True)
         thread.start()

@@ -173,9 +173,10 @@ def _eos_ids(tokenizer, hf_config, model_path) -> frozenset[int]:
 def _text_side(config: EngineConfig, model_path, hf_config, checked: Future) -> tuple:
     """The engine's tokenizer (its chat template as configured) and its end-of-turn ids:
     made on a thread of their own while the weights load (a GGUF's vocabulary ~0.3-0.5 s;
-    the weights are mostly C code, the GIL released). ``checked`` is done once what of the
-    vocabulary can be checked first is (a GGUF's merges, ``checked_vocabulary``): its
-    exception the ValueError that refuses the file before anything is allocated."""
+    the weights are mostly C code, the GIL released). ``checked`` completes once the
+    vocabulary's early check has run (a GGUF's byte-level vocabulary built, its merges
+    checked: ``checked_vocabulary``), with the ValueError where it refused the file: the
+    engine waits for it before its runner allocates anything."""
     path = config.tokenizer_path or model_path
     try:
         backend = checked_vocabulary(path)

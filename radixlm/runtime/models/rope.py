@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.native.file_config import FileConfig
+
 
 def rope_params(hf_config, layer_type: str | None = None) -> dict:
     """The rope parameter dict of the config (of ``layer_type`` for configs that keep one
@@ -57,7 +59,7 @@ def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None
         raise ValueError(f"rope type {rope_type!r} is not supported")
     if layer_type is not None:
         kwargs["layer_type"] = layer_type
-    config = hf_config.hf() if callable(getattr(hf_config, "hf", None)) else hf_config
+    config = hf_config.hf() if isinstance(hf_config, FileConfig) else hf_config
     inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device, **kwargs)
     return inv.float(), float(scaling)
 
