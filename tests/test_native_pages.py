@@ -163,3 +163,27 @@ def test_collapse_stops_when_asked_and_keeps_the_bytes():
     assert np.array_equal(buf, want)
     del buf, raw
     m.close()
+
+
+def test_the_arena_moves_its_pages_at_the_lowest_priority(monkeypatch):
+    """``settle``'s thread runs at nice 19 (the engine's first steps go first) and is given
+    the arena's whole 2 MiB-rounded span."""
+    import os
+    import threading
+
+    from radixlm.native.ops import Arena
+
+    seen = []
+
+    def record(address, size, stop=None):
+        seen.append((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), address, size))
+        return size
+
+    monkeypatch.setattr(pages, "can_collapse", lambda: True)
+    monkeypatch.setattr(pages, "collapse", record)
+    w = _q8_weight(40)  # 2.5 MiB: a span of two huge pages
+    arena = Arena([w], lib=None)
+    arena.place(w)
+    arena.settle().join()
+    assert seen == [(19, arena._buf.ctypes.data, 4 << 20)]
+    assert arena.collapsed_bytes == 4 << 20
