@@ -187,3 +187,31 @@ def test_the_arena_moves_its_pages_at_the_lowest_priority(monkeypatch):
     arena.settle().join()
     assert seen == [(19, arena._buf.ctypes.data, 4 << 20)]
     assert arena.collapsed_bytes == 4 << 20
+
+
+def test_the_move_stops_once_the_arena_is_let_go(monkeypatch):
+    """``settle``'s thread holds no reference to the arena: letting the arena go sets the
+    move's ``stop`` (and frees the memory), whatever is left of the move."""
+    import gc
+    import threading
+
+    from radixlm.native.ops import Arena
+
+    started, stopped = threading.Event(), []
+
+    def slow(address, size, stop=None):
+        started.set()
+        stopped.append(stop.wait(timeout=10))
+        return 0
+
+    monkeypatch.setattr(pages, "can_collapse", lambda: True)
+    monkeypatch.setattr(pages, "collapse", slow)
+    w = _q8_weight(40)
+    arena = Arena([w], lib=None)
+    arena.place(w)
+    thread = arena.settle()
+    assert started.wait(timeout=10)
+    del arena
+    gc.collect()
+    thread.join(timeout=10)
+    assert stopped == [True]

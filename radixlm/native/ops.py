@@ -7,6 +7,7 @@ import ctypes
 import mmap
 import os
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -106,19 +107,17 @@ class Arena:
         a thread at the lowest priority (nice 19), so the engine's first steps go first: a
         first 48-token request right after a 1B start took 2.9-3.6 s with it as without it,
         3.4-4.0 s at the default priority; the 650 MiB were moved within 4 s. Elsewhere the
-        arena was on huge pages from the start. The thread holds the arena until done."""
+        arena was on huge pages from the start. The thread does not keep the arena: once it
+        is let go the move stops at the next chunk (``pages.collapse``'s ``stop``)."""
         if not self._collapse_after or self._span == 0:
             return None
-        thread = threading.Thread(target=self._collapse, name="radixlm-pages", daemon=True)
+        stop = threading.Event()
+        weakref.finalize(self, stop.set)  # (the arena let go: the move stops)
+        thread = threading.Thread(target=_collapse, name="radixlm-pages", daemon=True,
+                                  args=(weakref.ref(self), self._buf.ctypes.data, self._span,
+                                        stop))
         thread.start()
         return thread
-
-    def _collapse(self) -> None:
-        try:  # (Linux: a thread's own nice; the kernel's copying runs at it)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
-        self.collapsed_bytes = pages.collapse(self._buf.ctypes.data, self._span)
 
     @staticmethod
     def arrays(w: QWeight) -> list[np.ndarray]:
@@ -245,6 +244,18 @@ class Arena:
         self._used += self._padded(nbytes)
         self.repacked_bytes += nbytes
         return _qmat(w, [], dst), []
+
+
+def _collapse(arena: weakref.ref, address: int, span: int, stop: threading.Event) -> None:
+    """``Arena.settle``'s thread: the arena's span onto huge pages at nice 19."""
+    try:  # (Linux: a thread's own nice; the kernel's copying runs at it)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError:
+        pass
+    done = pages.collapse(address, span, stop)
+    held = arena()
+    if held is not None:
+        held.collapsed_bytes = done
 
 
 def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
