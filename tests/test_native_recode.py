@@ -88,15 +88,15 @@ def test_iq4_xs_holds_the_files_values_under_fp16_block_scales():
 @needs_compiler
 @pytest.mark.parametrize("type_name", ["IQ4_NL", "IQ4_XS"])
 def test_the_librarys_iq4_values_are_the_numpy_rule(type_name):
-    """``rlm_iq4_values`` (csrc/recode.c) writes numpy's values and ``rlm_iq4xs_split``
-    IQ4_XS's nibbles and numpy's scales (rounded alike), alone and split over teams of 2
+    """``rlm_iq4_values`` (csrc/recode.c) writes numpy's values and ``rlm_iq4xs_scales``
+    numpy's IQ4_XS scales (rounded alike), alone and split over teams of 2
     and 3 threads (13 rows: unequal parts)."""
     raw = _raw(type_name, 13, 1024, seed=8)
     expected = recode.iq4_values_numpy(type_name, raw).reshape(13, -1, 32)
     blocks = raw.reshape(-1, recode.PENDING[type_name][0])
     for threads in (1, 2, 3):
         assert np.array_equal(recode.iq4_as_q8_0(type_name, raw, threads)[0], expected)
-        if type_name == "IQ4_XS":  # (``rlm_iq4xs_split``: the scales and the nibbles)
+        if type_name == "IQ4_XS":  # (``rlm_iq4xs_scales``; the nibbles a copy)
             scales = recode.iq4_scales(type_name, blocks, threads)
             assert np.array_equal(scales.view(np.uint16),
                                   recode.iq4_xs_scales_numpy(blocks).view(np.uint16))

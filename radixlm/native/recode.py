@@ -132,33 +132,16 @@ def iq4_nibbles(type_name: str, raw: np.ndarray, threads: int = 1) -> tuple[np.n
                                                                              np.ndarray]:
     """IQ4_NL / IQ4_XS rows ``[n, nb * 18 | 136]`` as their nibbles ``[n, k/32, 16]`` (byte j:
     element j low, 16 + j high, indices into ``IQ4_GRID``) and the fp16 scales of
-    ``iq4_as_q8_0`` ``[n, k/32]``: IQ4_NL's both views of the file's blocks, IQ4_XS's copies
-    (the library's ``rlm_iq4xs_split`` on ``threads`` where built)."""
-    from radixlm.native import build
-
+    ``iq4_as_q8_0`` ``[n, k/32]`` (``iq4_scales`` on ``threads``): IQ4_NL's both views of
+    the file's blocks, IQ4_XS's nibbles a copy."""
     size = PENDING[type_name][0]
     b = check_rows(raw, size, type_name)
     n, at = raw.shape[0], _IQ4_QS[type_name][0]
     if type_name == "IQ4_NL":
         blocks = raw.reshape(n, -1, size)
         return blocks[..., at:], blocks[..., :2].view(np.float16)[..., 0]
-    if (lib := build.load()) is None:
-        return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
-                iq4_scales(type_name, b).reshape(n, -1))
-    qs, scales = _iq4xs_split(lib, b, threads, nibbles=True)
-    return qs.reshape(n, -1, 16), scales.reshape(n, -1)
-
-
-def _iq4xs_split(lib, b: np.ndarray, threads: int,
-                 nibbles: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
-    """IQ4_XS super-blocks ``b`` ``[nb, 136]`` as their nibbles ``[nb, 128]`` (with
-    ``nibbles``, else None) and fp16 block scales ``[nb * 8]`` (``rlm_iq4xs_split``'s fp32,
-    rounded here)."""
-    qs = np.empty((b.shape[0], 128), np.uint8) if nibbles else None
-    scales = np.empty(b.shape[0] * 8, np.float32)
-    lib.rlm_iq4xs_split(b.ctypes.data, b.shape[0], None if qs is None else qs.ctypes.data,
-                        scales.ctypes.data, threads)
-    return qs, _fp16_scales(scales)
+    return (np.ascontiguousarray(b[:, at:]).reshape(n, -1, 16),
+            iq4_scales(type_name, b, threads).reshape(n, -1))
 
 
 def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
@@ -170,14 +153,16 @@ def iq4_values_numpy(type_name: str, raw: np.ndarray) -> np.ndarray:
 
 def iq4_scales(type_name: str, b: np.ndarray, threads: int = 1) -> np.ndarray:
     """The fp16 scale of each block of 32 of IQ4 blocks ``b`` ``[nb, bytes]`` (IQ4_XS's: the
-    library's ``rlm_iq4xs_split`` where built, else ``iq4_xs_scales_numpy``)."""
+    library's ``rlm_iq4xs_scales`` where built, else ``iq4_xs_scales_numpy``)."""
     from radixlm.native import build
 
     if type_name == "IQ4_NL":
         return b[:, :2].copy().view(np.float16).reshape(-1)
     if (lib := build.load()) is None:
         return iq4_xs_scales_numpy(b)
-    return _iq4xs_split(lib, b, threads)[1]
+    scales = np.empty(b.shape[0] * 8, np.float32)
+    lib.rlm_iq4xs_scales(b.ctypes.data, b.shape[0], scales.ctypes.data, threads)
+    return _fp16_scales(scales)
 
 
 def _fp16_scales(scales: np.ndarray) -> np.ndarray:

@@ -99,7 +99,6 @@ void rlm_iq4_values(const uint8_t *src, int64_t nblocks, int32_t block_bytes, in
 typedef struct {
     const uint8_t *src;
     int64_t nsb;
-    uint8_t *qs;
     float *scales;
 } Iq4xsJob;
 
@@ -114,15 +113,12 @@ static void iq4xs_job(void *ctx, int tid, int nth) {
             const int ls = ((p[4 + b / 2] >> (4 * (b % 2))) & 15) | (((high >> (2 * b)) & 3) << 4);
             j->scales[8 * s + b] = d * (float)(ls - 32); /* (exact in fp32) */
         }
-        if (j->qs) memcpy(j->qs + 128 * s, p + 8, 128);
     }
 }
 
-/* nsb IQ4_XS super-blocks at src split into their nibbles (qs: nsb x 128 bytes, block b's 16
- * at 16 b; NULL: the scales alone) and each block of 32's scale d (ls - 32) in fp32 (scales:
- * nsb x 8), over the team of nthreads. */
-void rlm_iq4xs_split(const uint8_t *src, int64_t nsb, uint8_t *qs, float *scales,
-                     int32_t nthreads) {
-    Iq4xsJob j = {src, nsb, qs, scales};
+/* Each block of 32's scale d (ls - 32) in fp32 (scales: nsb x 8) of the nsb IQ4_XS
+ * super-blocks at src, over the team of nthreads. */
+void rlm_iq4xs_scales(const uint8_t *src, int64_t nsb, float *scales, int32_t nthreads) {
+    Iq4xsJob j = {src, nsb, scales};
     run_parallel(iq4xs_job, &j, nthreads < 1 ? 1 : nthreads);
 }
