@@ -33,6 +33,9 @@ generated is valid, some valid values are never generated):
   objects with ``allOf`` / ``$ref`` beside their properties (closing those could empty the
   language).
 
+Last, subschemas that occur twice or more are moved to ``$defs`` and referenced, so that
+llguidance builds each once (``llg_share``).
+
 The ``oneOf`` rewrite is in ``llg_oneof``, the ``not`` forms in ``llg_negation``; what both
 backends know about schemas (types, value sets, ``$ref``, disjointness) in ``analysis``.
 """
@@ -56,6 +59,7 @@ from radixlm.constraints.schema.analysis import (
 )
 from radixlm.constraints.schema.llg_negation import negate
 from radixlm.constraints.schema.llg_oneof import one_of_as_any_of
+from radixlm.constraints.schema.llg_share import share_repeats
 
 # Formats llguidance 1.9 implements; others are rewritten (FORMAT_ALIASES, pattern) or refused.
 LLG_FORMATS = frozenset("date-time time date duration email hostname ipv4 ipv6 uuid uri".split())
@@ -76,9 +80,9 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
     schema position. ``in_all_of``: the node is an ``allOf`` member (never closed)."""
     if not isinstance(schema, dict):
         return schema
-    if root is None:
-        root = schema
+    if root is None:  # the document: rewritten, then its repeats shared
         start_proofs(MAX_PROOF_STEPS)
+        return share_repeats(prepare_schema(schema, in_all_of, schema))
     out = dict(schema)
     listed = isinstance(schema.get("properties"), dict)  # before "not" may add some
     if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
