@@ -68,16 +68,29 @@ def _same_config(ours, theirs, rope_differs: bool = False) -> None:
 
 
 def _same_tokenizer(ours, theirs) -> None:
-    assert type(ours) is type(theirs)
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    # Qwen 2 / 3 files get transformers' plain class where AutoTokenizer picks Qwen2Tokenizer
+    # (gguf_model._PLAIN_BACKEND): everything that class could change is compared below
+    assert type(ours) is type(theirs) or (type(ours) is TokenizersBackend
+                                          and type(theirs).__name__ == "Qwen2Tokenizer")
     assert ours.backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
     assert len(ours) == len(theirs)
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
-                 "chat_template", "add_bos_token", "add_eos_token", "all_special_ids"):
+                 "chat_template", "add_bos_token", "add_eos_token", "all_special_ids",
+                 "all_special_tokens", "special_tokens_map", "model_input_names",
+                 "padding_side", "truncation_side", "clean_up_tokenization_spaces",
+                 "model_max_length", "vocab_size"):
         assert getattr(ours, attr) == getattr(theirs, attr), attr
+    assert {i: str(t) for i, t in ours.added_tokens_decoder.items()} == \
+        {i: str(t) for i, t in theirs.added_tokens_decoder.items()}
     for text in TEXTS:
+        assert dict(ours(text)) == dict(theirs(text)), text
+        assert ours.tokenize(text) == theirs.tokenize(text), text
         ids = ours(text).input_ids
-        assert ids == theirs(text).input_ids, text
-        assert ours.decode(ids) == theirs.decode(ids), text
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == \
+                theirs.decode(ids, skip_special_tokens=skip), text
     if theirs.chat_template:
         assert (ours.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
                 == theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True))
@@ -296,6 +309,24 @@ def test_a_llama_gguf_loads_without_transformers_modeling_imports():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split("\n")[:2] == ["[]", "[]"]
+
+
+def test_a_qwen_gguf_tokenizer_imports_no_transformers_model_package(tmp_path):
+    """Qwen 2 / 3 tokenizers are made without looking up Qwen2Tokenizer (the first
+    ``transformers.models.*`` import walks every model folder); equal behaviour is
+    ``test_small_files_equal_transformers``'."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path / "q.gguf", arch="qwen3", pre="qwen2")
+    code = ("import sys; from radixlm.runtime.weights import load_hf_config, load_tokenizer; "
+            f"from pathlib import Path; load_hf_config(Path({str(path)!r})); "
+            f"t = load_tokenizer(Path({str(path)!r})); "
+            "print(type(t).__name__, sorted(m for m in sys.modules "
+            "if m.startswith('transformers.models')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split("\n")[0] == "TokenizersBackend []"
 
 
 CASES = {

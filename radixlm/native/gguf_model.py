@@ -32,6 +32,13 @@ _TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges",
                    "precompiled_charsmap", "bos_token_id", "eos_token_id", "unknown_token_id",
                    "padding_token_id", "eot_token_id", "eom_token_id", "add_space_prefix",
                    "add_bos_token", "add_eos_token")
+# config types whose tokenizer is transformers' TokenizersBackend on the file's backend:
+# Llama's (transformers maps LlamaConfig to no class), and Qwen 2 / 3's, whose class
+# (Qwen2Tokenizer) builds a backend that the file's replaces and adds nothing else once the
+# file's special tokens are given (tests/test_gguf_model.py compares every behaviour);
+# looking that class up would import transformers.models (0.3-0.55 s on 2 cores: the first
+# such import walks all ~570 model folders), on the start's critical path
+_PLAIN_BACKEND = frozenset(("llama", "qwen2", "qwen3"))
 _SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
                    "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 # {arch}.* keys read besides transformers' renames: the fixups' and the rope scaling's
@@ -360,7 +367,7 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path, backend) -> tupl
     """``(class, backend, keywords)`` of transformers' GGUF tokenizer from this walk's
     metadata: ``backend`` (``GGUFModelInfo.new_backend``'s) or, where that is None, the one
     ``convert_gguf_tokenizer`` builds; the class ``AutoTokenizer`` picks for the config
-    (none for Llama's: ``TokenizersBackend``), the keywords it is made with
+    (``TokenizersBackend`` for ``_PLAIN_BACKEND``'s), the keywords it is made with
     (``GGUFModelInfo.new_tokenizer``)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -370,7 +377,7 @@ def _tokenizer_parts(meta: dict, arch: str, config, path: Path, backend) -> tupl
         from transformers.integrations.gguf import convert_gguf_tokenizer
 
         backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    if config.model_type == "llama":  # (transformers maps LlamaConfig to no class)
+    if config.model_type in _PLAIN_BACKEND:
         cls = TokenizersBackend
     else:
         from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
