@@ -284,3 +284,35 @@ def test_spec_from_sampling_params():
         spec_from_sampling_params({"choices": "ab"})
     with pytest.raises(ValueError, match="whitespace_pattern"):
         spec_from_sampling_params({"regex": "a", "whitespace_pattern": " "})
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):  # 2 levels of JSON each
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_a_schema_nested_past_the_limit_is_refused_by_name():
+    """Past MAX_JSON_DEPTH a schema is a ValueError naming the limit wherever it enters
+    (the schema walks are recursive; llguidance's JSON reader stops at the same depth), not
+    a RecursionError; up to it, it loads."""
+    from radixlm.constraints.specs import (
+        MAX_JSON_DEPTH,
+        load_json_schema,
+        structural_tag_object,
+    )
+
+    fits = _nested((MAX_JSON_DEPTH - 1) // 2)  # 127 levels
+    assert load_json_schema(fits) == fits == load_json_schema(json.dumps(fits))
+    deep = _nested(MAX_JSON_DEPTH // 2)  # 129 levels
+    with pytest.raises(ValueError, match="json_schema nests deeper than 128 levels"):
+        load_json_schema(deep)
+    text = '{"properties":{"a":' * 5000 + "{}" + "}}" * 5000  # past the JSON parser's own
+    with pytest.raises(ValueError, match="json_schema nests deeper than 128 levels"):
+        load_json_schema(text)
+    with pytest.raises(ValueError, match="structural_tag nests deeper than 128 levels"):
+        structural_tag_object({"triggers": ["<f>"], "structures": [
+            {"begin": "<f>", "schema": deep, "end": "</f>"}]})
+    with pytest.raises(ValueError, match="the schema nests deeper than 128 levels"):
+        check_schema(_nested(3000))  # (tools' parameters: jsonschema's walk recurses)

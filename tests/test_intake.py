@@ -251,3 +251,17 @@ def test_one_constraint():
     with pytest.raises(ApiError, match="at most one constraint per request, got regex, "
                                        "choices"):
         parse_call_params({"regex": "a", "choices": ["a"]}, 0)
+
+
+def test_a_response_format_schema_nested_too_deep_is_a_400():
+    """``strict_schema`` walks the schema recursively before the spec is made: the depth is
+    checked first, in the API's error shape."""
+    schema: dict = {"type": "string"}
+    for _ in range(70):  # 141 levels of JSON
+        schema = {"type": "object", "properties": {"a": schema}}
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                 response_format={"type": "json_schema", "json_schema": {
+                                     "name": "deep", "schema": schema, "strict": True}})
+    with pytest.raises(ApiError, match="nests deeper than 128 levels") as exc:
+        openai_sampling(body, 8)
+    assert exc.value.status == 400 and exc.value.param == "response_format"

@@ -16,6 +16,9 @@ CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf", "structu
 # JSON text by default: ", " between items, ": " after keys, no other whitespace (what
 # json.dumps writes, and xgrammar's separators without flexible whitespace).
 DEFAULT_SEPARATORS = (", ", ": ")
+# The deepest JSON a schema (or a structural tag) may be: llguidance's JSON reader (serde_json's
+# default limit) refuses a deeper grammar, and JSONSchemaBench's deepest schema is 22.
+MAX_JSON_DEPTH = 128
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,37 @@ def load_json_schema(value: Any) -> dict | bool:
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         value = value.model_json_schema()
     elif isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        value = _loads(value, "json_schema")
     elif not isinstance(value, (dict, bool)):
         raise ValueError("json_schema must be a dict, a JSON string or a pydantic model class, "
                          f"got {type(value).__name__}")
     if not isinstance(value, (dict, bool)):
         raise ValueError(f"json_schema must be a JSON object, got {type(value).__name__}")
+    check_depth(value, "json_schema")
     return value
+
+
+def check_depth(value: Any, what: str) -> None:
+    """ValueError naming ``what`` when the JSON value ``value`` nests deeper than
+    ``MAX_JSON_DEPTH`` (llguidance's JSON reader refuses such a grammar, and the schema
+    walks before it are recursive). Iterative: any depth is measured."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels of JSON")
+        if type(node) is dict or type(node) is list:
+            stack.extend((v, depth + 1) for v in (node.values() if type(node) is dict else node)
+                         if type(v) is dict or type(v) is list)
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:  # (the parser's own nesting limit, ~1,000 levels)
+        raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels of JSON") from None
 
 
 def normalize_json_schema(value: Any) -> str:
@@ -78,12 +102,10 @@ def structural_tag_object(value: Any) -> dict:
     if hasattr(value, "model_dump"):
         value = value.model_dump(by_alias=True, exclude_none=True)
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
+        value = _loads(value, "structural_tag")
     if not isinstance(value, dict):
         raise ValueError("structural_tag must be a JSON object with structures and triggers")
+    check_depth(value, "structural_tag")
     return value
 
 

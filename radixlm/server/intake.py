@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.constraints.specs import check_depth
 from radixlm.formats.tool_parsers import ToolCallStream, ToolSetup
 from radixlm.formats.tool_parsers.setup import strict_schema
 from radixlm.runtime.request_rules import fan_out_samples
@@ -65,6 +66,10 @@ def openai_sampling(req: Any, max_new_tokens: int | None) -> dict[str, Any]:
         s["json_schema"] = json.dumps({"type": "object"})
     elif fmt is not None and fmt.type == "json_schema":
         schema = fmt.json_schema.json_schema
+        try:  # (before strict_schema's walk, which recurses)
+            check_depth(schema, "response_format.json_schema.schema")
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="response_format") from None
         s["json_schema"] = json.dumps(strict_schema(schema) if fmt.json_schema.strict
                                       else schema)
     elif fmt is not None and fmt.type == "structural_tag":

@@ -10,12 +10,15 @@ from typing import Any
 import jsonschema
 import jsonschema_rs
 
+from radixlm.constraints.specs import check_depth
+
 
 def check_schema(schema: Any) -> type:
     """Validate ``schema`` against its metaschema (``jsonschema``); returns the validator
     class of its draft."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
+    check_depth(schema, "the schema")  # (jsonschema's walk is recursive)
     cls = jsonschema.validators.validator_for(schema)
     try:
         cls.check_schema(schema)
