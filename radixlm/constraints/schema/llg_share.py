@@ -75,31 +75,30 @@ class _Walk:
         if not top and (not _SCOPES.isdisjoint(node) or type(node.get("id")) is str) \
                 or top and not _SCOPES.isdisjoint(node.keys() - {"$id"}):
             raise _Unshareable  # (the root's own base URI changes nothing for "#/..." pointers)
-        parts = []
+        parts: list = []  # keyword, value, keyword, value, ...
         for k, v in node.items():
             kind = _KIND.get(k)
             if kind is None:
-                parts.append((k, _value(v)))
+                parts += (k, v if type(v) is str else _value(v))
             elif kind == "skip":
                 continue
             elif kind == "ref" and type(v) is str:
                 self.refs.add(v)
-                parts.append((k, v))
+                parts += (k, v)
             elif kind == "map" and type(v) is dict:
-                parts.append((k, tuple([(m, self.key(s) if type(s) is dict else _value(s))
-                                        for m, s in v.items()])))
+                parts += (k, tuple([x for m, s in v.items()
+                                    for x in (m, self.key(s) if type(s) is dict else _value(s))]))
             elif (kind == "list" or kind == "items") and type(v) is list:
-                parts.append((k, tuple([self.key(s) if type(s) is dict else _value(s)
-                                        for s in v])))
+                parts += (k, tuple([self.key(s) if type(s) is dict else _value(s) for s in v]))
             elif (kind == "one" or kind == "items") and type(v) is dict:
-                parts.append((k, self.key(v)))
+                parts += (k, self.key(v))
             elif kind == "ref":
                 raise _Unshareable
             else:
-                parts.append((k, _value(v)))
+                parts += (k, _value(v))
         key = self.ids.setdefault(tuple(parts), len(self.ids))
         self.key_of[id(node)] = key
-        if not top and not (len(parts) == 1 and kind == "ref"):  # (a bare $ref: not shared)
+        if not top and (len(parts) > 2 or parts and parts[0] != "$ref"):  # (not {}, a bare $ref)
             self.count[key] = self.count.get(key, 0) + 1
         return key
 
@@ -170,11 +169,12 @@ class _Rewrite:
         return self.names[key]
 
 
-def _value(v: Any) -> Any:
-    """A keyword's value as a hashable key part (a string's and a number's never equal)."""
+def _value(v: Any) -> tuple:
+    """A keyword's value other than a string (which stands for itself) as a hashable key
+    part: never equal to a string, a subschema's key (an int) or another type's value."""
     t = type(v)
-    if t is str:
-        return "s" + v
     if t is int or t is float:
-        return "n" + repr(v)
-    return json.dumps(v, sort_keys=True)  # (true/false/null and containers)
+        return (1, repr(v))
+    if t is list and all(type(x) is str for x in v):  # (required, enum: json.dumps's ~3 µs)
+        return (2, *v)
+    return (0, json.dumps(v, sort_keys=True))
