@@ -80,6 +80,16 @@ def test_what_a_pointer_names_or_passes_stays_in_place():
     assert props["to_a"] == {"$ref": "#/properties/a"}  # (a bare $ref is never moved)
 
 
+def test_references_and_empty_schemas_stay_where_they_are():
+    ref = {"$ref": "#/$defs/n", "description": "the same number"}
+    schema = {"$defs": {"n": {"type": "integer"}}, "properties": {
+        "a": dict(ref), "b": dict(ref), "c": {"title": "anything"}, "d": {}, "e": URI, "f": URI}}
+    out = share_repeats(schema)
+    props = out["properties"]
+    assert props["a"] == props["b"] == ref and props["c"] == {"title": "anything"}
+    assert props["d"] == {} and props["e"] == props["f"] == {"$ref": "#/$defs/radixlm-shared-0"}
+
+
 @pytest.mark.parametrize("schema", [
     {"properties": {"a": {"$id": "http://x/a", "properties": {"u": URI, "v": URI}}}},
     {"properties": {"a": URI, "b": URI, "c": {"$ref": "other.json#/a"}}},
