@@ -179,6 +179,9 @@ def test_bad_input(backend):
         ({"json_schema": {"type": "object", "properties": {"a": {"minimum": "x"}}}},
          "invalid JSON schema"),
         ({"regex": "(a"}, "invalid regex"),
+        ({"regex": "(" * 3000 + "a" + ")" * 3000}, "invalid regex.*recursion"),
+        ({"json_schema": {"type": "string"}, "whitespace_pattern": "(" * 3000 + " " +
+          ")" * 3000}, "invalid whitespace_pattern.*recursion"),
     ]
     if backend.name == "outlines":
         cases.append(({"json_schema": {"properties": {"a": {"type": "number", "multipleOf": 3}}}},

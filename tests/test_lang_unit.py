@@ -450,6 +450,7 @@ def test_reused_gen_name_raises(fake):
 
 @pytest.mark.parametrize("make,match", [
     (lambda: sgl.gen("x", regex="([a-z"), "invalid regex"),
+    (lambda: sgl.gen("x", regex="(" * 3000 + "a" + ")" * 3000), "invalid regex.*recursion"),
     (lambda: sgl.gen("x", json_schema={"type": "objekt"}), "invalid json_schema"),
     (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
     (lambda: sgl.gen("x", regex="a", dtype=int), "at most one constraint"),

@@ -423,7 +423,7 @@ class LLGuidanceBackend(CompilingBackend):
                 raise ValueError("regex must be a non-empty string")
             try:
                 re.compile(value)
-            except re.error as exc:
+            except (re.error, RecursionError) as exc:  # (nesting past re's recursion)
                 raise ValueError(f"invalid regex {value!r}: {exc}") from None
             return llg.LLMatcher.grammar_from_regex(value)
         if kind == "choices":

@@ -220,7 +220,7 @@ class OutlinesGrammarBackend(CompilingBackend):
                 raise ValueError("regex must be a non-empty string")
             try:
                 re.compile(spec.value)
-            except re.error as exc:
+            except (re.error, RecursionError) as exc:
                 raise ValueError(f"invalid regex {spec.value!r}: {exc}") from None
             regex = spec.value
         elif spec.kind == "choices":

@@ -338,7 +338,7 @@ def pattern_to_json_string_regex(pattern: str) -> str:
     translate exactly (lookaround, backreferences, flags, anchors inside the pattern)."""
     try:
         parsed = sre_parse.parse(pattern)
-    except re.error as exc:
+    except (re.error, RecursionError) as exc:
         raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from exc
     if parsed.state.flags & ~sre_c.SRE_FLAG_UNICODE:
         raise ValueError(f"pattern {pattern!r}: flags are not supported")

@@ -183,7 +183,7 @@ def validate_regex(regex: str) -> str:
         raise TypeError(f"gen: regex must be a str, got {type(regex).__name__}")
     try:
         re.compile(regex)
-    except re.error as e:
+    except (re.error, RecursionError) as e:
         raise ValueError(f"gen: invalid regex {regex!r}: {e}") from e
     return regex
 

@@ -46,7 +46,7 @@ def check_whitespace_pattern(pattern: str) -> None:
     """The whitespace regex may only ever match JSON whitespace (space, tab, CR, LF)."""
     try:
         compiled = re.compile(pattern)
-    except re.error as exc:
+    except (re.error, RecursionError) as exc:
         raise ValueError(f"invalid whitespace_pattern {pattern!r}: {exc}") from exc
     body = re.sub(r"\\[ tnr]|\\x(?:09|0A|0D|20)|\{\d+(,\d*)?\}|[ ?*+()|\[\]]", "", pattern)
     if body or compiled.fullmatch("x"):

@@ -44,7 +44,7 @@ def search(pattern: str, name: str, ptr: str) -> bool:
     """``patternProperties`` pattern ``pattern`` matches property ``name``."""
     try:
         return re.search(pattern, name) is not None
-    except re.error as exc:
+    except (re.error, RecursionError) as exc:
         raise reject(f"unsupported keyword 'patternProperties' ({pattern!r}: {exc})",
                      ptr) from None
 
