@@ -555,3 +555,22 @@ def test_a_tokenizer_llguidance_cannot_parse_fails_each_compile_by_name(tokenize
         assert len(calls) == 1
     finally:
         backend.shutdown()
+
+
+def test_a_checked_spec_is_found_again_by_value(llguidance_backend, monkeypatch):
+    """validate() keeps the grammar and its compiled-cache key under the spec itself: an
+    equal spec of another request (its own text object) finds both, and the compile hits
+    the compiled-grammar cache without making the grammar or its key again."""
+    from radixlm.constraints import llguidance_backend as llb
+
+    be = llguidance_backend
+    text = json.dumps({"type": "object", "properties": {"k": {"type": "string"}}})
+    be.validate(spec_from_sampling_params({"json_schema": text}))
+    be.compile(spec_from_sampling_params({"json_schema": text}))
+    made = []
+    monkeypatch.setattr(be, "to_grammar", lambda spec: made.append("grammar"))
+    monkeypatch.setattr(llb, "cache_key", lambda *parts: made.append("key"))
+    again = spec_from_sampling_params({"json_schema": "".join(text)})  # (an equal, new spec)
+    be.validate(again)
+    grammar = be.compile(again)
+    assert made == [] and isinstance(grammar, llb.LLGuidanceGrammar)

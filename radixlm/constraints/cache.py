@@ -14,6 +14,7 @@ import os
 import pickle
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +44,17 @@ class LRUCache:
         self.max_weight = max_weight
         self._weigh = weigh or (lambda value: 0)
         self._weight = 0
-        self._data: OrderedDict[str, Any] = OrderedDict()
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Any:
+    def get(self, key: Hashable) -> Any:
         with self._lock:
             if key not in self._data:
                 return None
             self._data.move_to_end(key)
             return self._data[key]
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         with self._lock:
             if key in self._data:
                 self._weight -= self._weigh(self._data[key])
@@ -79,7 +80,7 @@ class DiskCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"
 
-    def get(self, key: str) -> Any:
+    def get(self, key: Hashable) -> Any:
         try:
             with open(self._path(key), "rb") as f:
                 return pickle.load(f)

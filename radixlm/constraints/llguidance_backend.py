@@ -380,7 +380,9 @@ class LLGuidanceBackend(CompilingBackend):
         self.eos_row = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
         self.limits = limits
         self._executor = llg.LLExecutor(max(1, mask_threads))
-        self._checked = LRUCache(256)  # repr(spec) -> grammar, filled by validate()
+        # spec -> (grammar, its compiled-grammar cache key), filled by validate(): a hit
+        # hashes the spec's text once per object (no repr of it, no SHA-256 of the grammar)
+        self._checked = LRUCache(256)
 
     @property
     def ll_tokenizer(self) -> llg.LLTokenizer:
@@ -482,15 +484,18 @@ class LLGuidanceBackend(CompilingBackend):
     def validate(self, spec: ConstraintSpec) -> None:
         """Cheap synchronous checks (no lexer or matcher is built here): JSON schemas as in
         ``_schema_grammar``; other kinds' grammar syntax by ``validate_grammar``."""
-        key = repr(spec)
-        if self._checked.get(key) is not None:
+        if self._checked.get(spec) is not None:
             return
         grammar = self.to_grammar(spec)
         if spec.kind != "json_schema":
             err = llg.LLMatcher.validate_grammar(grammar, None, limits=self.limits)
             if err:
                 raise ValueError(f"invalid {spec.kind}: {_short(err)}")
-        self._checked.put(key, grammar)
+        self._checked.put(spec, (grammar, self._cache_key(grammar)))
+
+    def _cache_key(self, grammar: str) -> str:
+        return cache_key("llguidance", grammar, self.vocab.tokenizer_hash, self.vocab_size,
+                         self.eos_ids)
 
     # -------------------------------------------------------------------------- compiling
 
@@ -522,12 +527,12 @@ class LLGuidanceBackend(CompilingBackend):
     def compile_async(self, spec: ConstraintSpec) -> Future[Grammar]:
         out: Future[Grammar] = Future()
         try:
-            grammar = self._checked.get(repr(spec)) or self.to_grammar(spec)
+            checked = self._checked.get(spec)
+            grammar = checked[0] if checked else self.to_grammar(spec)
         except ValueError as exc:
             self._fail(out, exc)
             return out
-        key = cache_key("llguidance", grammar, self.vocab.tokenizer_hash, self.vocab_size,
-                        self.eos_ids)
+        key = checked[1] if checked else self._cache_key(grammar)
         return self._serve(out, key, lambda: self._build(grammar, spec),
                            lambda c: LLGuidanceGrammar(self, c, c.matcher.deep_copy()))
 

@@ -211,7 +211,7 @@ class OutlinesGrammarBackend(CompilingBackend):
 
     def to_regex(self, spec: ConstraintSpec) -> str:
         """The regex a spec compiles to; raises ValueError naming the problem."""
-        key = repr(spec)
+        key = spec  # (hashable: its text hashed once per object, no repr of it)
         cached = self._regexes.get(key)
         if cached is not None:
             return cached
