@@ -80,7 +80,7 @@ class DiskCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"
 
-    def get(self, key: Hashable) -> Any:
+    def get(self, key: str) -> Any:
         try:
             with open(self._path(key), "rb") as f:
                 return pickle.load(f)

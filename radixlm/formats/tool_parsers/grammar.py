@@ -35,6 +35,7 @@ def grammar_schema(schema: Any, strict: bool, whitespace: str | None = None) -> 
     """The schema as llguidance's JSON compiler is given it; ValueError naming a keyword it
     would not enforce."""
     from radixlm.constraints.schema.llg_rewrite import prepare_schema, unenforced_keywords
+
     schema = strict_schema(schema) if strict else schema
     bad = unenforced_keywords(schema)
     if bad:
