@@ -23,16 +23,24 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import unquote
 
-from radixlm.constraints.schema.analysis import ANNOTATIONS
+from radixlm.constraints.schema.analysis import (
+    ANNOTATIONS,
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    SCHEMA_ONE,
+    pointer_target,
+)
 
-# where the walk goes: maps of subschemas, lists of them, one of them ("items": one or a list)
-_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_LISTS = ("anyOf", "prefixItems")
-_KIND = {**dict.fromkeys(_MAPS, "map"), **dict.fromkeys(_LISTS, "list"),
-         "additionalProperties": "one", "additionalItems": "one", "items": "items",
-         "$ref": "ref", **dict.fromkeys(ANNOTATIONS, "skip")}
+# where the walk goes: analysis's subschema positions but those llguidance reads in place
+# or not as a subschema to build ("items": one or a list)
+_IN_PLACE = frozenset(("allOf", "oneOf", "not", "if", "then", "else", "contains",
+                       "propertyNames", "dependentSchemas", "unevaluatedItems",
+                       "unevaluatedProperties"))
+_KIND = {**{k: "map" for k in SCHEMA_MAPS if k not in _IN_PLACE},
+         **{k: "list" for k in SCHEMA_LISTS if k not in _IN_PLACE},
+         **{k: "one" for k in SCHEMA_ONE if k not in _IN_PLACE},
+         "items": "items", "$ref": "ref", **dict.fromkeys(ANNOTATIONS, "skip")}
 _SCOPES = frozenset(("$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "$recursiveRef",
                      "$recursiveAnchor"))
 _NAME = "radixlm-shared-"
@@ -104,23 +112,18 @@ class _Walk:
 
     def pinned(self, root: dict) -> set[int]:
         """``id`` of every node a ``$ref`` points at or through (the pointer must still find
-        it). ``_Unshareable`` for a reference that is not a local JSON pointer."""
+        it; each found as ``analysis.pointer_target`` finds it). ``_Unshareable`` for a
+        reference that is not a local JSON pointer."""
         out = {id(root)}
         for ref in self.refs:
-            if not ref.startswith("#/"):
-                if ref == "#":
-                    continue
+            if ref != "#" and not ref.startswith("#/"):
                 raise _Unshareable
-            node = root
-            for step in unquote(ref[1:]).split("/")[1:]:
-                step = step.replace("~1", "/").replace("~0", "~")
-                if type(node) is dict and step in node:
-                    node = node[step]
-                elif type(node) is list and step.isdigit() and int(step) < len(node):
-                    node = node[int(step)]
-                else:
-                    break  # (a dangling pointer: llguidance's error either way)
-                out.add(id(node))
+            steps = ref.split("/")
+            for n in range(2, len(steps) + 1):
+                try:
+                    out.add(id(pointer_target(root, "/".join(steps[:n]))))
+                except KeyError:  # (a dangling pointer: llguidance's error either way)
+                    break
         return out
 
 
