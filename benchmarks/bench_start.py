@@ -12,8 +12,8 @@ engine's own stage functions wrapped by timers, on two threads as the engine run
   KV pool, the arena, every weight placed), of it ``arena`` (the map made and populated) and
   ``place`` (the weights copied or repacked in, summed), then ``scheduler`` and ``gc_freeze``;
 * the engine's setup threads: ``vocabulary`` (``checked_vocabulary``: a GGUF's byte-level
-  vocabulary built and checked before ``runner`` starts), ``tokenizer`` (``load_tokenizer``
-  on it, beside ``runner``) and
+  vocabulary built and checked before ``runner`` starts), ``tokenizer`` (``start_tokenizer``
+  on it, beside ``runner``: a byte-level GGUF's without transformers) and
   ``grammar`` (``grammar_setup.make_backend``: made after ready, not part of it; llguidance's
   tokenizer tables, which ``warm`` makes after that, not counted).
 
@@ -61,7 +61,7 @@ from radixlm.runtime import engine as E
 stages["imports"] = time.perf_counter() - t
 from radixlm.runtime import grammar_setup as G
 for name, attr in (("config", "load_hf_config"), ("vocabulary", "checked_vocabulary"),
-                   ("tokenizer", "load_tokenizer"), ("runner", "ModelRunner"),
+                   ("tokenizer", "start_tokenizer"), ("runner", "ModelRunner"),
                    ("scheduler", "Scheduler")):
     setattr(E, attr, timed(name, getattr(E, attr)))
 G.make_backend = timed("grammar", G.make_backend)

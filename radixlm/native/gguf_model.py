@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from radixlm.native.file_config import FAMILIES, GGUF_RENAMES, FileConfig
+from radixlm.native.file_tokenizer import FileTokenizer, transformers_setup
 from radixlm.native.gguf_file import GGUFTensor, read_gguf
 from radixlm.native.gguf_tokenizer import RENAMES, byte_level_backend
 
@@ -110,6 +111,18 @@ class GGUFModelInfo:
                                                 self.path, backend or self.new_backend())
         given = _Handover(backend) if cls is TokenizersBackend else backend
         return cls(tokenizer_object=given, added_tokens_decoder={}, **kwargs)
+
+    def start_tokenizer(self, backend=None):
+        """The engine's tokenizer: where the vocabulary is byte-level and transformers' class
+        for it ``TokenizersBackend`` (``_PLAIN_BACKEND``), a ``FileTokenizer`` on ``backend``
+        (``new_backend``'s, handed over): transformers is imported when a call needs it,
+        not at the start (``file_tokenizer.py`` says why); else ``new_tokenizer``'s."""
+        backend = backend or self.new_backend()
+        if backend is None or self.config.model_type not in _PLAIN_BACKEND:
+            return self.new_tokenizer(backend)
+        _, tokenizer_config = _tokenizer_inputs(self.metadata, self.path)
+        transformers_setup(backend, tokenizer_config)
+        return FileTokenizer(backend, tokenizer_config, self.new_tokenizer)
 
     @classmethod
     def from_path(cls, path: str | Path) -> GGUFModelInfo:

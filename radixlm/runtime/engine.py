@@ -30,8 +30,8 @@ from radixlm.runtime.weights import (
     checked_vocabulary,
     generation_eos_ids,
     load_hf_config,
-    load_tokenizer,
     resolve_model,
+    start_tokenizer,
 )
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def _text_side(config: EngineConfig, model_path, hf_config, checked: Future) -> 
         checked.set_exception(exc)
         raise
     checked.set_result(None)
-    tokenizer = load_tokenizer(path, backend)
+    tokenizer = start_tokenizer(path, backend)
     if config.chat_template is not None:
         tokenizer.chat_template = load_chat_template(config.chat_template)
     return tokenizer, _eos_ids(tokenizer, hf_config, model_path)

@@ -117,6 +117,12 @@ def gguf_tokenizer(path, backend=None):
     return gguf_info(path).new_tokenizer(backend)
 
 
+def gguf_start_tokenizer(path, backend=None):
+    """The engine's tokenizer of the file (``GGUFModelInfo.start_tokenizer``: transformers
+    imported when a call needs it, for a byte-level vocabulary; on ``backend`` where given)."""
+    return gguf_info(path).start_tokenizer(backend)
+
+
 def gguf_backend(path):
     """The file's byte-level vocabulary built and checked without transformers
     (``GGUFModelInfo.new_backend``; None for the other kinds). ValueError names a bad merge."""

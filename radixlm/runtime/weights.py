@@ -30,6 +30,7 @@ from radixlm.runtime.gguf_load import (
     gguf_backend,
     gguf_eos_ids,
     gguf_hf_config,
+    gguf_start_tokenizer,
     gguf_tokenizer,
     hf_tensor_name,
     is_gguf,
@@ -206,6 +207,16 @@ def load_tokenizer(model: str | Path = DEFAULT_MODEL, backend=None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def start_tokenizer(model: str | Path, backend=None):
+    """The engine's tokenizer of ``model``: ``load_tokenizer``'s, but for a GGUF whose
+    vocabulary radixlm builds (``checked_vocabulary``'s ``backend``) a ``FileTokenizer``,
+    which imports transformers only when a call needs it (``native/file_tokenizer.py``)."""
+    path = model if isinstance(model, Path) else resolve_model(model)
+    if is_gguf(path):
+        return gguf_start_tokenizer(path, backend)
+    return load_tokenizer(path, backend)
 
 
 def checked_vocabulary(model: str | Path):
