@@ -18,7 +18,8 @@ interpreter, imports and the model), ``construct_s`` (``Llama(...)`` / ``Engine(
 alone), ``rss_after_load_gib`` and ``peak_rss_gib`` (``/proc/PID/status`` VmRSS after load,
 VmHWM at the end: resident pages, a memory-mapped file's included); radixlm's also
 ``cache_written_gib`` (what its load added to its cache folder, e.g. a converted copy, as
-the folder's growth: another process writing there meanwhile counts too; load with
+the folder's growth, walked by the parent before the start and after ready: another
+process writing there meanwhile counts too; load with
 ``--prime-radixlm-cache`` to time a load after the cache is filled). The GGUF is read
 once before either starts, so both load from the page cache. ``--starts N`` adds N more
 starts of each system after the rounds, alternating, each start to ready printed with the
@@ -103,17 +104,14 @@ def llama_worker(gguf: str, threads: int, extra_bufts: bool, ctx: int) -> None:
 def radixlm_worker(model: str, mode: str, speculative: str | None, ctx: int) -> None:
     """radixlm's twin of ``llama_worker``; also answers {"encode": text} with token ids and
     {"stats": true} with the engine's speculation counters."""
-    from radixlm import envs
     from radixlm.runtime.engine import Engine
 
-    cache_before = _tree_bytes(envs.cache_dir())
     t0 = time.perf_counter()
     engine = Engine(model, log_level="warning", native_activations=mode,
                     speculative_algorithm=speculative, context_length=ctx,
                     max_total_tokens=ctx)
     construct_s = time.perf_counter() - t0
     print(json.dumps({"ready": "radixlm", "construct_s": construct_s,
-                      "cache_written_bytes": _tree_bytes(envs.cache_dir()) - cache_before,
                       "precision": engine.runner.precision}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
@@ -165,6 +163,14 @@ class Worker:
 
     def __init__(self, name: str, argv: list[str], guard: MemoryGuard) -> None:
         self.name, self.guard = name, guard
+        # radixlm's cache folder walked here, before the start and after ready (not part of
+        # the worker's start to ready)
+        cache = None
+        if name.startswith("radixlm"):
+            from radixlm import envs
+
+            cache = envs.cache_dir()
+            cache_before = _tree_bytes(cache)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
@@ -173,8 +179,8 @@ class Worker:
         self.load = {"start_to_ready_s": time.perf_counter() - t0,
                      "construct_s": self.ready["construct_s"],
                      "rss_after_load_gib": status_kib(self.proc.pid, "VmRSS") / 2**20}
-        if "cache_written_bytes" in self.ready:
-            self.load["cache_written_gib"] = self.ready["cache_written_bytes"] / GIB
+        if cache is not None:
+            self.load["cache_written_gib"] = (_tree_bytes(cache) - cache_before) / GIB
 
     def ask(self, job: dict) -> dict:
         try:
