@@ -56,8 +56,8 @@ def timed(name, fn):
 t = time.perf_counter()
 import radixlm
 from radixlm import envs
+from radixlm.runtime import engine as E  # (first: as an engine's user imports it)
 from radixlm.native import ops
-from radixlm.runtime import engine as E
 stages["imports"] = time.perf_counter() - t
 from radixlm.runtime import grammar_setup as G
 for name, attr in (("config", "load_hf_config"), ("vocabulary", "checked_vocabulary"),

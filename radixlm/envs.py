@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -101,6 +102,30 @@ def freeze_gc() -> bool:
 
     gc.freeze()
     return True
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic collector off for a stretch of the start that makes many objects and
+    little garbage (torch's import: ~300k objects, ~7k of them garbage; an engine's
+    construction: none found), then, where the stretch ended without an exception,
+    everything alive moved out of the collector's reach (``freeze_gc``, the same policy and
+    switch) and the collector restored. With it on, its passes over the young objects took
+    0.1-0.3 s of a 1B GGUF's start on 2 cores (ready 1.84-2.00 s against 2.03-3.07, four
+    alternating pairs); a collection afterwards instead would walk them all (0.3-0.5 s)."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    except BaseException:
+        if was:
+            gc.enable()
+        raise
+    freeze_gc()
+    if was:
+        gc.enable()
 
 
 # glibc mallopt parameters

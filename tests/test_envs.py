@@ -61,3 +61,36 @@ def test_gc_freeze_moves_live_objects_out_of_collections(monkeypatch):
     finally:
         gc.unfreeze()
 
+
+
+def test_gc_paused_stops_the_collector_then_freezes_only_a_finished_stretch(monkeypatch):
+    """Inside ``gc_paused`` nothing is collected; a stretch that ends without an exception
+    leaves what is alive frozen and the collector as it was; one that raises unfreezes
+    nothing new and restores the collector; with RADIXLM_GC_FREEZE=0 nothing is frozen."""
+    import gc
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        gc.unfreeze()
+        with envs.gc_paused():
+            assert not gc.isenabled()
+            keep = [[i] for i in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= len(keep)
+        gc.unfreeze()
+        with pytest.raises(ValueError), envs.gc_paused():
+            raise ValueError("a start that failed")
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        gc.disable()
+        with envs.gc_paused():
+            pass
+        assert not gc.isenabled()  # (a collector the caller had off stays off)
+        gc.enable()
+        gc.unfreeze()
+        monkeypatch.setenv("RADIXLM_GC_FREEZE", "0")
+        with envs.gc_paused():
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()

@@ -20,19 +20,21 @@ from radixlm.radix import TreeView
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.grammar_setup import GrammarSetup, in_background
-from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.request_rules import fan_out_samples, fit_max_new_tokens
 from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
-from radixlm.runtime.scheduler import Scheduler
-from radixlm.runtime.weights import (
-    checked_vocabulary,
-    generation_eos_ids,
-    load_hf_config,
-    resolve_model,
-    start_tokenizer,
-)
+
+with envs.gc_paused():  # torch's import (the first of it is here: envs.gc_paused says why)
+    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.scheduler import Scheduler
+    from radixlm.runtime.weights import (
+        checked_vocabulary,
+        generation_eos_ids,
+        load_hf_config,
+        resolve_model,
+        start_tokenizer,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +206,18 @@ class Engine:
         logging.basicConfig(level=self.config.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.model_name = self.config.served_model_name or self.config.model
+        with envs.gc_paused():  # (frozen at its end: envs.gc_paused)
+            self._load()
+        self._rng = random.Random(self.config.random_seed)
+        self._ids = itertools.count()
+        self._closed = False
+        self.scheduler.start()
+        # the grammar backend after ready (grammar_setup.py says why)
+        self._grammar = GrammarSetup(self.tokenizer, self.config, self.eos_ids,
+                                     self.runner.vocab_size, self.scheduler)
+
+    def _load(self) -> None:
+        """The model: config, tokenizer (on a thread of its own), runner and scheduler."""
         self.model_path = resolve_model(self.config.model)
         self.hf_config = load_hf_config(self.model_path)
         self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
@@ -219,15 +233,7 @@ class Engine:
         except BaseException:
             self.runner.shutdown()
             raise
-        self._rng = random.Random(self.config.random_seed)
-        self._ids = itertools.count()
-        self._closed = False
         envs.trim_malloc(0)  # (what the setup thread's arenas freed: theirs alone, unused)
-        envs.freeze_gc()
-        self.scheduler.start()
-        # the grammar backend after ready (grammar_setup.py says why)
-        self._grammar = GrammarSetup(self.tokenizer, self.config, self.eos_ids,
-                                     self.runner.vocab_size, self.scheduler)
 
     @property
     def grammar_backend(self):
