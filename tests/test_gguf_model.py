@@ -333,6 +333,8 @@ CASES = {
     "llama-tied": dict(arch="llama"),
     "llama-untied": dict(arch="llama", tied=False),
     "llama-spm": dict(arch="llama", spm="llama"),
+    "llama3-bos": dict(arch="llama", pre="llama-bpe", extra=lambda w: (
+        w.add_add_bos_token(True), w.add_add_eos_token(False))),
     "mistral": dict(arch="llama", name="mistral", spm="llama"),  # transformers' Mistral rule
     "qwen2-untied": dict(arch="qwen2", tied=False, pre="qwen2"),
     "qwen2-tied": dict(arch="qwen2", pre="qwen2"),
@@ -368,6 +370,32 @@ def test_small_files_equal_transformers(case, tmp_path):
     own.add_tokens(["<radixlm-edit>"])  # (an edit of one is no one else's: no shared backend)
     assert "<radixlm-edit>" not in gguf_tokenizer(path).get_vocab()
     _same_tokenizer(info.tokenizer, tokenizer)
+    _same_start_tokenizer(info.start_tokenizer(), tokenizer, CASES[case])
+
+
+def _same_start_tokenizer(start, reference, case: dict) -> None:
+    """The engine's tokenizer (``start_tokenizer``): a byte-level Llama / Qwen vocabulary's
+    is a ``FileTokenizer`` answering as transformers' does, its transformers' half equal;
+    the others transformers' own."""
+    from radixlm.native.file_tokenizer import FileTokenizer
+
+    if case.get("spm") or case["arch"] not in ("llama", "qwen2", "qwen3"):
+        assert not isinstance(start, FileTokenizer)
+        return
+    assert isinstance(start, FileTokenizer)
+    assert start.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size", "chat_template"):
+        assert getattr(start, attr) == getattr(reference, attr), attr
+    for text in TEXTS:
+        for special in (True, False):
+            assert start.encode(text, add_special_tokens=special) == \
+                reference.encode(text, add_special_tokens=special), text
+        ids = reference.encode(text)
+        for skip in (False, True):
+            assert start.decode(ids, skip_special_tokens=skip) == \
+                reference.decode(ids, skip_special_tokens=skip), text
+    assert start._full is None
+    _same_tokenizer(start.full, reference)
 
 
 def test_the_tokenizer_dict_is_transformers_own(tmp_path):
