@@ -207,7 +207,24 @@ class Engine:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.model_name = self.config.served_model_name or self.config.model
         with envs.gc_paused():  # (frozen at its end: envs.gc_paused)
-            self._load()
+            self.model_path = resolve_model(self.config.model)
+            self.hf_config = load_hf_config(self.model_path)
+            self.context_len = min(self.config.context_length
+                                   or self.hf_config.max_position_embeddings,
+                                   self.hf_config.max_position_embeddings)
+            checked: Future = Future()
+            text = in_background(_text_side, self.config, self.model_path, self.hf_config,
+                                 checked)
+            checked.result()  # (a damaged vocabulary refused before the runner allocates)
+            # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
+            self.runner = ModelRunner(self.config, self.model_path, self.context_len)
+            try:
+                self.tokenizer, self.eos_ids = text.result()
+                self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)
+            except BaseException:
+                self.runner.shutdown()
+                raise
+            envs.trim_malloc(0)  # (what the setup thread's arenas freed: theirs alone)
         self._rng = random.Random(self.config.random_seed)
         self._ids = itertools.count()
         self._closed = False
@@ -215,25 +232,6 @@ class Engine:
         # the grammar backend after ready (grammar_setup.py says why)
         self._grammar = GrammarSetup(self.tokenizer, self.config, self.eos_ids,
                                      self.runner.vocab_size, self.scheduler)
-
-    def _load(self) -> None:
-        """The model: config, tokenizer (on a thread of its own), runner and scheduler."""
-        self.model_path = resolve_model(self.config.model)
-        self.hf_config = load_hf_config(self.model_path)
-        self.context_len = min(self.config.context_length or self.hf_config.max_position_embeddings,
-                               self.hf_config.max_position_embeddings)
-        checked: Future = Future()
-        text = in_background(_text_side, self.config, self.model_path, self.hf_config, checked)
-        checked.result()  # (a damaged vocabulary refused before the runner allocates)
-        # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
-        self.runner = ModelRunner(self.config, self.model_path, self.context_len)
-        try:
-            self.tokenizer, self.eos_ids = text.result()
-            self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)
-        except BaseException:
-            self.runner.shutdown()
-            raise
-        envs.trim_malloc(0)  # (what the setup thread's arenas freed: theirs alone, unused)
 
     @property
     def grammar_backend(self):
