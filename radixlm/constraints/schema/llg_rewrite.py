@@ -71,6 +71,10 @@ MAX_DEPENDENCY_VARIANTS = 8
 # MAX_PROOF_STEPS (from analysis): the budget of oneOf proofs each prepare_schema call starts
 # with; past it, oneOf is left for the compiler to refuse.
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
+# What prepare_schema acts on: a node with none of these keywords is copied as it is (most
+# nodes of a large document are such leaves)
+_ACTED_ON = frozenset((*SCHEMA_MAPS, *SCHEMA_LISTS, *SCHEMA_ONE, "items", "uniqueItems",
+                       "format", *_DEPENDENCY_KEYS))
 # Keywords that assert something but that llguidance neither implements nor reports.
 UNREPORTED_KEYWORDS = ("disallow", "extends", "divisibleBy")
 
@@ -83,6 +87,8 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
     if root is None:  # the document: rewritten, then its repeats shared
         start_proofs(MAX_PROOF_STEPS)
         return share_repeats(prepare_schema(schema, in_all_of, schema))
+    if _ACTED_ON.isdisjoint(schema):
+        return dict(schema)
     out = dict(schema)
     listed = isinstance(schema.get("properties"), dict)  # before "not" may add some
     if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
@@ -90,7 +96,7 @@ def prepare_schema(schema: Any, in_all_of: bool = False, root: Any = None) -> An
         if branches is not None:
             del out["oneOf"]
             out["anyOf"] = branches
-    if _implied_type(out, root):
+    if "anyOf" in out and "type" in out and _implied_type(out, root):
         del out["type"]  # a sibling of recursive $refs that llguidance would refuse
     if out.get("uniqueItems") is False:
         del out["uniqueItems"]
