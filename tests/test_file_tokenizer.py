@@ -108,6 +108,7 @@ def test_the_rest_is_transformers_own_made_once_with_the_template_set():
     assert ours.all_special_ids == theirs.all_special_ids
     assert dict(ours("Hello world")) == dict(theirs("Hello world"))
     assert ours.decode([[1, 2], [3]]) == theirs.decode([[1, 2], [3]])  # (a batch: theirs)
+    assert ours.encode("Hello", " world") == theirs.encode("Hello", " world")  # (a pair)
     _same_answers(ours, theirs)
 
 

@@ -135,10 +135,12 @@ class FileTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self.backend_tokenizer.get_vocab(with_added_tokens=True)
 
-    def encode(self, text, add_special_tokens: bool = True, **kwargs) -> list[int]:
-        """``text``'s ids (one string, no other keywords: the backend's; else transformers')."""
-        if kwargs or not isinstance(text, str) or not self._exact:
-            return self.full.encode(text, add_special_tokens=add_special_tokens, **kwargs)
+    def encode(self, text, *args, add_special_tokens: bool = True, **kwargs) -> list[int]:
+        """``text``'s ids (one string, no other arguments: the backend's; a pair, a batch or
+        other keywords: transformers')."""
+        if args or kwargs or not isinstance(text, str) or not self._exact:
+            return self.full.encode(text, *args, add_special_tokens=add_special_tokens,
+                                    **kwargs)
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs) -> str:
