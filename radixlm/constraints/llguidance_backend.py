@@ -460,7 +460,10 @@ class LLGuidanceBackend(CompilingBackend):
             raise ValueError(f"unsupported JSON Schema keyword {bad[0]}")
         style = ({"whitespace_pattern": ws} if ws is not None else
                  dict(zip(("item_separator", "key_separator"), DEFAULT_SEPARATORS)))
-        return llg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), defaults={
+        # handed over as text: llguidance parses it faster than it converts a dict (4.5
+        # against 5.8 ms for o50639's 224 KB; the same grammar for all 200 sample schemas)
+        prepared = json.dumps(prepare_schema(schema), ensure_ascii=False, separators=(",", ":"))
+        return llg.LLMatcher.grammar_from_json_schema(prepared, defaults={
             "whitespace_flexible": False, **style, "lenient": False})
 
     def _translated(self, spec: ConstraintSpec, why: str) -> str:
