@@ -98,9 +98,12 @@ def byte_level_backend(tokenizer_dict: dict):
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     tokens = tokenizer_dict["tokens"]
-    vocab = {token if set(token) <= alphabet
-             else "".join(spelling[b] for b in token.encode("utf-8")): index
-             for index, token in enumerate(tokens)}
+    if set("".join(tokens)) <= alphabet:  # (the usual file: one check, not one per token)
+        vocab = {token: index for index, token in enumerate(tokens)}
+    else:
+        vocab = {token if set(token) <= alphabet
+                 else "".join(spelling[b] for b in token.encode("utf-8")): index
+                 for index, token in enumerate(tokens)}
     merges = [tuple(merge.split(" ")) for merge in tokenizer_dict["merges"]]
     try:
         backend = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None,
