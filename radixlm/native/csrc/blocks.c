@@ -243,16 +243,10 @@ static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
     if (n + count > n_end) count = n_end - n;
     const int nb = w->k / 32;
     const int64_t row_bytes = row_bytes_of(w);
-    const char *q = (const char *)(w->qs + (int64_t)n * row_bytes);
-    for (int64_t off = 0; off < row_bytes * count; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+    prefetch_bytes(w->qs + (int64_t)n * row_bytes, row_bytes * count);
     if (is_dense(w) || is_kquant(w)) return; /* (K-quant scales are in the rows) */
-    const char *d = (const char *)(w->d + (int64_t)n * nb);
-    for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64) _mm_prefetch(d + off, _MM_HINT_T0);
-    if (w->fmt == FMT_Q4) {
-        const char *m = (const char *)(w->m + (int64_t)n * nb);
-        for (int64_t off = 0; off < (int64_t)nb * count * 2; off += 64)
-            _mm_prefetch(m + off, _MM_HINT_T0);
-    }
+    prefetch_bytes(w->d + (int64_t)n * nb, (int64_t)nb * count * 2);
+    if (w->fmt == FMT_Q4) prefetch_bytes(w->m + (int64_t)n * nb, (int64_t)nb * count * 2);
 #else
     (void)w, (void)n, (void)count, (void)n_end;
 #endif

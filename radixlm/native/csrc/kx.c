@@ -467,8 +467,7 @@ static inline __m512 kx_scale(__m512 acc, __m512 dv, __m512 dmv, float kd, __m51
  * compute-bound. Prefetches change no result. */
 #define KX_AHEAD 3
 static inline void kx_prefetch_ahead(const uint8_t *o, int64_t sb) {
-    const char *p = (const char *)o + KX_AHEAD * sb;
-    for (int64_t l = 0; l < sb; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+    prefetch_bytes(o + KX_AHEAD * sb, sb);
 }
 
 /* G tokens (from token t) against repacked group qx (16 rows from row n), kq_dot's

@@ -117,12 +117,10 @@ static inline __attribute__((always_inline)) void kx32_group(
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = qx + kx32_at(fmt, nb, b);
-        if (G <= 4) { /* a streaming step: the group's bytes 8 blocks ahead asked for (kx.c's
-                       * kx_prefetch_ahead; 1B Q8_0, 4 tokens: 63.8-67.9 ms against 75.4-76.7,
-                       * one token the same); a prefetch changes no result */
-            const char *ahead = (const char *)o + 8 * kx32_bytes(fmt);
-            for (int64_t l = 0; l < kx32_bytes(fmt); l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-        }
+        /* a streaming step: the group's bytes 8 blocks ahead asked for (as kx.c's
+         * kx_prefetch_ahead; 1B Q8_0, 4 tokens: 63.8-67.9 ms against 75.4-76.7, one token
+         * the same); a prefetch changes no result */
+        if (G <= 4) prefetch_bytes(o + 8 * kx32_bytes(fmt), kx32_bytes(fmt));
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
         if (!q8 && j == 0) /* the chunk's m terms, block c + l in lane l */
             for (int l = 0; l < 16 && c + l < nb; l++) {

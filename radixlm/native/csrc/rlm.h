@@ -246,6 +246,12 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 }
 
 #ifdef RLM_AVX2
+/* Ask for bytes [p, p + n) a cache line at a time (a prefetch never faults, past an end
+ * included). */
+static inline void prefetch_bytes(const void *p, int64_t n) {
+    for (int64_t off = 0; off < n; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T0);
+}
+
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
