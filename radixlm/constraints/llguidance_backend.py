@@ -36,7 +36,6 @@ from typing import Any
 import jsonschema
 import llguidance as llg
 import numpy as np
-import transformers
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixlm.constraints import specs
@@ -338,11 +337,13 @@ class LLGuidanceGrammar(Grammar):
 def _tokenizer_json(tokenizer) -> str:
     """A fast tokenizer's JSON without padding or truncation, as ``llguidance.hf.
     from_tokenizer`` serializes it (a copy of the backend with both turned off; the backend
-    itself where neither is set: the same text, without the ~0.1 s copy)."""
-    if not isinstance(tokenizer, transformers.PreTrainedTokenizerFast):
+    itself where neither is set: the same text, without the ~0.1 s copy). Any tokenizer
+    with a ``tokenizers`` backend (``backend_tokenizer``: transformers' fast ones, the
+    engine's ``FileTokenizer``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
         raise ValueError("llguidance needs a fast (tokenizers-backed) tokenizer, got "
                          f"{type(tokenizer).__name__}")
-    backend = tokenizer.backend_tokenizer
     if backend.padding is None and backend.truncation is None:
         return backend.to_str()
     backend = copy.copy(backend)

@@ -6,8 +6,9 @@ transformers' own tokenizer, made the first time such a name is asked for.
 built by reading every model folder's sources): on the engine's tokenizer thread it was the
 longest part of a 1B GGUF's start after torch's import, holding the GIL beside the weights'
 placement. What a request needs before its first token is encode and decode; what needs
-transformers (``apply_chat_template``, the grammar backend's tokenizer) is made after ready
-on the grammar's thread (``runtime/grammar_setup.py``), as the grammar backend is.
+transformers (``apply_chat_template``, the special ids the grammar backend's vocabulary
+reads) is made after ready on the grammar's thread (``runtime/grammar_setup.py``), where
+that vocabulary first asks for them.
 
 Exactness: the backend is set up as transformers' ``TokenizersBackend`` sets up a backend it
 is given (``transformers_setup``), so encode and decode are its own calls on the same
@@ -66,7 +67,7 @@ class FileTokenizer:
     ``make_full(backend)``: transformers' ``TokenizersBackend`` on a copy of it. ``encode``
     of one string and ``decode`` of ids answer from the backend (what ``TokenizersBackend``
     does for them: a test holds it); any other call or attribute goes to ``full``, made on
-    first use (thread-safe; the engine makes it on the grammar's thread after ready)."""
+    first use (thread-safe; in the engine, on the grammar's thread after ready)."""
 
     def __init__(self, backend, tokenizer_config: dict,
                  make_full: Callable[[object], object]) -> None:
@@ -150,10 +151,13 @@ class FileTokenizer:
         kwargs.pop("spaces_between_special_tokens", None)
         if not kwargs.get("clean_up_tokenization_spaces", True):
             del kwargs["clean_up_tokenization_spaces"]
-        if not kwargs and self._exact:
-            ids = [token_ids] if isinstance(token_ids, int) else token_ids
-            if type(ids) in (list, tuple) and all(type(i) is int for i in ids):
-                return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if not kwargs and self._exact and type(token_ids) in (int, list, tuple):
+            try:  # (a batch, or ids that are not ints, the backend refuses: transformers')
+                return self.backend_tokenizer.decode(
+                    [token_ids] if type(token_ids) is int else token_ids,
+                    skip_special_tokens=skip_special_tokens)
+            except TypeError:
+                pass
         return self.full.decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs)
 
     # ------------------------------------------------------------------ the rest: transformers'

@@ -53,10 +53,6 @@ class GrammarSetup:
 
     @staticmethod
     def _make(tokenizer, config, eos_ids, vocab_size: int):
-        from radixlm.native.file_tokenizer import FileTokenizer
-
-        if isinstance(tokenizer, FileTokenizer):  # (transformers' own: made here, after ready)
-            tokenizer = tokenizer.full
         backend = make_backend(tokenizer, config, eos_ids, vocab_size)
         backend.warm()  # (llguidance parses its tokenizer tables on a thread of its own)
         return backend
