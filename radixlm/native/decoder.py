@@ -15,25 +15,20 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from radixlm.native.build import (
-    ACT_BF16,
-    ACT_F32,
-    ACT_INT8,
-    Layer,
-    Step,
-    int8_decode_preferred,
-    qcat,
+from radixlm.native.arena import Placed, place_ahead
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, qcat
+from radixlm.native.ops import KV_DTYPES
+from radixlm.native.plan import (  # noqa: F401  (activation_modes .. re-exported)
+    ATTRS,
+    INT8_MAX_ROWS,
+    STEP_INVARIANT_MODES,
+    activation_modes,
+    decoder_modes,
+    describe_weights,
+    invariant_plan,
+    step_weights,
 )
-from radixlm.native.ops import KV_DTYPES, Arena
-from radixlm.native.qweights import (
-    FMT_BF16,
-    FMT_Q4,
-    QWeight,
-    concat,
-    dense_rows,
-    is_kquant,
-    quantize_q4,
-)
+from radixlm.native.qweights import FMT_BF16, QWeight, dense_rows, quantize_q4
 
 
 class StepBatch(Protocol):
@@ -61,15 +56,6 @@ class StepBatch(Protocol):
 
     @property
     def num_tokens(self) -> int: ...
-
-_FUSED = {
-    "qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-    "o": ["self_attn.o_proj"],
-    "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
-    "down": ["mlp.down_proj"],
-}
-_ATTRS = ("qkv", "o_proj", "gate_up", "down")  # the model layer's Linear of each
-
 
 def supported(model, pool) -> str | None:
     """Why ``model`` cannot run natively (None when it can)."""
@@ -100,97 +86,7 @@ LARGE_MAX_ROWS = 2048
 BF16_LARGE_MAX_ROWS = 256
 
 
-# Steps under this many tokens run int8 activation blocks by default where int8 is
-# preferred; bf16 dot products, where the library has them, only take over from here. A
-# token's int8 products are the same bits at every step size (csrc/matmul_i8.c), so a
-# request's steps round alike alone or beside up to 7 others, and a step verifying drafts
-# at one-token rounding (``act_rows``) reproduces decoding exactly. Measured
-# (bench_decode_step.py --activations int8,bf16, context 300): on a 2-core Zen 4 (AVX512-
-# BF16 dot products, no AMX) int8 steps of 2 / 4 / 6 / 8 tokens take 0.65 / 0.78 / 0.83 /
-# 0.98x the bf16 step time (the 512-bit kernel reads a Q4 row's chunks of 16 blocks
-# transposed, one block a lane); on a 2-core Xeon (an older kernel) int8 won one- and
-# 2-token steps (0.82-0.91x, 0.89x fp32) and lost from 4 (1.17x); from 8 tokens fp32 /
-# bf16 (AMX tiles) run.
-INT8_MAX_ROWS = 8
-
-
-# The activation modes whose kernels compute each token in one fixed order at any step size
-# (csrc/matmul_i8.c: a token's int8 products and sums do not depend on its neighbours). A
-# plan of one of them on every step, with every step native, makes a token's numbers the
-# same bits in any batch, chunk, cache state or verify step (attention, norms and rotary
-# already reduce per token in a fixed order). fp32 and bf16 pick kernels by step size
-# (rows x 1-3 tokens, tiles of 4, AMX tiles of 16), which sum in different orders.
-STEP_INVARIANT_MODES = frozenset({ACT_INT8})
-
-
-def invariant_plan(plan: tuple[tuple[int, int], ...]) -> bool:
-    """Whether an ``activation_modes`` plan rounds a token alike at every step size: one
-    mode for every step, and one of STEP_INVARIANT_MODES."""
-    return len(plan) == 1 and plan[0][1] in STEP_INVARIANT_MODES
-
-
-def activation_modes(act: str, bf16_from: int, model_dtype: torch.dtype,
-                     int8: bool = False, every_step: bool = False,
-                     deterministic: bool = False) -> tuple[tuple[int, int], ...]:
-    """The C activation mode by step size: ``((from_tokens, mode), ...)``, ascending, the
-    first from 1; a step of T tokens runs the last entry whose ``from_tokens <= T``.
-    ``bf16_from``: ``rlm_bf16_min_rows()`` (8 on AMX tiles, 2 with AVX512-BF16 dot
-    products, 0 where the library has no bf16). fp32 is exact (the reference path's
-    numbers); int8 is llama.cpp's per-block rounding; bf16 rounds activations and weights
-    to bf16 with fp32 sums, the numbers of a torch bf16 linear. An explicit mode runs every
-    step.
-
-    auto: where ``int8`` (a block-quantized model on a CPU with u8 x s8 SIMD:
-    ``build.int8_decode_preferred``) int8 blocks run steps of every size, so a token rounds
-    alike in any batch, chunk or cache state (batch-invariant): prefill is an int8 GEMM over
-    the blocks (AMX int8 tiles from RLM_AMX_I8_MIN_ROWS tokens where granted, with the
-    one-token steps' bits). Otherwise as mixed. mixed (fastest big steps, not
-    batch-invariant): on a bf16 model (whose numbers are 8-bit-mantissa ones anyway) bf16
-    from ``bf16_from`` tokens where the library has bf16; below that int8 blocks where
-    ``int8`` for steps under INT8_MAX_ROWS tokens (bf16 then from INT8_MAX_ROWS at the
-    soonest); fp32 otherwise; with ``every_step`` (a K-quant model on an ``int8`` host
-    without AMX tiles, where the int8 GEMM is the faster one) int8 on every step. Measured
-    on a 2-core Sapphire Rapids (embedded Q4_1 model): auto's prefill 0.74x mixed's and
-    batch-64 decode 0.73x (AMX int8 tiles scale each block in fp32: ~0.77x the bf16 tiles'
-    GEMM); on the same cores without AMX int8 blocks run Q4 rows 1.5-2.5x the bf16 dot
-    products' rate at any step size.
-    ``deterministic`` (enable_deterministic_inference): one mode for every step, int8
-    blocks where ``int8``, else bf16 on a bf16 model where the library has bf16, else fp32
-    (``invariant_plan`` says whether that mode rounds alike at every step size)."""
-    if act not in ("auto", "mixed"):
-        return ((1, {"fp32": ACT_F32, "int8": ACT_INT8, "bf16": ACT_BF16}[act]),)
-    if int8 and (act == "auto" or every_step or deterministic):
-        return ((1, ACT_INT8),)
-    if deterministic:
-        return ((1, ACT_BF16 if model_dtype == torch.bfloat16 and bf16_from else ACT_F32),)
-    bf16 = bf16_from if model_dtype == torch.bfloat16 and bf16_from else 0
-    if int8 and bf16:
-        bf16 = max(bf16, INT8_MAX_ROWS)
-    plan = [(1, ACT_INT8 if int8 else ACT_F32)]
-    if int8 and (not bf16 or bf16 > INT8_MAX_ROWS):
-        plan.append((INT8_MAX_ROWS, ACT_F32))
-    if bf16 > 1:
-        plan.append((bf16, ACT_BF16))
-    return tuple(plan)
-
-
 _MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
-
-
-def _label(w: QWeight, kind) -> str:
-    if w.origin and w.origin.lower() != kind(w):
-        return f"{kind(w)} (from {w.origin})"
-    return kind(w)
-
-
-def describe_weights(layer_weights: list[QWeight], head: QWeight, kind=None) -> str:
-    """What the step's matrices are, e.g. ``gguf q4_1, head q8_0`` (a GGUF's own blocks),
-    ``bf16`` (dense rows), ``q8_0`` (blocks made at load). ``kind(w)``: what a weight's
-    numbers are where it is held (``Arena.kind``; default ``w.kind``)."""
-    kind = kind or (lambda w: w.kind)
-    layers = ", ".join(sorted({_label(w, kind) for w in layer_weights}))
-    text = ("gguf " if any(w.origin for w in [*layer_weights, head]) else "") + layers
-    return text if _label(head, kind) == layers else f"{text}, head {_label(head, kind)}"
 
 
 class NativeDecoder:
@@ -209,9 +105,10 @@ class NativeDecoder:
 
     STEP_SLICE = 256  # tokens a step-invariant mode runs at once (see forward)
 
-    def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
+    def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight] | None, pool,
                  max_rows: int | None, quant: str = "auto", act: str = "auto",
-                 release=None, deterministic: bool = False) -> None:
+                 release=None, deterministic: bool = False,
+                 placed: Placed | None = None) -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
         self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
@@ -219,37 +116,28 @@ class NativeDecoder:
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         n = cfg.num_layers
-        mats = [self._layer_weights(i, blocks) for i in range(n)]
-        head = self._head_weights(blocks)
-        embed = None
-        if model.embed is None:  # token rows from the embedding's blocks
-            embed = blocks.get("model.embed_tokens.weight")
-            if embed is None:
-                raise ValueError("the model has no embedding tensor (token_embd)")
-        flat = [w for m in mats for parts in m.values() for w in parts]
-        quantized = any(not w.dense for w in [*flat, head])
-        if act == "int8" and not quantized:
-            raise ValueError(f"native_activations='int8' rounds activations for block "
-                             f"weights; this model runs dense {describe_weights(flat, head)} "
-                             "rows (use "
-                             "quantization=q8_0|q4_0|q4_1, or fp32 / bf16 / auto)")
-        int8 = quantized and int8_decode_preferred()
-        self.act_modes = activation_modes(act, int(lib.rlm_bf16_min_rows()), model.dtype,
-                                          int8, every_step=int8 and not self.amx and any(
-                                              is_kquant(w) for w in [*flat, head]),
-                                          deterministic=deterministic)
-        order = [*flat, head] + ([embed] if embed is not None and embed is not head else [])
-        self.arena = Arena(order, lib, torch.get_num_threads(),  # in step order
-                           int8_only=all(m == ACT_INT8 for _, m in self.act_modes))
-        self.weights = describe_weights(flat, head, self.arena.kind)  # (as the arena holds)
-        self._release = release or (lambda w: None)
-        self.layers = (Layer * n)(*[self._layer(i, mats[i]) for i in range(n)])  # C array
-        self.head, head_rows = self._place(head)
+        weights = placed.weights if placed is not None else step_weights(
+            blocks, n, tied=model.lm_head is model.embed or cfg.tie_word_embeddings,
+            embed_from_blocks=model.embed is None, missing=self._missing)
+        self.act_modes = decoder_modes(lib, act, model.dtype, weights.flat, weights.head,
+                                       deterministic)
+        if placed is None:
+            placed = place_ahead(lib, weights, self.act_modes, torch.get_num_threads(),
+                                 release)
+        elif placed.modes != self.act_modes:  # (runtime/early.py plans as this does)
+            raise RuntimeError(f"weights placed for activation modes {placed.modes}, "
+                               f"the decoder runs {self.act_modes}")
+        self.arena, self._placed = placed.arena, placed
+        self.weights = describe_weights(weights.flat, weights.head, self.arena.kind)
+        self.layers = (Layer * n)(*[self._layer(i, weights.layers[i]) for i in range(n)])
+        self.head, head_rows = self._place(weights.head)
         if head_rows is not None:
             self._adopt_head(head_rows)
         self.embed_mat = None
-        if embed is not None:
-            self.embed_mat = self.head if embed is head else self._place(embed)[0]
+        if weights.embed is not None:  # token rows from the embedding's blocks
+            self.embed_mat = (self.head if weights.embed is weights.head
+                              else self._place(weights.embed)[0])
+        self._placed = None  # (what the C views point into, the arena holds)
         self._k_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffer])
         self._v_ptrs = (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffer])
         # an int8 pool's per-layer row scales (Step.k_scales / v_scales; None otherwise)
@@ -270,9 +158,11 @@ class NativeDecoder:
         self._keep.append(a)
         return a.ctypes.data
 
-    def _missing(self, dense, name: str) -> QWeight:
-        """A weight the source has no blocks for: dense rows (bf16 bits or fp32), or the
-        ``quant`` fill's blocks."""
+    def _missing(self, layer: int | None, attr: str, name: str) -> QWeight:
+        """A weight the source has no blocks for (``plan.step_weights``; ``layer`` None:
+        the head): dense rows (bf16 bits or fp32), or the ``quant`` fill's blocks."""
+        model = self.model
+        dense = model.lm_head if layer is None else getattr(model.layers[layer], attr)
         if dense is None:
             raise ValueError(f"weight {name} is missing from the model file")
         weight = dense.weight if hasattr(dense, "weight") else dense
@@ -282,37 +172,10 @@ class NativeDecoder:
             return dense_rows(weight.contiguous().view(torch.int16).numpy().view(np.uint16))
         return dense_rows(weight.float().contiguous().numpy())
 
-    def _fused(self, blocks: dict[str, QWeight], layer_id: int, names: list[str],
-               dense) -> list[QWeight]:
-        """The parts of one concatenation (csrc QCat) as the source has them; parts that
-        would read different activation layouts (Q4 rows beside others) become one Q8
-        matrix (``concat``)."""
-        full = [f"model.layers.{layer_id}.{n}.weight" for n in names]
-        if all(n in blocks for n in full):
-            parts = [blocks[n] for n in full]
-            if len({p.fmt == FMT_Q4 for p in parts}) > 1:
-                return [concat(parts)]
-            return parts
-        return [self._missing(dense, full[0])]
-
-    def _layer_weights(self, i: int, blocks: dict[str, QWeight]) -> dict[str, list[QWeight]]:
-        layer = self.model.layers[i]
-        return {key: self._fused(blocks, i, names, getattr(layer, attr))
-                for (key, names), attr in zip(_FUSED.items(), _ATTRS)}
-
-    def _head_weights(self, blocks: dict[str, QWeight]) -> QWeight:
-        model = self.model
-        head = blocks.get("lm_head.weight")
-        if head is None and (model.lm_head is model.embed or model.cfg.tie_word_embeddings):
-            head = blocks.get("model.embed_tokens.weight")
-        return head if head is not None else self._missing(model.lm_head, "lm_head.weight")
-
     def _place(self, w: QWeight) -> tuple[ctypes.Structure, torch.Tensor | None]:
-        """``w`` into the arena: its C view, and for dense rows a torch tensor over the
-        arena's copy (bf16 or fp32), for the model to read instead of its own."""
-        mat, arrays = self.arena.place(w)
-        if not self.arena.in_place(w):  # (a weight read where it lies keeps its pages)
-            self._release(w)
+        """``w``'s C view in the arena, and for dense rows a torch tensor over the arena's
+        copy (bf16 or fp32), for the model to read instead of its own."""
+        mat, arrays = self._placed.view(w)
         if not w.dense:
             return mat, None
         rows = arrays[0]
@@ -332,7 +195,7 @@ class NativeDecoder:
     def _layer(self, i: int, weights: dict[str, list[QWeight]]) -> Layer:
         cfg, layer = self.model.cfg, self.model.layers[i]
         mats = {}
-        for (key, parts), attr in zip(weights.items(), _ATTRS):
+        for (key, parts), attr in zip(weights.items(), ATTRS):
             placed = [self._place(w) for w in parts]
             mats[key] = [m for m, _ in placed]
             linear = getattr(layer, attr, None)

@@ -13,10 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from radixlm import envs
 from radixlm.formats.chat_templates import load_chat_template
 from radixlm.radix import TreeView
+from radixlm.runtime import early
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.grammar_setup import GrammarSetup, in_background
@@ -24,19 +26,28 @@ from radixlm.runtime.outputs import AsyncSink, LatestSink, QueueSink, normalized
 from radixlm.runtime.request import LogprobOptions, Req
 from radixlm.runtime.request_rules import fan_out_samples, fit_max_new_tokens
 from radixlm.runtime.sampling_params import SamplingParams, check_top_logprobs_num
+from radixlm.runtime.weights import (
+    checked_vocabulary,
+    generation_eos_ids,
+    load_hf_config,
+    resolve_model,
+    start_tokenizer,
+)
 
-with envs.gc_paused():  # torch's import (the first of it is here: envs.gc_paused says why)
-    from radixlm.runtime.model_runner import ModelRunner
+if TYPE_CHECKING:
     from radixlm.runtime.scheduler import Scheduler
-    from radixlm.runtime.weights import (
-        checked_vocabulary,
-        generation_eos_ids,
-        load_hf_config,
-        resolve_model,
-        start_tokenizer,
-    )
 
 logger = logging.getLogger(__name__)
+
+
+def runtime_classes() -> tuple[type, type]:
+    """The model runner's and the scheduler's classes: torch and the runtime imported, the
+    first time in a process (an engine's start: ``early.start`` places a GGUF's weights
+    meanwhile). Call under ``envs.gc_paused`` (it says why)."""
+    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.scheduler import Scheduler
+
+    return ModelRunner, Scheduler
 
 
 class QueueFullError(RuntimeError):
@@ -215,9 +226,13 @@ class Engine:
             checked: Future = Future()
             text = in_background(_text_side, self.config, self.model_path, self.hf_config,
                                  checked)
+            placing = early.start(self.config, self.model_path, self.hf_config,
+                                  self.context_len, checked)
+            ModelRunner, Scheduler = runtime_classes()  # (torch: meanwhile ``placing``)
             checked.result()  # (a damaged vocabulary refused before the runner allocates)
             # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
-            self.runner = ModelRunner(self.config, self.model_path, self.context_len)
+            self.runner = ModelRunner(self.config, self.model_path, self.context_len,
+                                      early=placing)
             try:
                 self.tokenizer, self.eos_ids = text.result()
                 self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)

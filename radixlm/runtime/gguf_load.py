@@ -21,12 +21,15 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from radixlm.native.qweights import recoded
 from radixlm.native.recode import EXACT, REQUANTIZED, ROUNDED
+
+if TYPE_CHECKING:  # (imported in dequantized_state: the native path reads a GGUF
+    import torch  # before torch has loaded)
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +225,7 @@ def dequantized_state(path, hf_config) -> dict[str, torch.Tensor]:
     """Every model tensor of the file dequantized to fp32 under HF names, q/k rows in
     Hugging Face's order (the torch path's weights), in memory."""
     import gguf
+    import torch
 
     from radixlm.native.gguf_file import read_gguf
 

@@ -18,9 +18,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from radixlm import envs
 from radixlm.native.file_config import FileConfig
@@ -37,6 +37,9 @@ from radixlm.runtime.gguf_load import (
     permuted,
     reverse_permute,
 )
+
+if TYPE_CHECKING:  # (torch is imported where a function needs it: an engine's start
+    import torch  # reads a GGUF's config here before torch has loaded)
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +180,8 @@ def load_q4_1_linears(model_dir: Path, hf_config) -> dict[str, tuple]:
     """Q4_1 linears of the GGUF behind ``model_dir`` under HF names, as
     ``(q [N, K], scale [N, K/32], zero [N, K/32])`` torch tensors ready for int4 packing
     (rows un-permuted like the dequantized weights). Empty if there is no such source."""
+    import torch
+
     from radixlm.runtime.models.quant import q4_1_from_gguf
 
     source = gguf_source(model_dir)
@@ -293,6 +298,8 @@ def quantize_linears(state: dict[str, torch.Tensor], kind: str, tied: bool) -> d
     quantizers round them. Returns HF name -> QWeight (what the native path runs) and
     replaces those tensors of ``state`` by their dequantized values (fp32), so every path
     computes the same model."""
+    import torch
+
     from radixlm.native.qweights import quantize, quantize_q8
 
     head_names = ("lm_head.weight",) + (("model.embed_tokens.weight",) if tied else ())

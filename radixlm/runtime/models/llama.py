@@ -17,131 +17,23 @@ logprobs were asked for). Fused ops come from one dispatch point (``radixlm.kern
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.dispatch import get_ops
 from radixlm.kernels.ref import softcap
-from radixlm.runtime.attention.base import AttnLayerOptions
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.models.invariant import act_and_mul
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
-from radixlm.runtime.models.rope import Rope, per_layer_type, rope_params
+from radixlm.runtime.models.rope import Rope
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
-                "gelu_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
-FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The decoder's shape and family switches, read from a transformers config."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    model_type: str = "llama"
-    # Family switches (defaults = plain Llama).
-    norm_offset: float = 0.0  # RMSNorm scales by (offset + w): Gemma stores w - 1
-    qk_norm: bool = False  # RMSNorm over head_dim of q and k before rotary (Qwen3, Gemma 3)
-    sandwich_norm: bool = False  # norms after attention and MLP too (Gemma 2/3)
-    act: str = "silu"  # MLP gate activation: silu | gelu_tanh
-    embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden))
-    attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
-    attn_softcap: float | None = None  # tanh soft-capping of attention scores (Gemma 2)
-    final_softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
-    sliding_window: int | None = None  # keys within this many positions, on sliding layers
-    layer_types: tuple[str, ...] = ()  # per layer FULL | SLIDING; () = all FULL
-    rotary_dim: int | None = None  # rotated leading dims of a head (None: all; Phi-3.5/4)
-
-    @classmethod
-    def from_hf(cls, cfg) -> ModelConfig:
-        mt = cfg.model_type
-        if mt not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {mt!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        act_name = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
-        if act_name not in _ACTIVATIONS:
-            raise ValueError(f"activation {act_name!r} of {mt!r} is not supported")
-        gemma = mt.startswith("gemma")
-        window = getattr(cfg, "sliding_window", None)
-        types = tuple(getattr(cfg, "layer_types", None) or ())
-        if window is None or not types:  # Mistral, Phi-3: one window on every layer
-            types = (SLIDING if window else FULL,) * cfg.num_hidden_layers
-        if len(types) != cfg.num_hidden_layers or not set(types) <= {FULL, SLIDING}:
-            raise ValueError(f"layer_types {types!r} are not supported")
-        scalar = getattr(cfg, "query_pre_attn_scalar", None)
-        partial = rope_params(cfg).get("partial_rotary_factor",
-                                       getattr(cfg, "partial_rotary_factor", 1.0))
-        return cls(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_layers=cfg.num_hidden_layers,
-            num_heads=cfg.num_attention_heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
-            head_dim=head_dim,
-            rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            qkv_bias=mt == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
-            model_type=mt,
-            norm_offset=1.0 if gemma else 0.0,
-            qk_norm=mt in ("qwen3", "gemma3_text"),
-            sandwich_norm=gemma,
-            act=_ACTIVATIONS[act_name],
-            embed_scale=cfg.hidden_size**0.5 if gemma else 1.0,
-            attn_scale=None if scalar is None else scalar**-0.5,
-            attn_softcap=getattr(cfg, "attn_logit_softcapping", None),
-            final_softcap=getattr(cfg, "final_logit_softcapping", None),
-            sliding_window=window if SLIDING in types else None,
-            layer_types=() if SLIDING not in types else types,
-            rotary_dim=None if partial == 1.0 else int(head_dim * partial),
-        )
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def is_plain_llama(self) -> bool:
-        """No family switch in use (rotary type and qkv bias aside): the Llama layer as is,
-        whatever the family is called."""
-        return (self.norm_offset == 0.0
-                and not (self.qk_norm or self.sandwich_norm or self.layer_types)
-                and self.act == "silu" and self.embed_scale == 1.0
-                and self.rotary_dim in (None, self.head_dim)
-                and self.attn_scale is None and self.attn_softcap is None
-                and self.final_softcap is None)
-
-    def window(self, layer_id: int) -> int | None:
-        """The sliding window of layer ``layer_id`` (None: full attention)."""
-        if self.layer_types and self.layer_types[layer_id] == SLIDING:
-            return self.sliding_window
-        return None
-
-    def attn_options(self) -> list[AttnLayerOptions]:
-        """What the attention backend needs per layer (scale, soft-cap, window)."""
-        scale = self.head_dim**-0.5 if self.attn_scale is None else self.attn_scale
-        return [AttnLayerOptions(scale, self.attn_softcap, self.window(i))
-                for i in range(self.num_layers)]
+from radixlm.runtime.models.shape import (  # noqa: F401  (re-exported)
+    FULL,
+    SLIDING,
+    SUPPORTED_MODEL_TYPES,
+    ModelConfig,
+    per_layer_type,
+)
 
 
 def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: dict | None):

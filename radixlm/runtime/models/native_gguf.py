@@ -15,21 +15,8 @@ import numpy as np
 import torch
 
 from radixlm.kernels.dispatch import get_ops
-from radixlm.runtime.models.llama import ModelConfig
-from radixlm.runtime.models.rope import Rope, per_layer_type
-
-
-def native_unsupported(hf_config) -> str | None:
-    """Why a GGUF of this config cannot run on the native path alone (None: it can): the
-    native layer is the plain Llama layer with one rotary table."""
-    cfg = ModelConfig.from_hf(hf_config)
-    if not cfg.is_plain_llama:
-        return f"{cfg.model_type} uses family switches beyond the Llama layer"
-    if per_layer_type(hf_config):
-        return "per-layer rotary tables"
-    if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
-        return "dimensions not multiples of 32"
-    return None
+from radixlm.runtime.models.rope import Rope
+from radixlm.runtime.models.shape import ModelConfig, native_unsupported  # noqa: F401
 
 
 @dataclass

@@ -12,23 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.native.file_config import FileConfig
-
-
-def rope_params(hf_config, layer_type: str | None = None) -> dict:
-    """The rope parameter dict of the config (of ``layer_type`` for configs that keep one
-    per layer type, e.g. Gemma 3's local and global layers)."""
-    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling",
-                                                                      None) or {}
-    if layer_type is not None:
-        params = params.get(layer_type) or {}
-    return params
-
-
-def per_layer_type(hf_config) -> bool:
-    """Whether the config keeps one rope parameter dict per layer type."""
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    types = set(getattr(hf_config, "layer_types", None) or ())
-    return bool(types) and types <= set(params)
+from radixlm.runtime.models.shape import per_layer_type, rope_params  # noqa: F401
 
 
 def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None,
