@@ -156,12 +156,14 @@ def test_grammar_backend_made_after_ready_for_the_weights_vocabulary(tiny_model_
 
     monkeypatch.setattr("radixlm.constraints.create_grammar_backend", spying)
 
-    class PaddedRunner(engine_mod.ModelRunner):  # weights with a head of 64 more rows
+    from radixlm.runtime.model_runner import ModelRunner
+
+    class PaddedRunner(ModelRunner):  # weights with a head of 64 more rows
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.vocab_size += 64
 
-    monkeypatch.setattr(engine_mod, "ModelRunner", PaddedRunner)
+    monkeypatch.setattr("radixlm.runtime.model_runner.ModelRunner", PaddedRunner)
     with engine_mod.Engine(str(tiny_model_dir), log_level="warning", dtype="float32",
                            max_total_tokens=1024) as engine:
         out = engine.generate("Hello", {"max_new_tokens": 2, "temperature": 0})

@@ -518,7 +518,8 @@ def test_an_engine_refuses_a_bad_merge_before_it_allocates(tmp_path, monkeypatch
                         lambda: (tokens, types, damaged, template))
     path = _write(tmp_path / "bad-merge.gguf")
     made = []
-    monkeypatch.setattr(engine_module, "ModelRunner", lambda *a, **k: made.append(a))
+    monkeypatch.setattr("radixlm.runtime.model_runner.ModelRunner",
+                        lambda *a, **k: made.append(a))
     with pytest.raises(ValueError, match=r"bad-merge\.gguf.*'Ġ t he': not two tokens"):
         engine_module.Engine(str(path), log_level="warning")
     assert made == []
