@@ -168,12 +168,11 @@ def native_blocks(path, hf_config) -> NativeGGUF:
     does not run is a ValueError naming the type and the tensor."""
     import gguf
 
-    from radixlm.native.gguf_file import read_gguf
     from radixlm.native.qweights import from_gguf_raw
 
     mt = hf_config.model_type
     blocks, vectors, total = {}, {}, 0
-    for t in read_gguf(path)[1]:
+    for t in gguf_info(path).tensors:  # (the header walked once: cached)
         name = hf_name(t.name, mt)
         if name is None:
             continue
@@ -227,13 +226,11 @@ def dequantized_state(path, hf_config) -> dict[str, torch.Tensor]:
     import gguf
     import torch
 
-    from radixlm.native.gguf_file import read_gguf
-
     mt = hf_config.model_type
     n_head, n_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
     logger.info("dequantizing %s for the torch path", Path(path).name)
     state: dict[str, torch.Tensor] = {}
-    for t in read_gguf(path)[1]:
+    for t in gguf_info(path).tensors:
         name = hf_name(t.name, mt)
         if name is None:
             continue
