@@ -7,19 +7,17 @@ interpreter's start to the engine being ready.
 Each round runs ``Engine(model)`` in a new interpreter (a start is only a start once) with the
 engine's own stage functions wrapped by timers, on the threads the engine runs them on:
 
-* main thread: ``imports`` (``radixlm.runtime.engine``: the engine's torch-free modules),
+* main thread: ``imports`` (``radixlm.runtime.engine``: the engine's modules, no torch),
   ``config`` (the GGUF header walk and the config: ``load_hf_config``), ``runtime`` (torch
-  and the runtime: ``engine.runtime_classes``), ``runner`` (``ModelRunner``: the KV pool and
-  the decoder; the arena and every weight placed unless ``early`` did), then ``scheduler``
-  and ``gc_freeze``;
+  and the runtime: ``engine.runtime_classes``), ``runner`` (``ModelRunner``: the KV pool,
+  the arena, every weight placed), of it ``arena`` (the map made and populated) and
+  ``place`` (the weights copied or repacked in, summed), then ``scheduler`` and
+  ``gc_freeze``;
 * the engine's setup threads: ``vocabulary`` (``checked_vocabulary``: a GGUF's byte-level
-  vocabulary built and checked), ``tokenizer`` (``start_tokenizer`` on it: a byte-level
-  GGUF's without transformers), ``early`` (``early.place_early``: a GGUF's weights read and
-  placed beside ``runtime``, where the native path reads them), and ``grammar``
-  (``grammar_setup.make_backend``: made after ready, not part of it; llguidance's tokenizer
-  tables, which ``warm`` makes after that, not counted);
-* of ``early`` (or ``runner``): ``arena`` (the map made and populated) and ``place`` (the
-  weights copied or repacked in, summed).
+  vocabulary built and checked, beside ``runtime``; ``runner`` starts after it),
+  ``tokenizer`` (``start_tokenizer`` on it: a byte-level GGUF's without transformers) and
+  ``grammar`` (``grammar_setup.make_backend``: made after ready, not part of it;
+  llguidance's tokenizer tables, which ``warm`` makes after that, not counted).
 
 A stage is its wall time; the threads overlap but share the GIL. ``ready`` is the time
 from the interpreter's start (``time.perf_counter`` against the process start time) to the
@@ -63,7 +61,6 @@ from radixlm import envs
 from radixlm.runtime import engine as E  # (first: as an engine's user imports it)
 stages["imports"] = time.perf_counter() - t
 from radixlm.native import arena
-from radixlm.runtime import early
 from radixlm.runtime import grammar_setup as G
 for name, attr in (("config", "load_hf_config"), ("vocabulary", "checked_vocabulary"),
                    ("tokenizer", "start_tokenizer")):
@@ -73,7 +70,6 @@ def classes():
     runner, scheduler = runtime_classes()
     return timed("runner", runner), timed("scheduler", scheduler)
 E.runtime_classes = classes
-early.place_early = timed("early", early.place_early)
 G.make_backend = timed("grammar", G.make_backend)
 envs.freeze_gc = timed("gc_freeze", envs.freeze_gc)
 arena.Arena.__init__ = timed("arena", arena.Arena.__init__)
@@ -86,8 +82,8 @@ print("STAGES " + json.dumps(stages), flush=True)
 os._exit(0)
 """
 
-ORDER = ("imports", "config", "vocabulary", "tokenizer", "early", "runtime", "runner", "arena",
-         "place", "scheduler", "grammar", "gc_freeze", "construct", "ready")
+ORDER = ("imports", "config", "vocabulary", "tokenizer", "runtime", "runner", "arena", "place",
+         "scheduler", "grammar", "gc_freeze", "construct", "ready")
 
 
 def one_round(model: str, engine_args: dict) -> dict:
@@ -123,7 +119,7 @@ def main() -> None:
                "median_s": median}
     print(json.dumps(summary, indent=2))
     print(f"\n{host}\nmodel {args.model}; {args.rounds} fresh processes; seconds, "
-          "medians (vocabulary, tokenizer, early: setup threads beside runtime and runner; "
+          "medians (vocabulary, tokenizer: a setup thread beside runtime and runner; "
           "grammar: after ready)")
     for k, v in median.items():
         print(f"{k:<12}{v:8.3f}")

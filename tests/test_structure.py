@@ -193,6 +193,18 @@ def test_runtime_and_server_load_no_dsl_module(module):
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_the_engine_module_imports_no_torch():
+    """Importing the engine imports no torch: ``Engine()`` imports the runtime after it has
+    read the config and started its tokenizer's thread, which builds a GGUF's vocabulary
+    meanwhile (``engine.runtime_classes``). The decoder's plan, the arena and the model's
+    shape are torch-free too."""
+    code = ("import sys; import radixlm.runtime.engine, radixlm.native.plan, "
+            "radixlm.native.arena, radixlm.runtime.models.shape; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_constraints_do_not_import_the_formats():
     """Within their layer the formats sit above the constraints: a tool-call grammar or a
     template may use the constraint builders, never the other way round (one direction, no

@@ -1,6 +1,5 @@
-"""The arena: a model's block weights in one mapping, in step order (``Arena``), and the
-C views over them. No torch here: an engine places a GGUF's weights while torch is still
-being imported (``runtime/early.py``)."""
+"""The arena: a model's block weights in one mapping, in step order (``Arena``), the C
+views over them, and a decoder's matrices placed in it by its plan (``place_ahead``)."""
 
 from __future__ import annotations
 

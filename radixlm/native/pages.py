@@ -28,10 +28,6 @@ MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
 MADV_COLLAPSE = 25  # Linux 6.1+
 COLLAPSE_CHUNK = 32 << 20  # bytes a ``collapse`` call: the map's lock held that long at most
 PARALLEL_MIN = 64 << 20  # bytes a thread, at least, for ``populate`` to split a range
-# bytes a ``populate`` call maps at once: madvise holds the map's lock (read) for the whole of
-# a call, and any thread that maps memory meanwhile (the interpreter's allocator, a dlopen:
-# torch's import beside an early placement, runtime/early.py) waits for it
-POPULATE_CHUNK = 32 << 20
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,19 +140,14 @@ def populate(address: int, size: int, write: bool, threads: int = 1) -> bool:
     lo = address // page * page
     hi = -(-(address + size) // page) * page
     advice = MADV_POPULATE_WRITE if write else MADV_POPULATE_READ
-
-    def mapped(start: int, end: int) -> bool:  # (in POPULATE_CHUNK steps)
-        return all(libc.madvise(a, min(a + POPULATE_CHUNK, end) - a, advice) == 0
-                   for a in range(start, end, POPULATE_CHUNK))
-
     parts = max(1, min(threads, (hi - lo) // PARALLEL_MIN))
     if parts == 1:
-        return mapped(lo, hi)
+        return libc.madvise(lo, hi - lo, advice) == 0
     cut = [lo + (hi - lo) // parts * i // page * page for i in range(parts)] + [hi]
     ok = [False] * parts
 
     def part(i: int) -> None:
-        ok[i] = mapped(cut[i], cut[i + 1])
+        ok[i] = libc.madvise(cut[i], cut[i + 1] - cut[i], advice) == 0
 
     helpers = [threading.Thread(target=part, args=(i,)) for i in range(1, parts)]
     for t in helpers:

@@ -1,8 +1,6 @@
 """What a native decoder runs, decided before anything is placed: its matrices in step
 order (``step_weights``) and its activation mode by step size (``activation_modes``,
-``decoder_modes``). No torch here: an engine places a GGUF's weights by this plan while
-torch is still being imported (``runtime/early.py``), and the decoder then runs the same
-plan (``decoder.NativeDecoder``)."""
+``decoder_modes``); the arena is laid out by it (``arena.place_ahead``). No torch here."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.gguf_load import is_gguf, native_blocks
 from radixlm.runtime.kv_pool import KVPool, check_kv_cache_dtype
-from radixlm.runtime.memory import available_memory, check_fits
 from radixlm.runtime.models.llama import LlamaModel, ModelConfig
 from radixlm.runtime.models.native_gguf import NativeGGUFModel, native_unsupported
 from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
@@ -137,12 +135,11 @@ def native_library(config: EngineConfig, device: torch.device):
 
 
 def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks: dict,
-                          every_step: bool = False, placed=None):
+                          every_step: bool = False):
     """The native decoder for ``model`` on ``blocks`` (HF name -> QWeight; the rest dense):
     small steps, or with ``every_step`` all of them (a GGUF read as a GGUF, whose blocks
     are its only weights: the file map's pages are given back as the arena copies them).
-    ``placed``: its weights placed already (``early.EarlyWeights.placed``). None (logged)
-    if it cannot run the model; with ``every_step`` that is a ValueError."""
+    None (logged) if it cannot run the model; with ``every_step`` that is a ValueError."""
     from radixlm.native.arena import give_back
     from radixlm.native.decoder import NativeDecoder, supported
 
@@ -157,7 +154,7 @@ def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks
                          max_rows=None if every_step or deterministic else NATIVE_MAX_ROWS,
                          quant=config.weight_quant, act=config.activations,
                          release=give_back if every_step else None,
-                         deterministic=deterministic, placed=placed)
+                         deterministic=deterministic)
 
 
 def block_quantization(config: EngineConfig, model_dir) -> str | None:
@@ -193,6 +190,33 @@ def _reads_gguf_natively(config: EngineConfig, model_dir, hf_config, lib) -> boo
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process: ``MemAvailable`` (free + reclaimable
+    page cache), bounded by a cgroup limit where one is set."""
+    import os
+
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    for path, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
+        try:
+            limit = open(path).read().strip()
+            if limit != "max":
+                avail = min(avail, int(limit) - int(open(used).read()))
+        except (OSError, ValueError):
+            pass
+    return avail
+
+
 def weights_bytes(model_dir) -> int:
     """Bytes the model's weights take in memory once loaded: a GGUF's size (its blocks
     are used as the file has them), else 0 (a checkpoint's precision at load varies; its
@@ -202,14 +226,10 @@ def weights_bytes(model_dir) -> int:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir, context_len: int,
-                 tp: TPGroup | None = None, early: Future | None = None) -> None:
+                 tp: TPGroup | None = None) -> None:
         """Rank 0 (``tp`` None) starts the other tensor-parallel ranks itself when
-        ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group. ``early``: the
-        engine's ``early.start`` (a GGUF's weights being placed while torch imported);
-        its error is raised here, and its weights used where this runner reads the file
-        natively in the dtype they were placed for."""
+        ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
         self.config, self.model_dir = config, model_dir  # (the disk cache tier's fingerprint)
-        early_weights = early.result() if early is not None else None  # (before the library)
         hf_config = load_hf_config(model_dir)
         self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir, hf_config))
         rank = tp.rank if tp is not None else 0
@@ -222,11 +242,7 @@ class ModelRunner:
         local = ModelConfig.from_hf(model_hf)
         lib = native_library(config, self.device)  # None under TP
         self.gguf_native = _reads_gguf_natively(config, model_dir, hf_config, lib)
-        if early_weights is not None and (not self.gguf_native or early_weights.dtype
-                                          != str(self.dtype).removeprefix("torch.")):
-            early_weights = None  # (not this runner's plan: placed again below)
-        capacity = self._pool_capacity(config, local, context_len, weights_bytes(model_dir),
-                                       free=early_weights and early_weights.free)
+        capacity = self._pool_capacity(config, local, context_len, weights_bytes(model_dir))
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
@@ -234,7 +250,7 @@ class ModelRunner:
         if self.tp is not None:  # sums over the ranks in one order (more than 2 ranks)
             self.tp.fixed_order = config.enable_deterministic_inference
         try:
-            blocks = self._load(config, model_dir, hf_config, model_hf, lib, early_weights)
+            blocks = self._load(config, model_dir, hf_config, model_hf, lib)
         except BaseException:
             self.shutdown()
             raise
@@ -242,10 +258,8 @@ class ModelRunner:
         self.vocab_size = self.model.vocab_size
         self.pool = self._create_pool(config, cfg, capacity, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, blocks,
-                                             every_step=self.gguf_native, placed=early_weights
-                                             and early_weights.placed)
+                                             every_step=self.gguf_native)
                        if lib is not None else None)
-        del early_weights  # (the decoder holds what it needs of it)
         del blocks  # (a GGUF's: views of the file map, whose pages the arena replaced)
         self.precision = self._precision(model_dir)
         name = self.attention_backend_name = self._create_attention(config, cfg, context_len)
@@ -312,15 +326,13 @@ class ModelRunner:
                     capacity, self.pool.layout, attention,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
-    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib,
-              early=None) -> dict:
+    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> dict:
         """Build the model; returns the native path's blocks (HF name -> QWeight: the
-        GGUF's own, or those made for ``quantization``; ``early``: the GGUF's read
-        already, ``EarlyWeights``)."""
+        GGUF's own, or those made for ``quantization``)."""
         self.quantization = block_quantization(config, model_dir)
         if self.gguf_native:  # the file's blocks are the only weights
             self.int4 = None
-            gguf = early.gguf if early is not None else native_blocks(model_dir, hf_config)
+            gguf = native_blocks(model_dir, hf_config)
             self.model = NativeGGUFModel(hf_config, gguf.vectors, self.dtype, self.device,
                                          gguf.rope_pairs)
             return gguf.blocks
@@ -392,7 +404,7 @@ class ModelRunner:
                       kv_cache_dtype=config.kv_cache_dtype)
 
     def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig, context_len: int,
-                       weights: int, free: int | None = None) -> int:
+                       weights: int) -> int:
         """Slots of the pool: ``max_total_tokens`` + 1, else as many tokens as
         ``mem_fraction`` of the memory left after the weights (``weights`` bytes) holds in
         the K/V format (an int8 pool about twice a bf16 one's). Refused here, before
@@ -406,9 +418,19 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             left = free
         else:
-            free = available_memory() if free is None else free
+            free = available_memory()
             left = free - weights
-            check_fits(weights, per_token, free, context_len, config.max_total_tokens)
+            tokens = (config.max_total_tokens if config.max_total_tokens is not None
+                      else context_len)
+            need = weights + tokens * per_token
+            if need > free:
+                what = (f"a pool of {tokens} tokens" if config.max_total_tokens is not None
+                        else f"one {tokens}-token context")
+                raise ValueError(
+                    f"the model does not fit in memory: {_gib(weights)} of weights + "
+                    f"{_gib(tokens * per_token)} of K/V for {what} = {_gib(need)} needed, "
+                    f"{_gib(free)} available (a smaller --context-length, "
+                    "--max-total-tokens or --kv-cache-dtype int8 needs less)")
         if config.max_total_tokens is not None:
             return config.max_total_tokens + 1
         return int(max(left * config.mem_fraction // per_token, 1024)) + 1
