@@ -3,9 +3,11 @@ super-blocks; Q3_K as the engine holds it where every step is int8: kx3 rows on 
 builds, else its Q6_K rewrite) beside Q4_1 / Q8_0 blocks of the same values, int8
 activations (the decode path), at a step of 1, 8 and 64 tokens.
 
-Two sizes per format: a matrix that stays in the cache (compute: the kernel's own speed)
-and one of ``--big-mb`` (default 1.5 GiB of Q8_0) that streams from DRAM as a decode step's
-weights do. Times are the best of ``--rounds`` rounds of 5 calls (the host is shared).
+Two sizes per format: 16,384 rows ("cache": ~19 MB of Q4_K at k 2048, which stays in a
+large L3 but not in L1/L2, so its T=1 column is an L3 stream rate, and the kernel's own
+compute speed only at the larger steps) and ``--big-mb`` of rows (default 1.5 GiB of Q8_0:
+"dram") that stream from memory as a decode step's weights do. Times are the best of
+``--rounds`` rounds of 5 calls (the host is shared).
 Weights are random super-blocks (speed does not depend on the values).
 
     .venv/bin/python benchmarks/bench_kquant_matmul.py [--threads 2] [--rounds 7]
