@@ -41,7 +41,7 @@ def sources() -> list[Path]:
 
 
 def int8_decode_preferred(flags: list[str] | None = None) -> bool:
-    """Whether small steps (one-token steps first of all; decoder.INT8_MAX_ROWS) of a
+    """Whether small steps (one-token steps first of all; plan.INT8_MAX_ROWS) of a
     block-quantized model run int8 activation blocks by default: where the CPU multiplies
     u8 x s8 bytes in SIMD, AVX2's ``maddubs`` or VNNI's ``dpbusd`` (llama.cpp's rule; the
     vendor does not matter). ``flags``: the CPU's (default: this host's, less what

@@ -10,7 +10,7 @@ for a file map about to be read, ``MADV_POPULATE_WRITE`` for fresh memory about 
 written): on the 2-core VMs a page fault cost ~6 us, and faulting a 0.67 GB model in page by
 page (the file map read, the arena written) took 2.7 s of a 6 s load; populated, 0.4 s.
 ``huge`` and ``collapse`` put the arena on 2 MiB pages: asked for before the first touch,
-or moved there after it where the kernel has ``MADV_COLLAPSE`` (``ops.Arena.settle``).
+or moved there after it where the kernel has ``MADV_COLLAPSE`` (``arena.Arena.settle``).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class QWeight:
     def as_iq4(self, threads: int = 1) -> QWeight:
         """A pending IQ4_NL / IQ4_XS rewrite as ``FMT_IQ4`` blocks (``recode.iq4_nibbles`` on
         ``threads``: the file's nibbles, the Q8 rewrite's scales), which only the arena's
-        kx32 rows take (``ops.Arena``)."""
+        kx32 rows take (``arena.Arena``)."""
         qs, d = recode.iq4_nibbles(self.pending, self.qs, threads)
         return QWeight(FMT_IQ4, qs, d, None, self.pending.lower(), self.origin)
 

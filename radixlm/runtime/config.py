@@ -73,14 +73,14 @@ class EngineConfig:
     # token's numbers do not depend on its batch, chunking or cache state; otherwise as
     # mixed. mixed: int8 for steps under 8 tokens, on a bf16 model bf16 for the larger
     # steps (AMX tiles or AVX512-BF16 dot products), fp32 otherwise: the fastest big steps,
-    # not batch-invariant (native.decoder.activation_modes). With dtype="float32" asked,
+    # not batch-invariant (native.plan.activation_modes). With dtype="float32" asked,
     # auto means fp32 on every step: the precision asked for is the precision run
     # (``activations``).
     native_activations: str = "auto"
     # SGLang's --enable-deterministic-inference: a token's numbers the same bits whatever
     # the step it runs in (its batch, the chunking of its prompt, a cache hit on any tier,
     # a retraction, speculation's verify steps). The native library runs every step with
-    # one activation mode (native.decoder.activation_modes); the CPU torch path (models or
+    # one activation mode (native.plan.activation_modes); the CPU torch path (models or
     # settings the library does not take: weight_quant="none", tensor parallel, other
     # families) runs its linears in calls of one shape and a fixed-order attention
     # (runtime/models/invariant.py, runtime/attention/invariant.py). A setup that cannot

@@ -23,7 +23,7 @@
  * order, so the same bits (tests/test_native.py). Q4 reads the activations where
  * interleave_act put them.
  * No per-call transposition of the rows: a one-token step streams them at the memory's
- * pace. Matrices of whole groups only (n % 16 == 0): ops.Arena keeps others plain. */
+ * pace. Matrices of whole groups only (n % 16 == 0): arena.Arena keeps others plain. */
 #include "rlm.h"
 
 static inline int64_t kx32_bytes(int fmt) {
