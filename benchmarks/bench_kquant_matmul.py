@@ -46,11 +46,12 @@ def time_matmul(lib, w, tokens: int, threads: int, rounds: int, plain: bool = Fa
     """Best seconds per call of the int8 matmul of ``tokens`` tokens against ``w``
     (``plain``: rows in the layout they were given, none repacked)."""
     from radixlm.native import ops
+    from radixlm.native.arena import Arena
     from radixlm.native.build import ACT_INT8
 
     keep: list = []
     if w.pending and not plain:  # (Q3_K: the arena of a model whose every step is int8)
-        arena = ops.Arena([w], lib, threads, int8_only=True)
+        arena = Arena([w], lib, threads, int8_only=True)
         mat, arrays = arena.place(w)
         keep += [arena, arrays]
     else:

@@ -43,7 +43,7 @@ def capacity(mem_mb: int) -> dict:
     from radixlm.runtime.config import EngineConfig
     from radixlm.runtime.device import pick_device_dtype
     from radixlm.runtime.kv_pool import KVPool
-    from radixlm.runtime.models.llama import ModelConfig
+    from radixlm.runtime.models.shape import ModelConfig
     from radixlm.runtime.weights import load_hf_config, resolve_model
 
     cfg = ModelConfig.from_hf(load_hf_config(resolve_model("smollm2-135m-instruct")))

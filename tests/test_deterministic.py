@@ -23,7 +23,7 @@ import torch
 
 from radixlm.native import build
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
-from radixlm.native.decoder import STEP_INVARIANT_MODES, activation_modes, invariant_plan
+from radixlm.native.plan import STEP_INVARIANT_MODES, activation_modes, invariant_plan
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine import Engine
 

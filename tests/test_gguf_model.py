@@ -48,7 +48,7 @@ def _reference(path: Path):
 
 
 def _same_config(ours, theirs, rope_differs: bool = False) -> None:
-    from radixlm.runtime.models.llama import ModelConfig
+    from radixlm.runtime.models.shape import ModelConfig
 
     a, b = ours.to_dict(), theirs.to_dict()
     skip = {"_name_or_path", "transformers_version"} | (

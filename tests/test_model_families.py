@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixlm.runtime.models.llama import ModelConfig
+from radixlm.runtime.models.shape import ModelConfig
 
 NEW_TOKENS = 8
 TOL = 2e-3  # logprob, absolute

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixlm.native import build, ops
+from radixlm.native import arena, build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
     FMT_BF16,
@@ -194,8 +194,8 @@ def test_block_rows_repacked_are_the_same_bits(type_name):
                                                    repack=False)), (n, k, t)
         weight = from_gguf_raw(type_name, raw)
         dst = np.empty(int(native.rlm_kx_bytes(weight.fmt, n, k)), np.uint8)
-        ops.repack_kx32(native, weight, dst)
-        mat = ops._qmat(weight, [], dst)  # (no plain rows: what the engine's arena holds)
+        arena.repack_kx32(native, weight, dst)
+        mat = arena._qmat(weight, [], dst)  # (no plain rows: what the engine's arena holds)
         rows = np.arange(n - 1, -1, -1, dtype=np.int64)
         out = torch.empty(n, k).numpy()  # (64-byte aligned: the rows are stored whole)
         native.rlm_dequant_rows(ops.ctypes.byref(mat), rows.ctypes.data, n, out.ctypes.data)
@@ -571,7 +571,7 @@ def test_int8_one_token_steps_by_isa():
     architectures); larger steps fp32, or bf16 from ``bf16_from`` tokens on a bf16 model
     (never under 8 where int8 runs: its small steps round alike at every size); an explicit
     mode runs every step."""
-    from radixlm.native.decoder import activation_modes
+    from radixlm.native.plan import activation_modes
 
     for flags, expected in ((["avx2", "fma"], True),
                             (["avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"], True),

@@ -119,7 +119,7 @@ def test_the_arena_ends_on_huge_pages():
     Elsewhere the range is THP-eligible from the start wherever the kernel has THP on
     ("always" or "madvise"); a plain private map of the same size is not where THP waits
     for madvise."""
-    from radixlm.native.ops import Arena
+    from radixlm.native.arena import Arena
 
     mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1][0]
     w = _q8_weight(512)  # 32 MiB, copied in
@@ -171,7 +171,7 @@ def test_the_arena_moves_its_pages_at_the_lowest_priority(monkeypatch):
     import os
     import threading
 
-    from radixlm.native.ops import Arena
+    from radixlm.native.arena import Arena
 
     seen = []
 
@@ -195,7 +195,7 @@ def test_the_move_stops_once_the_arena_is_let_go(monkeypatch):
     import gc
     import threading
 
-    from radixlm.native.ops import Arena
+    from radixlm.native.arena import Arena
 
     started, stopped = threading.Event(), []
 

@@ -13,7 +13,7 @@ from test_native import lib, needs_compiler  # noqa: F401  (the fixture over the
 from test_native_kquants import SUPER_BLOCKS, _chosen_are_argmax, kquant_rows, write_tiny_gguf
 
 from radixlm.native import recode
-from radixlm.native.decoder import describe_weights
+from radixlm.native.plan import describe_weights
 from radixlm.native.qweights import gguf_blocks, recoded
 from radixlm.native.recode import EXACT, PENDING, REQUANTIZED
 
@@ -243,7 +243,8 @@ def test_iq4_rows_compute_their_q8_rewrites_bits(lib, type_name):  # noqa: F811
 
     import torch
 
-    from radixlm.native.ops import Arena, qmat
+    from radixlm.native.arena import Arena
+    from radixlm.native.ops import qmat
     from radixlm.native.qweights import FMT_IQ4, FMT_Q8
 
     raw = _raw(type_name, 48, 1024, seed=10)
@@ -274,7 +275,7 @@ def test_a_pending_rewrite_is_placed_in_its_own_bytes():
     sizes a pending Q3_K weight for its Q6_K rows and copies the rewrite in; a repacking
     arena holds it repacked only where every step is int8 (no rows kept beside)."""
     from radixlm.native import build
-    from radixlm.native.ops import Arena
+    from radixlm.native.arena import Arena
 
     raw = kquant_rows("Q3_K", 32, 512, seed=5)
     w = recoded("Q3_K", raw)
@@ -319,7 +320,8 @@ def test_q3_k_at_three_bits_gives_its_q6_k_rows_bits(lib, n):  # noqa: F811
 
     import torch
 
-    from radixlm.native.ops import Arena, qmat
+    from radixlm.native.arena import Arena
+    from radixlm.native.ops import qmat
     from radixlm.native.qweights import FMT_Q3_K
 
     raw = kquant_rows("Q3_K", n, 1024, seed=6, top=1e-2)
@@ -353,7 +355,7 @@ def test_q3_k_at_three_bits_on_avx512_without_vnni():
     import torch
 
     from radixlm.native import build
-    from radixlm.native.ops import Arena
+    from radixlm.native.arena import Arena
     from radixlm.native.qweights import FMT_Q3_K
 
     if not {"avx512bw", "avx512vl", "avx512_vnni"} <= set(build.cpu_flags()):

@@ -282,13 +282,10 @@ def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = No
 
 @dataclass
 class Placed:
-    """A decoder's matrices placed (``place_ahead``): the arena, the plan they were placed
-    by (``weights``, ``modes``) and each matrix's C view and arrays (``Arena.place``'s
-    answer), looked up by the matrix (``view``)."""
+    """A decoder's matrices placed (``place_ahead``): the arena and each matrix's C view and
+    arrays (``Arena.place``'s answer), looked up by the matrix (``view``)."""
 
     arena: Arena
-    weights: StepWeights
-    modes: tuple[tuple[int, int], ...]
     views: dict[int, tuple[QMat, list[np.ndarray]]]
 
     def view(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
@@ -314,4 +311,4 @@ def place_ahead(lib, weights: StepWeights, modes: tuple[tuple[int, int], ...], t
         views[id(w)] = arena.place(w)
         if release is not None and not arena.in_place(w):
             release(w)
-    return Placed(arena, weights, modes, views)
+    return Placed(arena, views)

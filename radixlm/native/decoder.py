@@ -18,11 +18,9 @@ import torch
 from radixlm.native.arena import place_ahead
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, qcat
 from radixlm.native.ops import KV_DTYPES
-from radixlm.native.plan import (  # noqa: F401  (activation_modes .. re-exported)
+from radixlm.native.plan import (
     ATTRS,
-    INT8_MAX_ROWS,
     STEP_INVARIANT_MODES,
-    activation_modes,
     decoder_modes,
     describe_weights,
     invariant_plan,

@@ -8,14 +8,7 @@ import ctypes
 import numpy as np
 import torch
 
-from radixlm.native.arena import (  # noqa: F401  (re-exported)
-    BLOCKS32,
-    IQ4_TYPES,
-    REPACKED,
-    Arena,
-    _qmat,
-    repack_kx32,
-)
+from radixlm.native.arena import BLOCKS32, REPACKED, Arena, _qmat, repack_kx32
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import QWeight
 

@@ -16,9 +16,10 @@ from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.gguf_load import is_gguf, native_blocks
 from radixlm.runtime.kv_pool import KVPool, check_kv_cache_dtype
-from radixlm.runtime.models.llama import LlamaModel, ModelConfig
-from radixlm.runtime.models.native_gguf import NativeGGUFModel, native_unsupported
+from radixlm.runtime.models.llama import LlamaModel
+from radixlm.runtime.models.native_gguf import NativeGGUFModel
 from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
+from radixlm.runtime.models.shape import ModelConfig, native_unsupported
 from radixlm.runtime.parallel import (
     TPGroup,
     TPGroupError,

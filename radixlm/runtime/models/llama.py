@@ -27,13 +27,7 @@ from radixlm.runtime.models.invariant import act_and_mul
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
 from radixlm.runtime.models.rope import Rope
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
-from radixlm.runtime.models.shape import (  # noqa: F401  (re-exported)
-    FULL,
-    SLIDING,
-    SUPPORTED_MODEL_TYPES,
-    ModelConfig,
-    per_layer_type,
-)
+from radixlm.runtime.models.shape import FULL, ModelConfig, per_layer_type
 
 
 def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: dict | None):

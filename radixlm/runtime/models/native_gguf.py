@@ -16,7 +16,7 @@ import torch
 
 from radixlm.kernels.dispatch import get_ops
 from radixlm.runtime.models.rope import Rope
-from radixlm.runtime.models.shape import ModelConfig, native_unsupported  # noqa: F401
+from radixlm.runtime.models.shape import ModelConfig
 
 
 @dataclass

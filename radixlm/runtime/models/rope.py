@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.native.file_config import FileConfig
-from radixlm.runtime.models.shape import per_layer_type, rope_params  # noqa: F401
+from radixlm.runtime.models.shape import rope_params
 
 
 def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None,

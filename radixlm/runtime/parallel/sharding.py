@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from radixlm.runtime.models.llama import ModelConfig
+from radixlm.runtime.models.shape import ModelConfig
 
 FUSED_CHECKPOINTS = ("phi3",)  # model types whose projections come fused
 
