@@ -4,6 +4,8 @@ file's dequantized weights, and the engine with the native path on, off and unav
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 import types
 
 import native_ref as ref
@@ -78,6 +80,23 @@ def test_library_reports_the_host_isa():
                 else "avx2" if {"avx2", "fma"} <= set(flags) else "generic")
     assert isa == expected
 
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2"])
+def test_the_streaming_kernels_keep_their_prefetches(variant):
+    """The kernels ask for weights ahead of use (prefetch_bytes, kx_ask_ahead, prefetch_rows;
+    a 1B Q6_K decode step's weights stream 1.6x faster with them on a Zen 5). gcc deletes a
+    call to a helper that only prefetches unless the helper is inlined first, silently: the
+    built library is disassembled and its prefetch instructions counted."""
+    if variant == "avx2" and not {"avx2", "fma"} <= set(build.cpu_flags()):
+        pytest.skip("this host cannot execute AVX2")  # not an x86-64 AVX2 machine
+    lib = build.load() if variant == "native" else build.load_variant(VARIANTS["avx2"])
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils, which gcc links with) is missing"
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", lib._name], check=True,
+                          capture_output=True, text=True).stdout
+    if lib.rlm_isa().decode() != "generic":
+        assert text.count("prefetcht0") >= 8
 
 def test_activation_quantization_matches_twin(lib):
     x = torch.randn(5, 96) * torch.tensor([0.01, 1.0, 30.0]).repeat_interleave(32)

@@ -237,7 +237,8 @@ static void dequant_row_bf16(const QMat *w, const uint8_t *wq, const f16 *wd,
 
 /* Ask for rows [n, n + count) of w ahead of use: decode streams every weight from DRAM
  * once per step, and the hardware prefetcher alone left the kernels latency-bound. */
-static inline void prefetch_rows(const QMat *w, int n, int count, int n_end) {
+static inline __attribute__((always_inline)) void prefetch_rows(const QMat *w, int n, int count,
+                                                             int n_end) {
 #ifdef RLM_AVX2
     if (n >= n_end) return;
     if (n + count > n_end) count = n_end - n;

@@ -461,13 +461,19 @@ static inline __m512 kx_scale(__m512 acc, __m512 dv, __m512 dmv, float kd, __m51
 }
 
 /* A one- to four-token step streams the weights (each byte read once for at most 4
- * tokens): the super-block KX_AHEAD ahead of the one being read is asked for here. A 1B
- * Q4_K_M decode step 31.8-35.0 ms against 35.2-43.2 without, a 4-token step 40.5-40.6
- * against 43.1-48.5 (quietest rounds, alternating builds, Ice Lake VM); 5+ tokens are
- * compute-bound. Prefetches change no result. */
+ * tokens): the bytes KX_AHEAD super-blocks ahead of those being read are asked for a
+ * piece at a time as the kernel goes (a super-block's header at its start, then each
+ * sub-block's vectors beside the sub-block being read). G weights / s, one token, a
+ * DRAM-sized matrix (bench_kquant_matmul's), Zen 5, alternating in one process: against no
+ * prefetch, one thread Q6_K 27.9 -> 45.8, Q5_K 35.2 -> 56.9, Q4_K 59.0 -> 69.4, two threads
+ * Q6_K 54.5 -> 89.7, Q4_K 80.0 -> 82.0; against a super-block's lines all asked for at its
+ * start, two threads Q6_K 47.4 -> 54.1, Q5_K 58.3 -> 64.6, Q4_K 73.2 -> 74.4, and 4 tokens
+ * Q6_K 175 -> 202. 5+ tokens are compute-bound. Prefetches change no result. */
 #define KX_AHEAD 3
-static inline void kx_prefetch_ahead(const uint8_t *o, int64_t sb) {
-    prefetch_bytes(o + KX_AHEAD * sb, sb);
+static inline __attribute__((always_inline)) void kx_ask_ahead(const uint8_t *p, int64_t sb,
+                                                              int bytes) {
+    for (int off = 0; off < bytes; off += 64)
+        _mm_prefetch((const char *)p + KX_AHEAD * sb + off, _MM_HINT_T0);
 }
 
 /* G tokens (from token t) against repacked group qx (16 rows from row n), kq_dot's
@@ -483,10 +489,12 @@ static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, in
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
-        if (G <= 4) kx_prefetch_ahead(o, five ? KX5_BYTES : KX_BYTES);
+        const int64_t sb = five ? KX5_BYTES : KX_BYTES;
+        if (G <= 4) kx_ask_ahead(o, sb, 320);
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
+            if (G <= 4) kx_ask_ahead(o + kx_sub_at(five, j), sb, five ? 320 : 256);
             const __m512i scv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)));
             __m512i st[8];
             for (int v = 0; v < 4; v++) {
@@ -587,12 +595,13 @@ static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, i
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX6_BYTES;
-        if (G <= 4) kx_prefetch_ahead(o, KX6_BYTES);
+        if (G <= 4) kx_ask_ahead(o, KX6_BYTES, 288);
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int l = 0; l < 16; l++) {
             const __m512i scv = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)));
             const uint8_t *v = o + 288 + 192 * l;
+            if (G <= 4) kx_ask_ahead(v, KX6_BYTES, 192);
             const __m512i l0 = _mm512_loadu_si512((const void *)v);
             const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
             const __m512i h = _mm512_loadu_si512((const void *)(v + 128));

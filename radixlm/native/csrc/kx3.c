@@ -188,9 +188,11 @@ static inline __attribute__((always_inline)) void kx3_group(const uint8_t *qx, i
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX3_BYTES;
+        if (G <= 4) kx_ask_ahead(o, KX3_BYTES, 288); /* (kx.c's streaming requests) */
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) {
+            if (G <= 4) kx_ask_ahead(o + 288 + 192 * p, KX3_BYTES, 192);
             const __m512i h = _mm512_loadu_si512((const void *)(o + 288 + 192 * p + 128));
             for (int half = 0; half < 2; half++) {
                 const int l = 2 * p + half;

@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void kx32_group(
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = qx + kx32_at(fmt, nb, b);
         /* a streaming step: the group's bytes 8 blocks ahead asked for (as kx.c's
-         * kx_prefetch_ahead; 1B Q8_0, 4 tokens: 63.8-67.9 ms against 75.4-76.7, one token
+         * kx_ask_ahead; 1B Q8_0, 4 tokens: 63.8-67.9 ms against 75.4-76.7, one token
          * the same); a prefetch changes no result */
         if (G <= 4) prefetch_bytes(o + 8 * kx32_bytes(fmt), kx32_bytes(fmt));
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;

@@ -247,8 +247,11 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 
 #ifdef RLM_AVX2
 /* Ask for bytes [p, p + n) a cache line at a time (a prefetch never faults, past an end
- * included). */
-static inline void prefetch_bytes(const void *p, int64_t n) {
+ * included). Every helper that only prefetches is always_inline: gcc finds such a
+ * function free of side effects and deletes the calls it has not inlined yet, so a plain
+ * static inline helper left no prefetch instruction in any build (2b44c8a until the fix;
+ * tests/test_native.py counts them in the built library). */
+static inline __attribute__((always_inline)) void prefetch_bytes(const void *p, int64_t n) {
     for (int64_t off = 0; off < n; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T0);
 }
 
@@ -365,7 +368,8 @@ static void interleave_act(int8_t *a, float *dx, int nb);
 #endif
 static void dequant_row(const QMat *w, const uint8_t *wq, const f16 *wd, const f16 *wm,
                         int nb, float *out);
-static inline void prefetch_rows(const QMat *w, int n, int count, int n_end);
+static inline __attribute__((always_inline)) void prefetch_rows(const QMat *w, int n, int count,
+                                                             int n_end);
 static inline const f16 *wm_of(const QMat *w, int n, int nb);
 #ifdef RLM_AVX2
 static inline __m256 q4_f8(__m128i nib, int part);
