@@ -124,6 +124,7 @@ def make_engines(args):
               "max_total_tokens": max(40000, biggest * (args.context + 1)),
               "max_running_requests": max(64, biggest)}  # (a request table row a sequence)
     native_engine = Engine(**kwargs)
+    settle(native_engine)
     if native_engine.runner.native is None:
         raise SystemExit("the native library is unavailable on this host: nothing to compare")
     if args.no_reference:
@@ -135,7 +136,20 @@ def make_engines(args):
         ref_engine = Engine(**kwargs)
     finally:
         build.load = saved
+    settle(ref_engine)
     return native_engine, ref_engine
+
+
+def settle(engine) -> None:
+    """Wait for what an engine makes on a thread after ready (the grammar backend, then
+    llguidance's tokenizer tables: ~1 s of a core), which would otherwise share the first
+    timed batch's cores (its step read 3-6x slower)."""
+    backend = engine.grammar_backend
+    if backend is not None and hasattr(backend, "ll_tokenizer"):
+        try:
+            _ = backend.ll_tokenizer
+        except ValueError:
+            pass  # (a tokenizer llguidance cannot read: nothing more is made)
 
 
 def main() -> None:
