@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixlm.kernels import ref as kernels_ref
 from radixlm.native import arena, build, ops
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8
 from radixlm.native.qweights import (
@@ -273,6 +274,30 @@ def test_silu_mul_matches_twin(lib):
     expected = (torch.nn.functional.silu(g.double()) * u.double()).float()
     torch.testing.assert_close(ops.silu_mul(lib, g, u), expected, rtol=2e-6, atol=1e-30)
 
+
+
+@pytest.mark.parametrize("vocab,words", [(100, 4), (100, 3), (2050, 65), (49152, 1536)])
+def test_bitmask_equals_its_twin(lib, vocab, words):
+    """The sampler's C bitmask sets the twin's -inf and nothing else, in place: a mask that
+    covers the vocabulary, one narrower (the tail disallowed), one wider; rows all allowed,
+    none allowed, random; a row view with a stride. What the C op does not take (bf16
+    logits, a row count that differs) goes to the twin, whose answer or error it gives."""
+    gen = torch.Generator().manual_seed(vocab + words)
+    wide = torch.randn(4, vocab + 7, generator=gen)
+    logits = wide[:, :vocab]  # (rows vocab + 7 floats apart)
+    mask = torch.randint(-(2**31), 2**31 - 1, (4, words), generator=gen, dtype=torch.int32)
+    mask[1], mask[2] = -1, 0
+    mask[3, ::3] = 0
+    expected, tail = kernels_ref.apply_token_bitmask(logits.clone(), mask), wide[:, vocab:].clone()
+    apply = ops.bitmask_applier(lib)
+    out = apply(logits, mask)
+    assert out.data_ptr() == logits.data_ptr()
+    assert torch.equal(logits, expected) and torch.equal(wide[:, vocab:], tail)
+    half = torch.randn(4, vocab, generator=gen).bfloat16()
+    twin = kernels_ref.apply_token_bitmask(half.clone(), mask)
+    assert torch.equal(apply(half, mask), twin)
+    with pytest.raises(RuntimeError):
+        apply(torch.randn(3, vocab), mask)
 
 def test_norm_then_matmul_matches_twin(lib):
     w = _rand_weight(FMT_Q8, 67, 64, seed=3)

@@ -246,6 +246,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_attention.restype = None
     lib.rlm_store_kv.argtypes = [p, i32, i32, i32, p, p, p, i32]
     lib.rlm_store_kv.restype = None
+    lib.rlm_apply_bitmask.argtypes = [p, i64, i32, i64, p, i64]
+    lib.rlm_apply_bitmask.restype = None
 
 
 def host_info() -> dict:

@@ -1,5 +1,6 @@
 """Thin torch-facing wrappers of single native ops (kernel tests and benchmarks call these;
-the engine runs whole layers through ``decoder``)."""
+the engine runs whole layers through ``decoder``, and its sampler a grammar's bitmask
+through ``bitmask_applier``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ctypes
 import numpy as np
 import torch
 
+from radixlm.kernels import ref
 from radixlm.native.arena import BLOCKS32, REPACKED, Arena, _qmat, repack_kx32
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import QWeight
@@ -112,3 +114,23 @@ def store_kv(lib, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
     t, heads, dim = x.shape
     lib.rlm_store_kv(x.data_ptr(), t, heads, dim, slots.data_ptr(), cache.data_ptr(),
                      _ptr(scales), KV_DTYPES[cache.dtype])
+
+
+def bitmask_applier(lib):
+    """``ref.apply_token_bitmask`` in C, its contract (in place; the same -inf where a bit
+    is clear or past the mask): the sampler's on a host with the library (a constrained
+    step's rows, 49k tokens: 9 rows 256 -> ~20 us). What the C op does not take (logits
+    not fp32 rows on the CPU, a mask not int32 rows on the CPU, row counts that differ)
+    goes to the torch twin."""
+
+    def apply(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
+                or logits.stride(1) != 1 or bitmask.dtype != torch.int32
+                or bitmask.device.type != "cpu" or bitmask.dim() != 2
+                or not bitmask.is_contiguous() or bitmask.shape[0] != logits.shape[0]):
+            return ref.apply_token_bitmask(logits, bitmask)
+        lib.rlm_apply_bitmask(logits.data_ptr(), logits.stride(0), logits.shape[0],
+                              logits.shape[1], bitmask.data_ptr(), bitmask.shape[1])
+        return logits
+
+    return apply

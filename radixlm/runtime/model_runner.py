@@ -264,7 +264,7 @@ class ModelRunner:
         del blocks  # (a GGUF's: views of the file map, whose pages the arena replaced)
         self.precision = self._precision(model_dir)
         name = self.attention_backend_name = self._create_attention(config, cfg, context_len)
-        self.sampler = Sampler(self.model.ops.apply_token_bitmask)
+        self.sampler = Sampler(self._bitmask_op(lib))
         self._generators: dict[str, torch.Generator] = {}
         if self.tp is not None:  # every rank loaded (rank 0: raises if one did not)
             try:
@@ -355,6 +355,15 @@ class ModelRunner:
         self.model = LlamaModel(model_hf, state, self.dtype, self.device, self.int4, tp=self.tp,
                                 batch_invariant=config.enable_deterministic_inference)
         return blocks
+
+    def _bitmask_op(self, lib):
+        """How the sampler applies a grammar's token bitmask: the model's kernel set's op
+        (Triton on CUDA), in C where the torch twin would run and the library is here."""
+        if lib is None or self.model.ops.name != "ref":
+            return self.model.ops.apply_token_bitmask
+        from radixlm.native.ops import bitmask_applier
+
+        return bitmask_applier(lib)
 
     def _precision(self, model_dir) -> dict[str, str]:
         """Which weights and activations run (the start log line, /get_server_info): e.g.

@@ -17,5 +17,6 @@
 #include "amx_i8.c"
 #include "matmul.c"
 #include "vmath.c"
+#include "logits.c"
 #include "attention.c"
 #include "layer.c"
