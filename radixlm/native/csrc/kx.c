@@ -35,6 +35,28 @@ static inline int64_t kx_sb_bytes(int fmt) {
          : fmt == FMT_Q3_K ? KX3_BYTES : KX_BYTES;
 }
 
+#ifdef RLM_AVX2
+/* A one- to four-token step streams the weights (each byte read once for at most 4
+ * tokens): the bytes KX_AHEAD super-blocks ahead of those being read are asked for a
+ * piece at a time as the kernel goes (512 bits: a super-block's header at its start, then
+ * each sub-block's vectors beside the sub-block being read; AVX2: half the super-block
+ * before each 8-row half). G weights / s, one token, a DRAM-sized matrix
+ * (bench_kquant_matmul's), Zen 5, alternating in one process: against no prefetch, one
+ * thread Q6_K 27.9 -> 45.8, Q5_K 35.2 -> 56.9, Q4_K 59.0 -> 69.4, two threads Q6_K 54.5 ->
+ * 89.7, Q4_K 80.0 -> 82.0; against a super-block's lines all asked for at its start, two
+ * threads Q6_K 47.4 -> 54.1, Q5_K 58.3 -> 64.6, Q4_K 73.2 -> 74.4, and 4 tokens Q6_K 175 ->
+ * 202. The AVX2 build on the same host (a stand-in for an AVX2 CPU), against none: one
+ * thread Q4_K 51.0 -> 66.7, Q6_K 24.6 -> 46.5; two Q4_K 67.7 -> 83.3, Q6_K 44.3 -> 52.0; 4
+ * tokens, two threads Q4_K 183 -> 228, Q6_K 99 -> 176. Prefetches change no result. */
+#define KX_AHEAD 3
+static inline __attribute__((always_inline)) void kx_ask_ahead(const uint8_t *p, int64_t sb,
+                                                              int bytes) {
+    for (int off = 0; off < bytes; off += 64)
+        _mm_prefetch((const char *)p + KX_AHEAD * sb + off, _MM_HINT_T0);
+}
+
+#endif
+
 /* Q6_K group i of 16 weights e16 (one byte each) as the three dwords a row takes in the
  * repacked layout: bytes 0-3 elements e | 8 + e << 4, 4-7 4 + e | 12 + e << 4, 8-11 the top
  * bits of e, 4 + e, 8 + e, 12 + e two by two (dword 3: anything). */
@@ -393,9 +415,12 @@ static inline __attribute__((always_inline)) void kx_both(const int fmt, const u
                                                           int64_t ldy, int n) {
     __m256 acc[2][4]; /* (fixed sizes: registers once G is a constant) */
     for (int i = 0; i < G; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+    const int64_t sb = kx_sb_bytes(fmt), part = (sb / 2 + 63) / 64 * 64;
     for (int s = 0; s < nsb; s++) {
-        const uint8_t *o = qx + (int64_t)s * kx_sb_bytes(fmt);
+        const uint8_t *o = qx + (int64_t)s * sb;
+        kx_ask_ahead(o, sb, (int)part); /* (the super-block 3 ahead, half a pass each) */
         kx_half_sb(fmt, o, 0, a, t, G, k, s, nsb, acc[0]);
+        kx_ask_ahead(o + part, sb, (int)(sb - part));
         kx_half_sb(fmt, o, 1, a, t, G, k, s, nsb, acc[1]);
     }
     for (int i = 0; i < G; i++) {
@@ -458,22 +483,6 @@ static inline __m512 kx_scale(__m512 acc, __m512 dv, __m512 dmv, float kd, __m51
     acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, kdv), _mm512_cvtepi32_ps(isum), acc);
     if (mterm) acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, kdv), _mm512_cvtepi32_ps(msum), acc);
     return acc;
-}
-
-/* A one- to four-token step streams the weights (each byte read once for at most 4
- * tokens): the bytes KX_AHEAD super-blocks ahead of those being read are asked for a
- * piece at a time as the kernel goes (a super-block's header at its start, then each
- * sub-block's vectors beside the sub-block being read). G weights / s, one token, a
- * DRAM-sized matrix (bench_kquant_matmul's), Zen 5, alternating in one process: against no
- * prefetch, one thread Q6_K 27.9 -> 45.8, Q5_K 35.2 -> 56.9, Q4_K 59.0 -> 69.4, two threads
- * Q6_K 54.5 -> 89.7, Q4_K 80.0 -> 82.0; against a super-block's lines all asked for at its
- * start, two threads Q6_K 47.4 -> 54.1, Q5_K 58.3 -> 64.6, Q4_K 73.2 -> 74.4, and 4 tokens
- * Q6_K 175 -> 202. 5+ tokens are compute-bound. Prefetches change no result. */
-#define KX_AHEAD 3
-static inline __attribute__((always_inline)) void kx_ask_ahead(const uint8_t *p, int64_t sb,
-                                                              int bytes) {
-    for (int off = 0; off < bytes; off += 64)
-        _mm_prefetch((const char *)p + KX_AHEAD * sb + off, _MM_HINT_T0);
 }
 
 /* G tokens (from token t) against repacked group qx (16 rows from row n), kq_dot's
