@@ -418,7 +418,9 @@ static inline __attribute__((always_inline)) void kx_both(const int fmt, const u
     const int64_t sb = kx_sb_bytes(fmt), part = (sb / 2 + 63) / 64 * 64;
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * sb;
-        kx_ask_ahead(o, sb, (int)part); /* (the super-block 3 ahead, half a pass each) */
+        /* the super-block 3 ahead, half before each half, on every pass (a pass takes 4
+         * tokens at most; 16- and 64-token steps measured the same or faster with it) */
+        kx_ask_ahead(o, sb, (int)part);
         kx_half_sb(fmt, o, 0, a, t, G, k, s, nsb, acc[0]);
         kx_ask_ahead(o + part, sb, (int)(sb - part));
         kx_half_sb(fmt, o, 1, a, t, G, k, s, nsb, acc[1]);

@@ -248,9 +248,9 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 #ifdef RLM_AVX2
 /* Ask for bytes [p, p + n) a cache line at a time (a prefetch never faults, past an end
  * included). Every helper that only prefetches is always_inline: gcc finds such a
- * function free of side effects and deletes the calls it has not inlined yet, so a plain
- * static inline helper left no prefetch instruction in any build (2b44c8a until the fix;
- * tests/test_native.py counts them in the built library). */
+ * function free of side effects and deletes the calls it has not inlined yet: with plain
+ * static inline helpers no build from 2b44c8a to c6749be held one prefetch instruction
+ * (tests/test_native.py counts them in the built library). */
 static inline __attribute__((always_inline)) void prefetch_bytes(const void *p, int64_t n) {
     for (int64_t off = 0; off < n; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T0);
 }
