@@ -22,6 +22,7 @@ import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -82,10 +83,15 @@ def hf_best_dtype() -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
-def load_hf(model_dir):
+def load_hf(model_path):
+    """The same model in transformers: a Hugging Face directory as it is, a GGUF file
+    through transformers' GGUF reader (its weights dequantized to the dtype)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=hf_best_dtype()).eval()
+    path = Path(model_path)
+    where = {"gguf_file": path.name} if path.is_file() else {}
+    return AutoModelForCausalLM.from_pretrained(str(path.parent if where else path),
+                                                dtype=hf_best_dtype(), **where).eval()
 
 
 def bench_hf(model, batches, single_ids, single_new, prefill_prompts) -> dict:
