@@ -78,16 +78,17 @@ def main() -> None:
     max_new = 48 if args.quick else 96
     with Engine(log_level="warning", grammar_backend=args.grammar_backend) as engine:
         mask_s: list[float] = []
-        fill = engine.scheduler._fill_bitmask
+        spec = engine.scheduler.speculation
+        fill = spec._bitmask  # a step's masks (a verified draft's rows: its drafting check's)
 
-        def timed_fill(sampled, _fill=fill):
+        def timed_fill(*args, _fill=fill):
             t0 = time.perf_counter()
-            out = _fill(sampled)
+            out = _fill(*args)
             if out is not None:
                 mask_s.append(time.perf_counter() - t0)
             return out
 
-        engine.scheduler._fill_bitmask = timed_fill
+        spec._bitmask = timed_fill
         tok = engine.tokenizer
         prompts = [chat(tok, f"Describe a person called {names[i % 8]} as JSON with name, age "
                              f"and city.") for i in range(16)]
