@@ -117,10 +117,12 @@ static inline __attribute__((always_inline)) void kx32_group(
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = qx + kx32_at(fmt, nb, b);
-        /* a streaming step: the group's bytes 8 blocks ahead asked for (as kx.c's
-         * kx_ask_ahead; 1B Q8_0, 4 tokens: 63.8-67.9 ms against 75.4-76.7, one token
-         * the same); a prefetch changes no result */
-        if (G <= 4) prefetch_bytes(o + 8 * kx32_bytes(fmt), kx32_bytes(fmt));
+        /* a streaming step: the group's bytes 16 blocks ahead asked for (as kx.c's
+         * kx_ask_ahead). G weights x tokens / s, DRAM-sized, Zen 5, against 8 blocks
+         * ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4, 147 -> 168, two threads 4
+         * tokens 277 -> 325; Q8_0 4 tokens 115 -> 134, 161 -> 206 (one token the same;
+         * 24 and 32 ahead no better). A prefetch changes no result. */
+        if (G <= 4) prefetch_bytes(o + 16 * kx32_bytes(fmt), kx32_bytes(fmt));
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
         if (!q8 && j == 0) /* the chunk's m terms, block c + l in lane l */
             for (int l = 0; l < 16 && c + l < nb; l++) {
