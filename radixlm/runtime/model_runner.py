@@ -16,6 +16,7 @@ from radixlm.runtime.device import pick_device_dtype
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.gguf_load import is_gguf, native_blocks
 from radixlm.runtime.kv_pool import KVPool, check_kv_cache_dtype
+from radixlm.runtime.memory import available_memory, check_fits
 from radixlm.runtime.models.llama import LlamaModel
 from radixlm.runtime.models.native_gguf import NativeGGUFModel
 from radixlm.runtime.models.quant import INT4_MAX_ROWS, int4_supported
@@ -189,33 +190,6 @@ def _reads_gguf_natively(config: EngineConfig, model_dir, hf_config, lib) -> boo
 
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
-
-
-def available_memory() -> int:
-    """Bytes of memory available to this process: ``MemAvailable`` (free + reclaimable
-    page cache), bounded by a cgroup limit where one is set."""
-    import os
-
-    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    for path, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
-        try:
-            limit = open(path).read().strip()
-            if limit != "max":
-                avail = min(avail, int(limit) - int(open(used).read()))
-        except (OSError, ValueError):
-            pass
-    return avail
 
 
 def weights_bytes(model_dir) -> int:
@@ -430,17 +404,7 @@ class ModelRunner:
         else:
             free = available_memory()
             left = free - weights
-            tokens = (config.max_total_tokens if config.max_total_tokens is not None
-                      else context_len)
-            need = weights + tokens * per_token
-            if need > free:
-                what = (f"a pool of {tokens} tokens" if config.max_total_tokens is not None
-                        else f"one {tokens}-token context")
-                raise ValueError(
-                    f"the model does not fit in memory: {_gib(weights)} of weights + "
-                    f"{_gib(tokens * per_token)} of K/V for {what} = {_gib(need)} needed, "
-                    f"{_gib(free)} available (a smaller --context-length, "
-                    "--max-total-tokens or --kv-cache-dtype int8 needs less)")
+            check_fits(weights, per_token, free, context_len, config.max_total_tokens)
         if config.max_total_tokens is not None:
             return config.max_total_tokens + 1
         return int(max(left * config.mem_fraction // per_token, 1024)) + 1
