@@ -21,8 +21,10 @@ engine's own stage functions wrapped by timers, on the threads the engine runs t
 
 A stage is its wall time; the threads overlap but share the GIL. ``ready`` is the time
 from the interpreter's start (``time.perf_counter`` against the process start time) to the
-constructor's return. Reported: the median per stage over the rounds, and each round's
-``ready``. Prints the host line (CPU model, cores, ISA flags), a table and the JSON.
+constructor's return. radixlm's modules are compiled to bytecode first, as an installed
+package's are (``llamacpp_common.compile_bytecode``). Reported: the median per stage over
+the rounds, and each round's ``ready``. Prints the host line (CPU model, cores, ISA
+flags), a table and the JSON.
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def main() -> None:
     from radixlm.native.build import host_info
 
     host = host_line(host_info())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from llamacpp_common import compile_bytecode
+
+    print(compile_bytecode(ROOT / "radixlm"), flush=True)
     engine_args = {} if args.context_length is None else {"context_length": args.context_length}
     rounds = [one_round(args.model, engine_args) for _ in range(args.rounds)]
     median = {k: statistics.median(r[k] for r in rounds) for k in ORDER

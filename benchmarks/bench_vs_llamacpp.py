@@ -23,7 +23,9 @@ process writing there meanwhile counts too; load with
 ``--prime-radixlm-cache`` to time a load after the cache is filled). The GGUF is read
 once before either starts, so both load from the page cache. ``--starts N`` adds N more
 starts of each system after the rounds, alternating, each start to ready printed with the
-per-pair ratios (one start swings up to 2x on the VMs).
+per-pair ratios (one start swings up to 2x on the VMs). radixlm's modules are compiled to
+bytecode before the first start (``llamacpp_common.compile_bytecode``: as pip leaves an
+installed package, llama-cpp-python among them).
 
 Memory: a system whose estimate (file size + its KV cache + a runtime allowance) exceeds
 MemAvailable less ``--mem-reserve-gib`` is not started and is reported as not fitting;
@@ -57,6 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_common import (  # noqa: E402
     add_extra_bufts_arg,
+    compile_bytecode,
     extra_bufts_on,
     mem_available,
     status_kib,
@@ -356,6 +359,7 @@ def run(args) -> int:
 
     host = host_info()
     print(host_line(host), flush=True)
+    print(compile_bytecode(ROOT / "radixlm"), flush=True)
     gguf = str(Path(args.model).resolve()) if args.model else str(alias_paths()[DEFAULT_MODEL])
     modes = args.native_activations.split(",")
     wanted = args.systems.split(",")
