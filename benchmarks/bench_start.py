@@ -8,16 +8,18 @@ Each round runs ``Engine(model)`` in a new interpreter (a start is only a start 
 engine's own stage functions wrapped by timers, on the threads the engine runs them on:
 
 * main thread: ``imports`` (``radixlm.runtime.engine``: the engine's modules, no torch),
-  ``config`` (the GGUF header walk and the config: ``load_hf_config``), ``runtime`` (torch
-  and the runtime: ``engine.runtime_classes``), ``runner`` (``ModelRunner``: the KV pool,
-  the arena, every weight placed), of it ``arena`` (the map made and populated) and
-  ``place`` (the weights copied or repacked in, summed), then ``scheduler`` and
-  ``gc_freeze``;
+  ``config`` (the GGUF header walk and the config: ``load_hf_config``), ``early`` (a
+  GGUF's weights planned and their ``arena`` made and populated: ``early.start``, which
+  waits for ``vocabulary``), ``runtime`` (torch and the runtime:
+  ``engine.runtime_classes``), ``runner`` (``ModelRunner``: the KV pool, the decoder on
+  the placed weights; where nothing was placed early, the arena and the placement too),
+  then ``scheduler`` and ``gc_freeze``;
 * the engine's setup threads: ``vocabulary`` (``checked_vocabulary``: a GGUF's byte-level
-  vocabulary built and checked, beside ``runtime``; ``runner`` starts after it),
-  ``tokenizer`` (``start_tokenizer`` on it: a byte-level GGUF's without transformers) and
-  ``grammar`` (``grammar_setup.make_backend``: made after ready, not part of it;
-  llguidance's tokenizer tables, which ``warm`` makes after that, not counted).
+  vocabulary built and checked), ``tokenizer`` (``start_tokenizer`` on it: a byte-level
+  GGUF's without transformers; beside ``runtime``), ``place`` (``Arena.place_all``: the
+  weights copied or repacked in, beside ``runtime`` where placed early) and ``grammar``
+  (``grammar_setup.make_backend``: made after ready, not part of it; llguidance's
+  tokenizer tables, which ``warm`` makes after that, not counted).
 
 A stage is its wall time; the threads overlap but share the GIL. ``ready`` is the time
 from the interpreter's start (``time.perf_counter`` against the process start time) to the
@@ -63,6 +65,7 @@ from radixlm import envs
 from radixlm.runtime import engine as E  # (first: as an engine's user imports it)
 stages["imports"] = time.perf_counter() - t
 from radixlm.native import arena
+from radixlm.runtime import early
 from radixlm.runtime import grammar_setup as G
 for name, attr in (("config", "load_hf_config"), ("vocabulary", "checked_vocabulary"),
                    ("tokenizer", "start_tokenizer")):
@@ -75,7 +78,8 @@ E.runtime_classes = classes
 G.make_backend = timed("grammar", G.make_backend)
 envs.freeze_gc = timed("gc_freeze", envs.freeze_gc)
 arena.Arena.__init__ = timed("arena", arena.Arena.__init__)
-arena.Arena.place = timed("place", arena.Arena.place)
+arena.Arena.place_all = timed("place", arena.Arena.place_all)
+early.start = timed("early", early.start)
 engine = E.Engine(sys.argv[1], log_level="warning", **json.loads(sys.argv[2]))
 stages["ready"] = time.perf_counter() - t_boot
 stages["construct"] = time.perf_counter() - t - stages["imports"]
@@ -84,8 +88,8 @@ print("STAGES " + json.dumps(stages), flush=True)
 os._exit(0)
 """
 
-ORDER = ("imports", "config", "vocabulary", "tokenizer", "runtime", "runner", "arena", "place",
-         "scheduler", "grammar", "gc_freeze", "construct", "ready")
+ORDER = ("imports", "config", "vocabulary", "tokenizer", "early", "arena", "place", "runtime",
+         "runner", "scheduler", "grammar", "gc_freeze", "construct", "ready")
 
 
 def one_round(model: str, engine_args: dict) -> dict:

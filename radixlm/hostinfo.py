@@ -57,6 +57,24 @@ def cpu_flags() -> list[str]:
     return [f for f in flags if not f.startswith(_ABOVE[isa])]
 
 
+def cpu_has_native_bf16() -> bool:
+    """bf16 dot products in hardware (the flags RADIXLM_CPU_ISA leaves)."""
+    flags = set(cpu_flags())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_dtype_name(asked: str, checkpoint: str | None, native_bf16: bool) -> str:
+    """The dtype a CPU engine runs (``runtime.device.pick_device_dtype``; torch-free, so a
+    start reads it before torch is imported: ``runtime/early.py``): ``asked`` unless "auto";
+    else fp32 for an fp32 / fp16 checkpoint (fp16 exactly), and for a bf16 one or a
+    checkpoint without a dtype (a GGUF) bf16 where ``native_bf16``, else fp32."""
+    if asked != "auto":
+        return asked
+    if checkpoint in ("float32", "float16") or not native_bf16:
+        return "float32"
+    return "bfloat16"
+
+
 def checkout() -> str:
     """The radixlm this process imported: its folder, and where that is a git checkout its
     commit (``-dirty`` with changes). A benchmark run from a ``git worktree`` imports the

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from radixlm.native.arena import place_ahead
+from radixlm.native.arena import Placed, place_ahead
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, qcat
 from radixlm.native.ops import KV_DTYPES
 from radixlm.native.plan import (
@@ -99,13 +99,17 @@ class NativeDecoder:
     ``activation_modes``); int8 needs block weights (a ValueError on a dense model).
     ``release``: called with each QWeight once the arena holds its copy (a file mapping
     gives its pages back; weights the arena reads in place are not copied or released).
-    ``deterministic``: one activation mode for every step (``activation_modes``)."""
+    ``deterministic``: one activation mode for every step (``activation_modes``).
+    ``placed``: the weights placed already by the same plan (``runtime/early.py``: while
+    torch was imported; ``blocks`` then unused), a RuntimeError where its activation modes
+    are not the ones this decoder runs."""
 
     STEP_SLICE = 256  # tokens a step-invariant mode runs at once (see forward)
 
-    def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight], pool,
+    def __init__(self, lib: ctypes.CDLL, model, blocks: dict[str, QWeight] | None, pool,
                  max_rows: int | None, quant: str = "auto", act: str = "auto",
-                 release=None, deterministic: bool = False) -> None:
+                 release=None, deterministic: bool = False,
+                 placed: Placed | None = None) -> None:
         self.lib, self.model, self.pool, self.max_rows = lib, model, pool, max_rows
         self.amx = bool(lib.rlm_amx())
         self._fill = quantize_q4 if quant == "int4" else None  # None: dense rows
@@ -113,14 +117,18 @@ class NativeDecoder:
         cfg = model.cfg
         self.kv_dtype = KV_DTYPES[pool.k_buffer[0].dtype]
         n = cfg.num_layers
-        weights = step_weights(blocks, n,
-                               tied=model.lm_head is model.embed or cfg.tie_word_embeddings,
-                               embed_from_blocks=model.embed is None, missing=self._missing)
+        weights = placed.weights if placed is not None else step_weights(
+            blocks, n, tied=model.lm_head is model.embed or cfg.tie_word_embeddings,
+            embed_from_blocks=model.embed is None, missing=self._missing)
         self.act_modes = decoder_modes(lib, act, model.dtype, weights.flat, weights.head,
                                        deterministic)
-        self._placed = place_ahead(lib, weights, self.act_modes, torch.get_num_threads(),
-                                   release)  # (in step order)
-        self.arena = self._placed.arena
+        if placed is None:
+            placed = place_ahead(lib, weights, self.act_modes, torch.get_num_threads(),
+                                 release)  # (in step order)
+        elif placed.modes != self.act_modes:  # (runtime/early.py plans as this does)
+            raise RuntimeError(f"weights placed for activation modes {placed.modes}, "
+                               f"the decoder runs {self.act_modes}")
+        self.arena, self._placed = placed.arena, placed
         self.weights = describe_weights(weights.flat, weights.head, self.arena.kind)
         self.layers = (Layer * n)(*[self._layer(i, weights.layers[i]) for i in range(n)])
         self.head, head_rows = self._place(weights.head)

@@ -58,6 +58,13 @@ def _span(a: np.ndarray) -> tuple[int, int]:
     return byte_bounds(a)
 
 
+def whole_pages(a: np.ndarray) -> tuple[int, int]:
+    """The whole pages inside ``a``'s span, ``[lo, hi)`` (``hi <= lo``: none)."""
+    page = mmap.PAGESIZE
+    start, end = _span(a)
+    return -(-start // page) * page, end // page * page
+
+
 def release(a: np.ndarray | None) -> int:
     """Drop the whole pages inside ``a``'s span from this process's resident set if ``a``
     lies in a file map (a strided view: the pages between its elements too); returns the
@@ -66,9 +73,7 @@ def release(a: np.ndarray | None) -> int:
     libc = _libc()
     if a is None or libc is None or not file_mapped(a):
         return 0
-    page = mmap.PAGESIZE
-    start, end = _span(a)
-    lo, hi = -(-start // page) * page, end // page * page
+    lo, hi = whole_pages(a)
     if hi <= lo:
         return 0
     return hi - lo if libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0 else 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.hostinfo import cpu_flags
+from radixlm.hostinfo import cpu_dtype_name
+from radixlm.hostinfo import cpu_has_native_bf16 as cpu_has_native_bf16  # (re-exported)
 from radixlm.runtime.config import EngineConfig
 
 
@@ -21,16 +22,9 @@ def pick_device_dtype(config: EngineConfig, checkpoint: str | None = None
     blocks) runs bf16 where native, else fp32. CUDA: bf16 where supported, else fp16."""
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if config.device == "auto" else config.device))
-    if config.dtype != "auto":
-        return device, getattr(torch, config.dtype)
-    if device.type == "cuda":
+    if device.type == "cuda" and config.dtype == "auto":
         return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if checkpoint in ("float32", "float16"):
-        return device, torch.float32
-    return device, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 dot products in hardware (the flags RADIXLM_CPU_ISA leaves)."""
-    flags = set(cpu_flags())
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    if device.type == "cuda":
+        return device, getattr(torch, config.dtype)
+    return device, getattr(torch, cpu_dtype_name(config.dtype, checkpoint,
+                                                  cpu_has_native_bf16()))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from radixlm import envs
 from radixlm.formats.chat_templates import load_chat_template
 from radixlm.radix import TreeView
+from radixlm.runtime import early
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.grammar_setup import GrammarSetup, in_background
@@ -41,9 +42,10 @@ logger = logging.getLogger(__name__)
 
 def runtime_classes() -> tuple[type, type]:
     """The model runner's and the scheduler's classes: torch and the runtime imported, the
-    first time in a process. An engine imports them after it has read the config and
-    started its tokenizer's thread (a GGUF's vocabulary, built meanwhile); importing this
-    module imports no torch. Call under ``envs.gc_paused`` (it says why)."""
+    first time in a process. An engine imports them after it has read the config, started
+    its tokenizer's thread (a GGUF's vocabulary, built meanwhile) and its weights' placement
+    (``early.start``: a GGUF's, placed meanwhile); importing this module imports no torch.
+    Call under ``envs.gc_paused`` (it says why)."""
     from radixlm.runtime.model_runner import ModelRunner
     from radixlm.runtime.scheduler import Scheduler
 
@@ -226,10 +228,13 @@ class Engine:
             checked: Future = Future()
             text = in_background(_text_side, self.config, self.model_path, self.hf_config,
                                  checked)
-            ModelRunner, Scheduler = runtime_classes()  # (torch: meanwhile ``text``)
+            placing = early.start(self.config, self.model_path, self.hf_config,
+                                  self.context_len, checked)
+            ModelRunner, Scheduler = runtime_classes()  # (torch: meanwhile ``text``, ``placing``)
             checked.result()  # (a damaged vocabulary refused before the runner allocates)
             # with tp_size > 1 this starts the other ranks (bad sizes fail before that)
-            self.runner = ModelRunner(self.config, self.model_path, self.context_len)
+            self.runner = ModelRunner(self.config, self.model_path, self.context_len,
+                                      early=placing)
             try:
                 self.tokenizer, self.eos_ids = text.result()
                 self.scheduler = Scheduler(self.config, self.runner, self.tokenizer)

@@ -25,6 +25,7 @@ import torch
 
 from radixlm.kernels import ref
 from radixlm.runtime.config import KV_CACHE_DTYPES
+from radixlm.runtime.models.shape import kv_bytes_per_token
 
 
 def contiguous_run(slots: list[int]) -> tuple[int, int] | None:
@@ -263,9 +264,7 @@ class KVPool:
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
         """Bytes of one token's K/V (all layers) in the format ``kv_cache_dtype``."""
-        if kv_cache_dtype == "int8":
-            return 2 * num_layers * num_kv_heads * (head_dim + 2)  # int8 values, bf16 scale
-        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+        return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_cache_dtype)
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from radixlm.runtime.weights import (
     load_state_dict,
     quantize_linears,
 )
+
+if TYPE_CHECKING:
+    from radixlm.runtime.early import EarlyWeights
 
 logger = logging.getLogger(__name__)
 # Steps of up to this many tokens run natively (decode batches, jump-forward steps);
@@ -137,11 +141,12 @@ def native_library(config: EngineConfig, device: torch.device):
 
 
 def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks: dict,
-                          every_step: bool = False):
+                          every_step: bool = False, placed=None):
     """The native decoder for ``model`` on ``blocks`` (HF name -> QWeight; the rest dense):
     small steps, or with ``every_step`` all of them (a GGUF read as a GGUF, whose blocks
     are its only weights: the file map's pages are given back as the arena copies them).
-    None (logged) if it cannot run the model; with ``every_step`` that is a ValueError."""
+    ``placed``: its weights placed already (``early.EarlyWeights.placing``'s result). None
+    (logged) if it cannot run the model; with ``every_step`` that is a ValueError."""
     from radixlm.native.arena import give_back
     from radixlm.native.decoder import NativeDecoder, supported
 
@@ -156,7 +161,7 @@ def create_native_decoder(lib, config: EngineConfig, model, pool: KVPool, blocks
                          max_rows=None if every_step or deterministic else NATIVE_MAX_ROWS,
                          quant=config.weight_quant, act=config.activations,
                          release=give_back if every_step else None,
-                         deterministic=deterministic)
+                         deterministic=deterministic, placed=placed)
 
 
 def block_quantization(config: EngineConfig, model_dir) -> str | None:
@@ -190,6 +195,7 @@ def _reads_gguf_natively(config: EngineConfig, model_dir, hf_config, lib) -> boo
 
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def weights_bytes(model_dir) -> int:
@@ -201,9 +207,11 @@ def weights_bytes(model_dir) -> int:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir, context_len: int,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, early: EarlyWeights | None = None) -> None:
         """Rank 0 (``tp`` None) starts the other tensor-parallel ranks itself when
-        ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group."""
+        ``config.tp_size > 1``; a spawned rank passes its own ``tp`` group. ``early``: a
+        GGUF's weights placed while torch was imported (``runtime/early.py``), used where
+        this runner reads the file natively in the dtype they were placed for."""
         self.config, self.model_dir = config, model_dir  # (the disk cache tier's fingerprint)
         hf_config = load_hf_config(model_dir)
         self.device, self.dtype = pick_device_dtype(config, checkpoint_dtype(model_dir, hf_config))
@@ -217,7 +225,9 @@ class ModelRunner:
         local = ModelConfig.from_hf(model_hf)
         lib = native_library(config, self.device)  # None under TP
         self.gguf_native = _reads_gguf_natively(config, model_dir, hf_config, lib)
-        capacity = self._pool_capacity(config, local, context_len, weights_bytes(model_dir))
+        early = self._take_early(early)
+        capacity = self._pool_capacity(config, local, context_len, weights_bytes(model_dir),
+                                       free=early and early.free)
         self.tp = tp
         if config.tp_size > 1 and tp is None:  # rank 0: every rank gets the same pool size
             worker_config = dataclasses.replace(config, max_total_tokens=capacity - 1)
@@ -225,7 +235,7 @@ class ModelRunner:
         if self.tp is not None:  # sums over the ranks in one order (more than 2 ranks)
             self.tp.fixed_order = config.enable_deterministic_inference
         try:
-            blocks = self._load(config, model_dir, hf_config, model_hf, lib)
+            blocks = self._load(config, model_dir, hf_config, model_hf, lib, early)
         except BaseException:
             self.shutdown()
             raise
@@ -233,9 +243,10 @@ class ModelRunner:
         self.vocab_size = self.model.vocab_size
         self.pool = self._create_pool(config, cfg, capacity, context_len)
         self.native = (create_native_decoder(lib, config, self.model, self.pool, blocks,
-                                             every_step=self.gguf_native)
+                                             every_step=self.gguf_native,
+                                             placed=early and early.placing.result())
                        if lib is not None else None)
-        del blocks  # (a GGUF's: views of the file map, whose pages the arena replaced)
+        del blocks, early  # (a GGUF's: views of the file map, whose pages the arena replaced)
         self.precision = self._precision(model_dir)
         name = self.attention_backend_name = self._create_attention(config, cfg, context_len)
         self.sampler = Sampler(self._bitmask_op(lib))
@@ -301,13 +312,25 @@ class ModelRunner:
                     capacity, self.pool.layout, attention,
                     f", tp rank {self.tp.rank}/{self.tp.size}" if self.tp else "")
 
-    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib) -> dict:
+    def _take_early(self, early: EarlyWeights | None) -> EarlyWeights | None:
+        """``early`` where its plan is this runner's (the file read natively, the dtype it
+        assumed), else None: its placement waited for and let go (placed again here)."""
+        if early is None or (self.gguf_native and early.dtype == _NAMES[self.dtype]):
+            return early
+        early.placing.exception()  # (its thread done with the arena, which goes with it)
+        logger.info("weights placed at the start for %s, not this runner's plan: placed again",
+                    early.dtype)
+        return None
+
+    def _load(self, config: EngineConfig, model_dir, hf_config, model_hf, lib,
+              early: EarlyWeights | None = None) -> dict:
         """Build the model; returns the native path's blocks (HF name -> QWeight: the
-        GGUF's own, or those made for ``quantization``)."""
+        GGUF's own, or those made for ``quantization``; ``early``: the GGUF's read
+        already)."""
         self.quantization = block_quantization(config, model_dir)
         if self.gguf_native:  # the file's blocks are the only weights
             self.int4 = None
-            gguf = native_blocks(model_dir, hf_config)
+            gguf = early.gguf if early is not None else native_blocks(model_dir, hf_config)
             self.model = NativeGGUFModel(hf_config, gguf.vectors, self.dtype, self.device,
                                          gguf.rope_pairs)
             return gguf.blocks
@@ -388,13 +411,14 @@ class ModelRunner:
                       kv_cache_dtype=config.kv_cache_dtype)
 
     def _pool_capacity(self, config: EngineConfig, cfg: ModelConfig, context_len: int,
-                       weights: int) -> int:
+                       weights: int, free: int | None = None) -> int:
         """Slots of the pool: ``max_total_tokens`` + 1, else as many tokens as
         ``mem_fraction`` of the memory left after the weights (``weights`` bytes) holds in
         the K/V format (an int8 pool about twice a bf16 one's). Refused here, before
         anything is loaded, with the numbers: a format this device cannot store, and on a
         CPU a model whose weights and one context (or the asked pool) do not fit in the
-        memory available."""
+        memory available (``free`` bytes where the weights are placed already: what was
+        available before)."""
         check_kv_cache_dtype(config.kv_cache_dtype, self.device)
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                            self.dtype, config.kv_cache_dtype)
@@ -402,7 +426,7 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             left = free
         else:
-            free = available_memory()
+            free = available_memory() if free is None else free
             left = free - weights
             check_fits(weights, per_token, free, context_len, config.max_total_tokens)
         if config.max_total_tokens is not None:

@@ -1,6 +1,8 @@
 """The decoder's shape and family switches (``ModelConfig``), read from a transformers
 config, and what follows from them alone: the rotary parameters' place in the config and
-the native path's family check (``native_unsupported``). No torch here."""
+the native path's family check (``native_unsupported``), a token's K/V bytes
+(``kv_bytes_per_token``). No torch here: a start reads these before torch is imported
+(``runtime/early.py``)."""
 
 from __future__ import annotations
 
@@ -151,3 +153,16 @@ def native_unsupported(hf_config) -> str | None:
         return "dimensions not multiples of 32"
     return None
 
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype,
+                       kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one token's K/V (all layers) in the format ``kv_cache_dtype``; ``dtype``
+    (the model's: a torch dtype or its name) for the plain format."""
+    if kv_cache_dtype == "int8":
+        return 2 * num_layers * num_kv_heads * (head_dim + 2)  # int8 values, bf16 scale
+    return 2 * num_layers * num_kv_heads * head_dim * _DTYPE_BYTES[
+        str(dtype).removeprefix("torch.")]
