@@ -239,9 +239,9 @@ class Arena:
                   release=None) -> dict[int, tuple[QMat, list[np.ndarray]]]:
         """Every matrix of ``order`` placed, in that order (``place``; by ``id``), with
         ``release(w)`` called once w is copied (not for one read in place). The file map's
-        K-quant rows that are repacked in their own format (``batched``) are repacked in
-        one C call at the end on ``threads`` threads, each one's file pages given back once
-        done (``rlm_repack_kx_many``): a start places a GGUF beside torch's import
+        rows that are repacked in their own format (``batched``) are repacked in one C call
+        at the end on ``threads`` threads, each one's file pages given back once done
+        (``rlm_repack_many``): a start places a GGUF beside torch's import
         (``runtime/early.py``), which holds the GIL for long stretches, and a call per
         matrix waited for it each time (a 1B's 113 matrices: 0.7 s there, 0.2 s in one
         call). The same bytes where they would be one by one."""
@@ -255,15 +255,15 @@ class Arena:
             if release is not None and not self.in_place(w):
                 release(w)
         if jobs:
-            self._lib.rlm_repack_kx_many((RepackMany * len(jobs))(*jobs), len(jobs),
-                                         max(1, threads))
+            self._lib.rlm_repack_many((RepackMany * len(jobs))(*jobs), len(jobs),
+                                      max(1, threads))
         return views
 
     def batched(self, w: QWeight) -> bool:
-        """Whether ``place_all`` repacks ``w`` in its one call: K-quant rows of a file map
-        (not rewritten at load) that are repacked (see the class) in their own format."""
-        return (not w.pending and w.fmt in REPACKED and self.repacked(w)
-                and pages.file_mapped(w.qs))
+        """Whether ``place_all`` repacks ``w`` in its one call: rows of a file map (not
+        rewritten at load) that are repacked (see the class) in their own format."""
+        return (not w.pending and (w.fmt in REPACKED or w.fmt in BLOCKS32)
+                and self.repacked(w) and pages.file_mapped(w.qs))
 
     def _repack_later(self, w: QWeight) -> tuple[tuple[QMat, list[np.ndarray]], RepackMany]:
         """``w``'s place in the arena and C view (as ``place`` makes them), and the job
@@ -272,9 +272,14 @@ class Arena:
         dst = self._buf[self._used:self._used + nbytes]
         self._used += self._padded(nbytes)
         self.repacked_bytes += nbytes
-        self._held.append(w.qs)  # (read again, if at all, only by the paths that need them)
         lo, hi = pages.whole_pages(w.qs)
-        job = RepackMany(w.qs.ctypes.data, w.fmt, w.n, w.k, dst.ctypes.data, lo, hi - lo)
+        job = RepackMany(src=w.qs.ctypes.data, fmt=w.fmt, n=w.n, k=w.k, dst=dst.ctypes.data,
+                         drop=lo, drop_len=max(0, hi - lo))
+        if w.fmt in BLOCKS32:  # (its C view reads the repacked rows only)
+            _kx32_job(w, job)
+            self._int8_only = True
+            return (_qmat(w, [], dst), []), job
+        self._held.append(w.qs)  # (read again, if at all, only by the paths that need them)
         return (_qmat(w, [w.qs], dst, w.fmt), [w.qs]), job
 
     def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
@@ -301,14 +306,30 @@ def _collapse(arena: weakref.ref, address: int, span: int, stop: threading.Event
         held.collapsed_bytes = done
 
 
-def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
-    """``w``'s Q8 / Q4 rows (contiguous arrays or a GGUF's strided block views) repacked into
-    ``dst`` (``lib.rlm_kx_bytes`` bytes; csrc/kx32.c)."""
+def _kx32_rows(w: QWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``w``'s Q8 / Q4 rows as ``rlm_repack_kx32`` reads them: quants [n, blocks, 32] and
+    fp16 scales (and Q4's minimums) [n, blocks], contiguous arrays or a GGUF's strided block
+    views alike; a ValueError for any other layout."""
     qs = w.qs.reshape(w.n, -1, w.qs.shape[-1])
     scales = [np.asarray(a).reshape(w.n, -1) for a in (w.d, w.m) if a is not None]
     if qs.strides[2] != 1 or any(a.dtype != np.float16 for a in scales):
         raise ValueError("rows to repack need byte quants and fp16 scales")
-    d, m = scales[0], scales[1] if w.fmt == FMT_Q4 else None
+    return qs, scales[0], scales[1] if w.fmt == FMT_Q4 else None
+
+
+def _kx32_job(w: QWeight, job: RepackMany) -> None:
+    """``job`` (``rlm_repack_many``'s) set to repack ``w``'s Q8 / Q4 rows (``_kx32_rows``)."""
+    qs, d, m = _kx32_rows(w)
+    job.blocks32, job.qrow, job.qblk = 1, qs.strides[0], qs.strides[1]
+    job.d, job.drow, job.dblk = d.ctypes.data, d.strides[0], d.strides[1]
+    if m is not None:
+        job.m, job.mrow, job.mblk = m.ctypes.data, m.strides[0], m.strides[1]
+
+
+def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
+    """``w``'s Q8 / Q4 rows (contiguous arrays or a GGUF's strided block views) repacked into
+    ``dst`` (``lib.rlm_kx_bytes`` bytes; csrc/kx32.c)."""
+    qs, d, m = _kx32_rows(w)
     lib.rlm_repack_kx32(w.fmt, qs.ctypes.data, qs.strides[0], qs.strides[1], d.ctypes.data,
                         d.strides[0], d.strides[1], None if m is None else m.ctypes.data,
                         0 if m is None else m.strides[0], 0 if m is None else m.strides[1],

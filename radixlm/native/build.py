@@ -164,12 +164,16 @@ class QMat(ctypes.Structure):
 
 
 class RepackMany(ctypes.Structure):
-    """One matrix of ``rlm_repack_kx_many`` (csrc/layer.c): rows to repack, where, and the
-    span of a file map to give back after."""
+    """One matrix of ``rlm_repack_many`` (csrc/layer.c): rows to repack (K-quant rows, or
+    with ``blocks32`` Q8 / Q4 rows and their strides, as ``rlm_repack_kx32`` takes them),
+    where, and the span of a file map to give back after."""
 
-    _fields_ = [("src", ctypes.c_void_p), ("fmt", ctypes.c_int32), ("n", ctypes.c_int32),
-                ("k", ctypes.c_int32), ("dst", ctypes.c_void_p), ("drop", ctypes.c_void_p),
-                ("drop_len", ctypes.c_int64)]
+    _fields_ = [("src", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
+                ("blocks32", ctypes.c_int32), ("qrow", ctypes.c_int64),
+                ("qblk", ctypes.c_int64), ("drow", ctypes.c_int64), ("dblk", ctypes.c_int64),
+                ("mrow", ctypes.c_int64), ("mblk", ctypes.c_int64), ("dst", ctypes.c_void_p),
+                ("drop", ctypes.c_void_p), ("drop_len", ctypes.c_int64)]
 
 
 class QCat(ctypes.Structure):
@@ -232,8 +236,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_kx_bytes.restype = i64
     lib.rlm_repack_kx.argtypes = [p, i32, i32, i32, p, i32]
     lib.rlm_repack_kx.restype = None
-    lib.rlm_repack_kx_many.argtypes = [ctypes.POINTER(RepackMany), i32, i32]
-    lib.rlm_repack_kx_many.restype = None
+    lib.rlm_repack_many.argtypes = [ctypes.POINTER(RepackMany), i32, i32]
+    lib.rlm_repack_many.restype = None
     lib.rlm_kx3_rows.restype = i32
     lib.rlm_kx32_rows.restype = i32
     lib.rlm_repack_kx32.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, i64, i32, i32, p, i32]

@@ -540,29 +540,6 @@ void rlm_repack_kx(const uint8_t *src, int32_t fmt, int32_t n, int32_t k, uint8_
     run_parallel(repack_job, &j, nthreads < 1 ? 1 : nthreads);
 }
 
-/* Many matrices repacked as rlm_repack_kx in one call, in order (a start places a GGUF's
- * matrices on a thread beside torch's import, which holds the GIL for long stretches: one
- * call waits for it once, not per matrix). After job i's rows are repacked, the whole pages
- * of [drop, drop + drop_len) are given back (MADV_DONTNEED: its rows in a file map, which
- * fault back in from the file if read; drop_len 0: none). */
-typedef struct {
-    const uint8_t *src;
-    int32_t fmt, n, k;
-    uint8_t *dst;
-    uint8_t *drop;
-    int64_t drop_len;
-} RlmRepackMany;
-
-void rlm_repack_kx_many(const RlmRepackMany *jobs, int32_t count, int32_t nthreads) {
-    for (int32_t i = 0; i < count; i++) {
-        const RlmRepackMany *m = &jobs[i];
-        rlm_repack_kx(m->src, m->fmt, m->n, m->k, m->dst, nthreads);
-#ifdef __linux__
-        if (m->drop_len > 0) madvise(m->drop, (size_t)m->drop_len, MADV_DONTNEED);
-#endif
-    }
-}
-
 /* Whether this build's int8 kernel reads Q8 / Q4 rows repacked (kx32.c: every row, the
  * plain rows not kept), and the repacking: such a matrix's rows (n % 16 == 0; block b of row r
  * at qs + r qrow + b qblk, its fp16 scale at d + r drow + b dblk, Q4's minimum at m + r mrow
@@ -600,6 +577,35 @@ void rlm_repack_kx32(int32_t fmt, const uint8_t *qs, int64_t qrow, int64_t qblk,
                      int32_t nthreads) {
     Repack32Job j = {fmt, qs, d, m, qrow, qblk, drow, dblk, mrow, mblk, n, k, dst};
     run_parallel(repack32_job, &j, nthreads < 1 ? 1 : nthreads);
+}
+
+/* Many matrices repacked in one call, in order (a start places a GGUF's matrices on a thread
+ * beside torch's import, which holds the GIL for long stretches: one call waits for it once,
+ * not per matrix): K-quant rows as rlm_repack_kx, or (blocks32) Q8 / Q4 rows as
+ * rlm_repack_kx32 with their strides. After job i's rows are repacked, the whole pages of
+ * [drop, drop + drop_len) are given back (MADV_DONTNEED: its rows in a file map, which fault
+ * back in from the file if read; drop_len 0: none). */
+typedef struct {
+    const uint8_t *src, *d, *m;
+    int32_t fmt, n, k, blocks32;
+    int64_t qrow, qblk, drow, dblk, mrow, mblk;
+    uint8_t *dst;
+    uint8_t *drop;
+    int64_t drop_len;
+} RlmRepackMany;
+
+void rlm_repack_many(const RlmRepackMany *jobs, int32_t count, int32_t nthreads) {
+    for (int32_t i = 0; i < count; i++) {
+        const RlmRepackMany *j = &jobs[i];
+        if (j->blocks32)
+            rlm_repack_kx32(j->fmt, j->src, j->qrow, j->qblk, j->d, j->drow, j->dblk, j->m,
+                            j->mrow, j->mblk, j->n, j->k, j->dst, nthreads);
+        else
+            rlm_repack_kx(j->src, j->fmt, j->n, j->k, j->dst, nthreads);
+#ifdef __linux__
+        if (j->drop_len > 0) madvise(j->drop, (size_t)j->drop_len, MADV_DONTNEED);
+#endif
+    }
 }
 
 /* Row n of a K-quant matrix unpacked (kq_unpack_row: bytes q [k], scales ds, dm), from the

@@ -54,7 +54,7 @@
 #include <stdatomic.h>
 #include <time.h>
 #ifdef __linux__
-#include <sys/mman.h>  /* madvise: rlm_repack_kx_many gives a file map's pages back */
+#include <sys/mman.h>  /* madvise: rlm_repack_many gives a file map's pages back */
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
