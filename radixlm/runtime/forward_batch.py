@@ -7,16 +7,12 @@ lists for code that must not synchronize with the device.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-
-class ForwardMode(enum.Enum):
-    EXTEND = "extend"  # one or more new tokens per request, after a cached prefix
-    DECODE = "decode"  # exactly one new token per request
+from radixlm.runtime.step import ForwardMode as ForwardMode  # (re-exported: with the batch)
 
 
 @dataclass

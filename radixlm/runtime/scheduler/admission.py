@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ScheduleBatch
 from radixlm.runtime.request import Req, ReqStatus
 from radixlm.runtime.schedule_policy import order_waiting, shares_uncached_prefix
 from radixlm.runtime.scheduler.postprocess import internal_error
 from radixlm.runtime.scheduler.retraction import Retraction
 from radixlm.runtime.scheduler.state import SchedulerState
+from radixlm.runtime.step import ForwardMode, ScheduleBatch
 
 logger = logging.getLogger(__package__)
 

@@ -18,12 +18,12 @@ import time
 import traceback
 from collections.abc import Callable
 
-from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch, StepOutput
+from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.outputs import make_output
 from radixlm.runtime.request import Req, ReqStatus
 from radixlm.runtime.scheduler.state import SchedulerState
+from radixlm.runtime.step import ForwardMode, ScheduleBatch, StepOutput
 
 logger = logging.getLogger(__package__)
 

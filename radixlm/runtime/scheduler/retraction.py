@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ScheduleBatch
 from radixlm.runtime.request import Req, ReqStatus
 from radixlm.runtime.schedule_policy import order_by_priority, preemption_victim
 from radixlm.runtime.scheduler.state import SchedulerState
+from radixlm.runtime.step import ForwardMode, ScheduleBatch
 
 logger = logging.getLogger(__package__)
 

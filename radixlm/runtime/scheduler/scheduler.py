@@ -33,7 +33,7 @@ from collections.abc import Callable
 from radixlm import envs
 from radixlm.runtime.hicache import create_tiers
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch
+from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req
 from radixlm.runtime.scheduler.admission import Admission
 from radixlm.runtime.scheduler.inbox import Inbox
@@ -42,6 +42,7 @@ from radixlm.runtime.scheduler.retraction import Retraction
 from radixlm.runtime.scheduler.speculation import Speculation
 from radixlm.runtime.scheduler.state import SchedulerState
 from radixlm.runtime.speculative import create_drafter
+from radixlm.runtime.step import ScheduleBatch
 
 logger = logging.getLogger(__package__)
 

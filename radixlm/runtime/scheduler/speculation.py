@@ -41,12 +41,12 @@ import time
 
 import numpy as np
 
-from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.kv_manager import KVManager
-from radixlm.runtime.model_runner import ModelRunner, ScheduleBatch, StepOutput
+from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req
 from radixlm.runtime.scheduler.state import SchedulerState
 from radixlm.runtime.speculative.cost import StepCosts, plan_budgets
+from radixlm.runtime.step import ForwardMode, ScheduleBatch, StepOutput
 
 logger = logging.getLogger(__package__)
 
