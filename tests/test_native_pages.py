@@ -4,6 +4,7 @@ arena on huge pages, moved there after it is written where the kernel can."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 
 import numpy as np
@@ -130,9 +131,15 @@ def test_the_arena_ends_on_huge_pages():
         assert _smaps(address, "AnonHugePages") == ["0", "kB"]
         assert "hg" not in _smaps(address, "VmFlags")  # (no MADV_HUGEPAGE)
         before = [a.copy() for a in arrays]
-        thread = arena.settle()
-        thread.join()
-        assert 0 < arena.collapsed_bytes <= arena._span
+        for _ in range(2):  # (once more where the kernel could not just then)
+            thread = arena.settle()
+            thread.join()
+            if arena.collapsed_bytes:
+                break
+        if arena.collapsed_bytes == 0:  # the kernel has no huge page to give (a busy or
+            # fragmented host), never a range it refuses (EINVAL: asked wrongly)
+            assert _collapse_errno(address, arena._span) in (errno.EAGAIN, errno.ENOMEM)
+        assert 0 <= arena.collapsed_bytes <= arena._span
         assert int(_smaps(address, "AnonHugePages")[0]) * 1024 >= arena.collapsed_bytes
         assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
     else:
@@ -141,6 +148,16 @@ def test_the_arena_ends_on_huge_pages():
     plain = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)
     plain[0] = 1
     assert _thp_eligible(np.frombuffer(plain, np.uint8).ctypes.data) == (mode == "a")
+
+
+def _collapse_errno(address: int, size: int) -> int:
+    """MADV_COLLAPSE over the range once more: 0, or the kernel's errno (EAGAIN, ENOMEM: it
+    could not, which ``pages.collapse`` leaves on 4 KiB pages; anything else: the range
+    asked wrongly)."""
+    import ctypes
+
+    libc = pages._libc()
+    return 0 if libc.madvise(address, size, pages.MADV_COLLAPSE) == 0 else ctypes.get_errno()
 
 
 def test_collapse_stops_when_asked_and_keeps_the_bytes():

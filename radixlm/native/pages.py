@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import mmap
 import threading
+import time
 
 import numpy as np
 
@@ -27,6 +29,7 @@ MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # <sys/mman.h> on Linux
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
 MADV_COLLAPSE = 25  # Linux 6.1+
 COLLAPSE_CHUNK = 32 << 20  # bytes a ``collapse`` call: the map's lock held that long at most
+COLLAPSE_TRIES = 4  # calls a chunk the kernel answers EAGAIN (a transient failure) gets
 PARALLEL_MIN = 64 << 20  # bytes a thread, at least, for ``populate`` to split a range
 
 
@@ -125,8 +128,13 @@ def collapse(address: int, size: int, stop: threading.Event | None = None) -> in
         if stop is not None and stop.is_set():
             break
         n = min(COLLAPSE_CHUNK, address + size - lo)
-        if libc.madvise(lo, n, MADV_COLLAPSE) == 0:
-            done += n
+        for _ in range(COLLAPSE_TRIES):  # (EAGAIN: a page busy elsewhere for a moment)
+            if libc.madvise(lo, n, MADV_COLLAPSE) == 0:
+                done += n
+                break
+            if ctypes.get_errno() != errno.EAGAIN:
+                break
+            time.sleep(0.001)
     return done
 
 
