@@ -14,8 +14,8 @@ memory populated beside torch's import slowed that import by as much as the popu
 (the VM's page faults are one queue), so the arena is populated first; and a placement of a
 ctypes call per matrix beside the import waited for the GIL at each call (0.7 s for 113
 matrices against 0.2 s alone: the import holds the GIL through long C stretches), so the
-repacking is one C call (``Arena.place_all``). Start to ready: 1.19-1.28 s placing after
-the import, 1.06-1.10 s this way.
+repacking is one C call (``Arena.place_all``). Start to ready (``bench_start.py``, medians
+of 5): 1.12 s placing after the import, 0.97 s this way.
 
 Everything here is torch-free: the file's blocks (``gguf_load.native_blocks``), the decoder's
 plan (``native/plan.py``: the same matrices in the same order and the same activation modes as
