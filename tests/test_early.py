@@ -239,3 +239,16 @@ def test_eligible_only_where_the_runner_reads_the_file_natively_on_a_cpu(
     gpu.write_text("")
     monkeypatch.setattr(early, "_GPU_DEVICES", (str(gpu),))
     assert not ok() and ok(device="cpu")  # (an "auto" device may be that GPU)
+
+
+def test_the_placement_threads_follow_torchs_default(monkeypatch):
+    """OMP_NUM_THREADS where set (a number), else this process's CPUs; where the platform
+    has no affinity call, every CPU."""
+    import os
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert early._threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    assert early._threads() == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert early._threads() == (os.cpu_count() or 1)

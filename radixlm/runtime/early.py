@@ -86,7 +86,9 @@ def _threads() -> int:
     try:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
     except ValueError:
-        return max(1, len(os.sched_getaffinity(0)))
+        pass
+    affinity = getattr(os, "sched_getaffinity", None)  # (Linux; elsewhere every CPU)
+    return max(1, len(affinity(0)) if affinity is not None else os.cpu_count() or 1)
 
 
 def start(config: EngineConfig, model_path, hf_config, context_len: int,
