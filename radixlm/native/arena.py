@@ -5,6 +5,7 @@ torch here: a start places a GGUF's weights while torch is being imported
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -204,23 +205,10 @@ class Arena:
             w = w.as_iq4(self._threads)
         elif fmt != FMT_Q3_K:
             w = w.materialized(self._threads)
-        if self.repacked(w) and w.fmt in BLOCKS32:
-            return self._place_kx32(w)
-        if self.repacked(w):
-            pages.populate_read(w.qs)
-            nbytes = int(self._lib.rlm_kx_bytes(fmt, w.n, w.k))
-            dst = self._buf[self._used:self._used + nbytes]
-            self._lib.rlm_repack_kx(w.qs.ctypes.data, fmt, w.n, w.k, dst.ctypes.data,
-                                    self._threads)
-            self._used += self._padded(nbytes)
-            self.repacked_bytes += nbytes
-            made = self._every_int8 and w.n % 16 == 0 and not pages.file_mapped(w.qs)
-            pages.release(w.qs)  # (read again, if at all, only by the paths that need them)
-            if fmt == FMT_Q3_K or made:  # (kx3: the file's rows, read by no path now; rows
-                self._int8_only = True   # made at load, recode.py: not kept twice)
-                return _qmat(w, [], dst, fmt), []
-            self._held.append(w.qs)
-            return _qmat(w, [w.qs], dst, fmt), [w.qs]
+        if self.repacked(w):  # (a batch of one: place_all's repacking)
+            view, job = self._repack_job(w, fmt)
+            self._lib.rlm_repack_many(ctypes.byref(job), 1, max(1, self._threads))
+            return view
         if self.in_place(w):
             pages.populate_read(w.qs)  # (the first step would fault each page in)
             self._held.append(w.qs)
@@ -248,7 +236,7 @@ class Arena:
         views, jobs = {}, []
         for w in order:
             if self.batched(w):
-                views[id(w)], job = self._repack_later(w)
+                views[id(w)], job = self._repack_job(w, w.fmt)
                 jobs.append(job)
                 continue
             views[id(w)] = self.place(w)
@@ -265,33 +253,30 @@ class Arena:
         return (not w.pending and (w.fmt in REPACKED or w.fmt in BLOCKS32)
                 and self.repacked(w) and pages.file_mapped(w.qs))
 
-    def _repack_later(self, w: QWeight) -> tuple[tuple[QMat, list[np.ndarray]], RepackMany]:
-        """``w``'s place in the arena and C view (as ``place`` makes them), and the job
-        that repacks its rows there and gives back their file pages."""
-        nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
+    def _repack_job(self, w: QWeight,
+                    fmt: int) -> tuple[tuple[QMat, list[np.ndarray]], RepackMany]:
+        """``w``'s place in the arena for its rows repacked in ``fmt`` (``_kx_fmt``), its C
+        view and the arrays behind it (``place``'s answer), and the ``rlm_repack_many`` job
+        that repacks the rows there and then gives back their file pages, if in a file map.
+        Read by int8 steps only (the view holds no plain rows): Q8 / Q4 rows (kx32), kx3's
+        (the file's Q3_K rows, read by no path now) and rows made at load where every step
+        is int8 (recode.py: not kept twice); others keep the plain rows beside."""
+        nbytes = int(self._lib.rlm_kx_bytes(fmt, w.n, w.k))
         dst = self._buf[self._used:self._used + nbytes]
         self._used += self._padded(nbytes)
         self.repacked_bytes += nbytes
-        lo, hi = pages.whole_pages(w.qs)
-        job = RepackMany(src=w.qs.ctypes.data, fmt=w.fmt, n=w.n, k=w.k, dst=dst.ctypes.data,
+        mapped = pages.file_mapped(w.qs)
+        lo, hi = pages.whole_pages(w.qs) if mapped else (0, 0)
+        job = RepackMany(src=w.qs.ctypes.data, fmt=fmt, n=w.n, k=w.k, dst=dst.ctypes.data,
                          drop=lo, drop_len=max(0, hi - lo))
-        if w.fmt in BLOCKS32:  # (its C view reads the repacked rows only)
+        if w.fmt in BLOCKS32:
             _kx32_job(w, job)
+        made = self._every_int8 and w.n % 16 == 0 and not mapped
+        if w.fmt in BLOCKS32 or fmt == FMT_Q3_K or made:
             self._int8_only = True
-            return (_qmat(w, [], dst), []), job
+            return (_qmat(w, [], dst, fmt), []), job
         self._held.append(w.qs)  # (read again, if at all, only by the paths that need them)
-        return (_qmat(w, [w.qs], dst, w.fmt), [w.qs]), job
-
-    def _place_kx32(self, w: QWeight) -> tuple[QMat, list[np.ndarray]]:
-        """``w`` (Q8 / Q4) repacked in (``place``): its C view reads the repacked rows only."""
-        pages.populate_read(w.qs)  # (the scales lie between the quants in a GGUF's blocks)
-        nbytes = int(self._lib.rlm_kx_bytes(w.fmt, w.n, w.k))
-        dst = self._buf[self._used:self._used + nbytes]
-        repack_kx32(self._lib, w, dst, self._threads)
-        self._int8_only = True
-        self._used += self._padded(nbytes)
-        self.repacked_bytes += nbytes
-        return _qmat(w, [], dst), []
+        return (_qmat(w, [w.qs], dst, fmt), [w.qs]), job
 
 
 def _collapse(arena: weakref.ref, address: int, span: int, stop: threading.Event) -> None:

@@ -127,7 +127,6 @@ def _reads_gguf_natively(config: EngineConfig, model_dir, hf_config, lib) -> boo
 
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def weights_bytes(model_dir) -> int:
@@ -247,7 +246,8 @@ class ModelRunner:
     def _take_early(self, early: EarlyWeights | None) -> EarlyWeights | None:
         """``early`` where its plan is this runner's (the file read natively, the dtype it
         assumed), else None: its placement waited for and let go (placed again here)."""
-        if early is None or (self.gguf_native and early.dtype == _NAMES[self.dtype]):
+        dtype = str(self.dtype).removeprefix("torch.")  # (the name the early plan took)
+        if early is None or (self.gguf_native and early.dtype == dtype):
             return early
         early.placing.exception()  # (its thread done with the arena, which goes with it)
         logger.info("weights placed at the start for %s, not this runner's plan: placed again",

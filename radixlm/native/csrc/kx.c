@@ -51,8 +51,7 @@ static inline int64_t kx_sb_bytes(int fmt) {
 #define KX_AHEAD 3
 static inline __attribute__((always_inline)) void kx_ask_ahead(const uint8_t *p, int64_t sb,
                                                               int bytes) {
-    for (int off = 0; off < bytes; off += 64)
-        _mm_prefetch((const char *)p + KX_AHEAD * sb + off, _MM_HINT_T0);
+    prefetch_bytes(p + KX_AHEAD * sb, bytes);
 }
 
 #endif
