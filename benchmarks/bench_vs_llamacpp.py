@@ -32,6 +32,9 @@ MemAvailable less ``--mem-reserve-gib`` is not started and is reported as not fi
 systems that fit alone but not together run one after the other (``alternated``: false). A
 guard polls MemAvailable while workers run and stops them (reported, exit status 3) before
 it falls under the reserve, so a run never ends in the kernel's OOM killer.
+Before each round the parent reads the host's memory rate (``memory_read_gbs``: torch
+summing 512 MiB on ``--threads`` threads), printed per round: a GGUF's one-token step
+streams its weights at that rate, which moves ~1.6x within minutes on the VMs.
 Prints the host first; JSON then a table at the end.
 """
 
@@ -62,6 +65,7 @@ from llamacpp_common import (  # noqa: E402
     compile_bytecode,
     extra_bufts_on,
     mem_available,
+    memory_read_gbs,
     status_kib,
 )
 
@@ -455,10 +459,11 @@ def run_group(args, gguf: str, group: list[str], modes: dict[str, str], guard: M
         for w in workers.values():  # warm-up all
             w.ask({"prompt": short, "new": 8})
         for r in state["rounds"]:
+            r["memory_read_gbs"] = memory_read_gbs(args.threads)
             for name, w in workers.items():
                 r[name] = metrics(w.ask({"prompt": short, "new": args.new_tokens}),
                                   w.ask({"prompt": long, "new": 1}), len(long))
-            print(json.dumps({n: r[n] for n in group}), flush=True)
+            print(json.dumps({n: r[n] for n in [*group, "memory_read_gbs"]}), flush=True)
         for name, w in workers.items():
             if name != "llama_cpp":
                 state["precision"][name]["speculation"] = w.ask({"stats": True})
@@ -535,6 +540,9 @@ def report(args, state: dict) -> None:
               f"{first['peak_rss_gib']:.2f} GiB")
     for name in names or ran:
         _table(results, state, name, keys, both)
+    if rounds:
+        print("host memory read GB/s before each round (decode is bound by it): "
+              + " ".join(f"{r['memory_read_gbs']:.1f}" for r in rounds))
     for name, times in state.get("starts", {}).items():
         ratios = ("; radixlm / llama.cpp per pair " + " ".join(
             f"{a / b:.2f}" for a, b in zip(times, state["starts"]["llama_cpp"], strict=True))

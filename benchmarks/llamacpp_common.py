@@ -91,3 +91,27 @@ def compile_bytecode(package_dir) -> str:
     compiled = out.getvalue().count("Compiling ")
     return (f"{package_dir} bytecode: {compiled} modules compiled before the starts"
             f"{'' if ok else ' (some failed)'}")
+
+
+def memory_read_gbs(threads: int, mib: int = 512) -> float:
+    """The host's memory read rate now, GB/s: ``mib`` MiB of fp32 summed by torch on
+    ``threads`` threads, the best of 5 (torch imported here: call it from a parent in
+    radixlm's venv). A one-token step of a GGUF streams its weights at this rate, and the
+    VMs' rate moves ~1.6x within minutes, so the benchmarks print it beside each round."""
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mib << 18)
+        x.sum()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t0)
+        return x.numel() * x.element_size() / best / 1e9
+    finally:
+        torch.set_num_threads(before)
