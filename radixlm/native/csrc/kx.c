@@ -36,9 +36,10 @@ static inline int64_t kx_sb_bytes(int fmt) {
 }
 
 #ifdef RLM_AVX2
-/* A one- to four-token step streams the weights (each byte read once for at most 4
- * tokens): the bytes KX_AHEAD super-blocks ahead of those being read are asked for a
- * piece at a time as the kernel goes (512 bits: a super-block's header at its start, then
+/* A pass over a group's super-blocks for G tokens reads them from memory when it is the
+ * group's first pass of a token tile (later passes find them in L1 / L2): that pass asks
+ * for the bytes KX_AHEAD super-blocks ahead of those being read, a piece at a time as the
+ * kernel goes (512 bits: a super-block's header at its start, then
  * each sub-block's vectors beside the sub-block being read; AVX2: half the super-block
  * before each 8-row half). G weights / s, one token, a DRAM-sized matrix
  * (bench_kquant_matmul's), Zen 5, alternating in one process: against no prefetch, one
@@ -47,7 +48,12 @@ static inline int64_t kx_sb_bytes(int fmt) {
  * threads Q6_K 47.4 -> 54.1, Q5_K 58.3 -> 64.6, Q4_K 73.2 -> 74.4, and 4 tokens Q6_K 175 ->
  * 202. The AVX2 build on the same host (a stand-in for an AVX2 CPU), against none: one
  * thread Q4_K 51.0 -> 66.7, Q6_K 24.6 -> 46.5; two Q4_K 67.7 -> 83.3, Q6_K 44.3 -> 52.0; 4
- * tokens, two threads Q4_K 183 -> 228, Q6_K 99 -> 176. Prefetches change no result. */
+ * tokens, two threads Q4_K 183 -> 228, Q6_K 99 -> 176. Asked ahead on first passes of 5-8
+ * tokens too (the 512-bit kernels had it for G <= 4 only), a 1B Q4_K_M step
+ * (bench_decode_step, two alternating pairs): 8 tokens 47-51 -> 20 ms, 16 tokens 66-69 ->
+ * 37-40, 64 tokens 163-167 -> 147-155; 1B Q3_K_M (kx3.c) 8 tokens 47 -> 21, Q8_0 (kx32.c)
+ * 78 -> 33; the 135M's Q4_1 8 tokens 8.6 -> 5.5-6.6, 16 12.6 -> 9.8-10.2. Prefetches
+ * change no result. */
 #define KX_AHEAD 3
 static inline __attribute__((always_inline)) void kx_ask_ahead(const uint8_t *p, int64_t sb,
                                                               int bytes) {
@@ -493,18 +499,19 @@ static inline __m512 kx_scale(__m512 acc, __m512 dv, __m512 dmv, float kd, __m51
 static inline __attribute__((always_inline)) void kx_group(const uint8_t *qx, int nsb,
                                                            const Act *a, int t, const int G,
                                                            int k, float *y, int64_t ldy,
-                                                           int n, const int five) {
+                                                           int n, const int five,
+                                                           const int ahead) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[G];
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * (five ? KX5_BYTES : KX_BYTES);
         const int64_t sb = five ? KX5_BYTES : KX_BYTES;
-        if (G <= 4) kx_ask_ahead(o, sb, 320);
+        if (ahead) kx_ask_ahead(o, sb, 320);
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            if (G <= 4) kx_ask_ahead(o + kx_sub_at(five, j), sb, five ? 320 : 256);
+            if (ahead) kx_ask_ahead(o + kx_sub_at(five, j), sb, five ? 320 : 256);
             const __m512i scv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)));
             __m512i st[8];
             for (int v = 0; v < 4; v++) {
@@ -598,20 +605,21 @@ static inline __attribute__((always_inline)) void kx6_finish(const uint8_t *o, c
  * scales in int16 pairs against the token's sums by 16): kq_dot's integer. */
 static inline __attribute__((always_inline)) void kx6_group(const uint8_t *qx, int nsb,
                                                             const Act *a, int t, const int G,
-                                                            int k, float *y, int64_t ldy, int n) {
+                                                            int k, float *y, int64_t ldy, int n,
+                                                            const int ahead) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33);
     const __m512i mcc = _mm512_set1_epi8((char)0xcc);
     __m512 acc[G];
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX6_BYTES;
-        if (G <= 4) kx_ask_ahead(o, KX6_BYTES, 288);
+        if (ahead) kx_ask_ahead(o, KX6_BYTES, 288);
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int l = 0; l < 16; l++) {
             const __m512i scv = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * l)));
             const uint8_t *v = o + 288 + 192 * l;
-            if (G <= 4) kx_ask_ahead(v, KX6_BYTES, 192);
+            if (ahead) kx_ask_ahead(v, KX6_BYTES, 192);
             const __m512i l0 = _mm512_loadu_si512((const void *)v);
             const __m512i l1 = _mm512_loadu_si512((const void *)(v + 64));
             const __m512i h = _mm512_loadu_si512((const void *)(v + 128));
@@ -647,10 +655,11 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                const int ahead = t == t0; /* the pass that reads the group from memory */
                 switch (G + 16 * six + 32 * (w->fmt == FMT_Q5_K)) {
-#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 0); break; \
-                 case G + 16: kx6_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
-                 case G + 32: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 1); break;
+#define RLM_G(G) case G: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 0, ahead); break; \
+                 case G + 16: kx6_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, ahead); break; \
+                 case G + 32: kx_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, 1, ahead); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }

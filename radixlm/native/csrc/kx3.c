@@ -182,17 +182,18 @@ static inline __m512i kx3_high(__m512i h, int bit) {
  * operations with u (see the top). */
 static inline __attribute__((always_inline)) void kx3_group(const uint8_t *qx, int nsb,
                                                             const Act *a, int t, const int G,
-                                                            int k, float *y, int64_t ldy, int n) {
+                                                            int k, float *y, int64_t ldy, int n,
+                                                            const int ahead) {
     const __m512i m3 = _mm512_set1_epi8(0x03);
     __m512 acc[G];
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX3_BYTES;
-        if (G <= 4) kx_ask_ahead(o, KX3_BYTES, 288); /* (kx.c's streaming requests) */
+        if (ahead) kx_ask_ahead(o, KX3_BYTES, 288); /* (kx.c's streaming requests) */
         __m512i isum[G];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) {
-            if (G <= 4) kx_ask_ahead(o + 288 + 192 * p, KX3_BYTES, 192);
+            if (ahead) kx_ask_ahead(o + 288 + 192 * p, KX3_BYTES, 192);
             const __m512i h = _mm512_loadu_si512((const void *)(o + 288 + 192 * p + 128));
             for (int half = 0; half < 2; half++) {
                 const int l = 2 * p + half;
@@ -222,8 +223,9 @@ static void kx3_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *
             const uint8_t *qx = w->qx + (int64_t)g * nsb * KX3_BYTES;
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
+                const int ahead = t == t0; /* (kx_rows') */
                 switch (G) {
-#define RLM_G(G) case G: kx3_group(qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+#define RLM_G(G) case G: kx3_group(qx, nsb, a, t, G, k, y, ldy, 16 * g, ahead); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }

@@ -107,7 +107,7 @@ static inline __m512 kx_lanes_tree(const __m512 *c) {
  * row a lane; 16 rows stored at y + n (row stride ldy). */
 static inline __attribute__((always_inline)) void kx32_group(
     const int fmt, const uint8_t *qx, int nb, const Act *a, int t, const int G, int k,
-    const int32_t *c128, float *y, int64_t ldy, int n) {
+    const int32_t *c128, float *y, int64_t ldy, int n, const int ahead) {
     const int q8 = fmt == FMT_Q8 || fmt == FMT_IQ4; /* (IQ4: Q8's operations from st on) */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i grid = _mm512_broadcast_i32x4(_mm_xor_si128(
@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) void kx32_group(
          * ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4, 147 -> 168, two threads 4
          * tokens 277 -> 325; Q8_0 4 tokens 115 -> 134, 161 -> 206 (one token the same;
          * 24 and 32 ahead no better). A prefetch changes no result. */
-        if (G <= 4) prefetch_bytes(o + 16 * kx32_bytes(fmt), kx32_bytes(fmt));
+        if (ahead) prefetch_bytes(o + 16 * kx32_bytes(fmt), kx32_bytes(fmt));
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
         /* Q4's m terms: the chunk's at its start, block c + l in lane l, or in a pass of 8
          * tokens block c + L's just before this block's product in lane L, with one load
@@ -206,10 +206,11 @@ static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, floa
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
                 const int32_t *ct = c + (int64_t)(t - t0) * nb;
+                const int ahead = t == t0; /* the pass that reads the group from memory */
                 switch (G + 8 * (w->fmt == FMT_Q8) + 16 * (w->fmt == FMT_IQ4)) {
-#define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
-                 case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break; \
-                 case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff); break;
+#define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break; \
+                 case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break; \
+                 case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }
