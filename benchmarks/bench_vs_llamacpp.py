@@ -1,6 +1,8 @@
 """radixlm vs llama.cpp (llama-cpp-python) on the same GGUF, same token ids, alternating
-rounds: single-stream decode tok/s, prefill tok/s and TTFT; per-round ratios and medians;
-then each system's load time and peak memory, with their ratios.
+rounds: single-stream decode tok/s, prefill tok/s and TTFT, decode of ``--streams`` streams
+at once (radixlm's continuous batching against llama.cpp's parallel sequences, as
+llama-server's slots run them); per-round ratios and medians; then each system's load time
+and peak memory, with their ratios.
 
     make bench-llamacpp        # builds llama-cpp-python into .venv-llamacpp once (~10 min)
     .venv/bin/python benchmarks/bench_vs_llamacpp.py [--model PATH.gguf] [--rounds 3]
@@ -76,6 +78,7 @@ WORDS = ("the of and to in is was for on that with as by at from his her an were
          "water music history science garden market winter summer story people world").split()
 # resident memory beyond the weights and the KV cache: llama.cpp's compute buffers and
 # logits; radixlm's interpreter with torch, its step buffers and logits
+STREAM_PROMPT = 16  # tokens of each stream's prompt (--streams)
 RUNTIME_ALLOWANCE = {"llama_cpp": 0.5 * GIB, "radixlm": 1.5 * GIB}
 
 
@@ -84,7 +87,7 @@ def llama_worker(gguf: str, threads: int, extra_bufts: bool, ctx: int) -> None:
     """Reads one JSON job a line ({"prompt": ids, "new": n}), answers timings a line.
     ``extra_bufts`` False: plain weight buffers (``llamacpp_common.use_plain_buffers``)."""
     import llama_cpp
-    from llamacpp_common import announce_ready, use_plain_buffers
+    from llamacpp_common import announce_ready, llama_streams, use_plain_buffers
 
     if not extra_bufts:
         use_plain_buffers(llama_cpp)
@@ -95,6 +98,10 @@ def llama_worker(gguf: str, threads: int, extra_bufts: bool, ctx: int) -> None:
     for line in sys.stdin:
         job = json.loads(line)
         llm.reset()
+        if "prompts" in job:
+            print(json.dumps(llama_streams(llm, job["prompts"], job["new"], threads)),
+                  flush=True)
+            continue
         t0 = time.perf_counter()
         first = None
         n = 0
@@ -128,6 +135,8 @@ def radixlm_worker(model: str, mode: str, speculative: str | None, ctx: int) -> 
             stats = engine.get_stats()
             out = {k: stats.get(k, 0) for k in ("spec_draft_tokens_total",
                                                 "spec_accepted_tokens_total")}
+        elif "prompts" in job:
+            out = run_radixlm_streams(engine, job["prompts"], job["new"])
         else:
             out = run_radixlm(engine, job["prompt"], job["new"])
         print(json.dumps(out), flush=True)
@@ -158,6 +167,18 @@ def run_radixlm(engine, prompt: list[int], new: int) -> dict:
     engine.flush_cache()  # no prefix reuse between runs: llama.cpp is reset too
     return {"ttft": out["meta_info"]["ttft"], "total": total,
             "tokens": out["meta_info"]["completion_tokens"]}
+
+
+def run_radixlm_streams(engine, prompts: list[list[int]], new: int) -> dict:
+    """``llama_streams``' job on radixlm: the prompts as one ``generate`` call (continuous
+    batching); ``ttft`` the last request's first token."""
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params={
+        "max_new_tokens": new, "temperature": 0, "ignore_eos": True})
+    total = time.perf_counter() - t0
+    engine.flush_cache()
+    return {"ttft": max(o["meta_info"]["ttft"] for o in outs), "total": total,
+            "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs)}
 
 
 class WorkerGone(RuntimeError):
@@ -292,14 +313,19 @@ def plan(gguf: str, ctx: int, systems: list[str], reserve: int) -> tuple[list[li
 
 
 # ---------------------------------------------------------------- the run
-def metrics(run_short: dict, run_long: dict, long_len: int) -> dict:
-    return {
+def metrics(run_short: dict, run_long: dict, long_len: int, run_streams: dict | None = None,
+            streams: int = 0) -> dict:
+    out = {
         "single_decode_tok_s": (run_short["tokens"] - 1) / (run_short["total"]
                                                              - run_short["ttft"]),
         "ttft_s": run_short["ttft"],
         "prefill_tok_s": long_len / run_long["ttft"],
         "prefill_ttft_s": run_long["ttft"],
     }
+    if run_streams:  # the tokens after every stream's first, over the time after it
+        out[f"streams{streams}_decode_tok_s"] = ((run_streams["tokens"] - streams)
+                                                 / (run_streams["total"] - run_streams["ttft"]))
+    return out
 
 
 def main() -> None:
@@ -316,6 +342,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prefill-tokens", type=int, default=1800)
     ap.add_argument("--ctx", type=int, default=4096, help="KV cache tokens of both systems")
+    ap.add_argument("--streams", type=int, default=8,
+                    help="also decode this many streams at once (distinct prompts of "
+                         f"{STREAM_PROMPT} tokens, --new-tokens each; llama.cpp as "
+                         "llama-server's parallel slots run them): streamsN_decode_tok_s, "
+                         "the tokens after every stream's first over the time after it; "
+                         "0: skip")
     ap.add_argument("--llama-python", default=None,
                     help="interpreter with llama_cpp (default .venv-llamacpp/bin/python)")
     add_extra_bufts_arg(ap)
@@ -458,11 +490,15 @@ def run_group(args, gguf: str, group: list[str], modes: dict[str, str], guard: M
         short, long = ids[:64], ids[:args.prefill_tokens]
         for w in workers.values():  # warm-up all
             w.ask({"prompt": short, "new": 8})
+        # the streams' prompts: distinct, STREAM_PROMPT tokens each (no shared prefix)
+        prompts = [ids[STREAM_PROMPT * i:STREAM_PROMPT * (i + 1)] for i in range(args.streams)]
         for r in state["rounds"]:
             r["memory_read_gbs"] = memory_read_gbs(args.threads)
             for name, w in workers.items():
                 r[name] = metrics(w.ask({"prompt": short, "new": args.new_tokens}),
-                                  w.ask({"prompt": long, "new": 1}), len(long))
+                                  w.ask({"prompt": long, "new": 1}), len(long),
+                                  prompts and w.ask({"prompts": prompts,
+                                                     "new": args.new_tokens}), args.streams)
             print(json.dumps({n: r[n] for n in [*group, "memory_read_gbs"]}), flush=True)
         for name, w in workers.items():
             if name != "llama_cpp":

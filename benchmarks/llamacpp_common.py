@@ -115,3 +115,53 @@ def memory_read_gbs(threads: int, mib: int = 512) -> float:
         return x.numel() * x.element_size() / best / 1e9
     finally:
         torch.set_num_threads(before)
+
+
+def llama_streams(llm, prompts: list[list[int]], new: int, threads: int) -> dict:
+    """Greedy ``new`` tokens for each of ``prompts`` at once, as llama-server's parallel
+    slots run them: one context with a sequence per prompt (a unified KV cache), the
+    prompts in one batch, then a batch of one token per sequence a step (argmax of its
+    logits). The context is made before the clock starts. Returns ``ttft`` (the prompts'
+    batch: every sequence's first token), ``total`` and ``tokens``, seconds."""
+    import time
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import _internals
+
+    n = len(prompts)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n * (max(map(len, prompts)) + new + 1)
+    params.n_batch = params.n_ubatch = max(512, sum(map(len, prompts)))
+    params.n_seq_max, params.kv_unified = n, True
+    params.n_threads = params.n_threads_batch = threads
+    ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    batch = _internals.LlamaBatch(n_tokens=params.n_batch, embd=0, n_seq_max=n)
+    vocab = llm.n_vocab()
+
+    def argmax(i: int) -> int:
+        return int(np.ctypeslib.as_array(ctx.get_logits_ith(i), shape=(vocab,)).argmax())
+
+    try:
+        t0 = time.perf_counter()
+        for s, p in enumerate(prompts):
+            batch.add_sequence(p, s, False)
+        ctx.decode(batch)
+        ends = np.cumsum([len(p) for p in prompts]) - 1
+        toks = [argmax(int(i)) for i in ends]
+        ttft = time.perf_counter() - t0
+        pos = [len(p) for p in prompts]
+        for _ in range(new - 1):
+            batch.reset()
+            b = batch.batch
+            b.n_tokens = n
+            for s in range(n):
+                b.token[s], b.pos[s], b.seq_id[s][0], b.n_seq_id[s] = toks[s], pos[s], s, 1
+                b.logits[s] = True
+                pos[s] += 1
+            ctx.decode(batch)
+            toks = [argmax(s) for s in range(n)]
+        return {"ttft": ttft, "total": time.perf_counter() - t0, "tokens": n * new}
+    finally:
+        batch.close()
+        ctx.close()
