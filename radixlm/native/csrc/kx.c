@@ -417,17 +417,18 @@ static inline __attribute__((always_inline)) void kx_half_sb(const int fmt, cons
 static inline __attribute__((always_inline)) void kx_both(const int fmt, const uint8_t *qx,
                                                           int nsb, const Act *a, int t,
                                                           const int G, int k, float *y,
-                                                          int64_t ldy, int n) {
+                                                          int64_t ldy, int n, const int ahead) {
     __m256 acc[2][4]; /* (fixed sizes: registers once G is a constant) */
     for (int i = 0; i < G; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
     const int64_t sb = kx_sb_bytes(fmt), part = (sb / 2 + 63) / 64 * 64;
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * sb;
-        /* the super-block 3 ahead, half before each half, on every pass (a pass takes 4
-         * tokens at most; 16- and 64-token steps measured the same or faster with it) */
-        kx_ask_ahead(o, sb, (int)part);
+        /* the super-block 3 ahead, half before each half, on a group's first pass of the
+         * tile (on every pass: 64 tokens 3-5% slower under the AVX2 caps on the Zen 5,
+         * four alternating pairs; 1 to 16 tokens the same) */
+        if (ahead) kx_ask_ahead(o, sb, (int)part);
         kx_half_sb(fmt, o, 0, a, t, G, k, s, nsb, acc[0]);
-        kx_ask_ahead(o + part, sb, (int)(sb - part));
+        if (ahead) kx_ask_ahead(o + part, sb, (int)(sb - part));
         kx_half_sb(fmt, o, 1, a, t, G, k, s, nsb, acc[1]);
     }
     for (int i = 0; i < G; i++) {
@@ -451,10 +452,11 @@ static void kx_rows(const QMat *w, int g0, int g1, int T, const Act *a, float *y
             const uint8_t *qx = w->qx + (int64_t)g * nsb * sb;
             for (int t = t0; t < t1;) {
                 const int left = t1 - t, groups = (left + 3) / 4, G = (left + groups - 1) / groups;
+                const int ahead = t == t0; /* the pass that reads the group from memory */
                 switch (G + 8 * six + 16 * (w->fmt == FMT_Q5_K)) {
-#define RLM_G(G) case G: kx_both(FMT_Q4_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
-                 case G + 8: kx_both(FMT_Q6_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break; \
-                 case G + 16: kx_both(FMT_Q5_K, qx, nsb, a, t, G, k, y, ldy, 16 * g); break;
+#define RLM_G(G) case G: kx_both(FMT_Q4_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, ahead); break; \
+                 case G + 8: kx_both(FMT_Q6_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, ahead); break; \
+                 case G + 16: kx_both(FMT_Q5_K, qx, nsb, a, t, G, k, y, ldy, 16 * g, ahead); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4)
 #undef RLM_G
                 }
