@@ -76,9 +76,9 @@ GIB = 2**30
 WORDS = ("the of and to in is was for on that with as by at from his her an were are which "
          "this be or had not but what all when there can who been one more time city river "
          "water music history science garden market winter summer story people world").split()
+STREAM_PROMPT = 16  # tokens of each stream's prompt (--streams)
 # resident memory beyond the weights and the KV cache: llama.cpp's compute buffers and
 # logits; radixlm's interpreter with torch, its step buffers and logits
-STREAM_PROMPT = 16  # tokens of each stream's prompt (--streams)
 RUNTIME_ALLOWANCE = {"llama_cpp": 0.5 * GIB, "radixlm": 1.5 * GIB}
 
 
@@ -381,6 +381,10 @@ def main() -> None:
         return
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if not 0 <= args.streams * STREAM_PROMPT <= 4 * args.prefill_tokens:
+        ap.error(f"--streams {args.streams}: 0 to {4 * args.prefill_tokens // STREAM_PROMPT} "
+                 f"with --prefill-tokens {args.prefill_tokens} (the streams' prompts are "
+                 f"{STREAM_PROMPT} distinct tokens each of the prompt's text)")
     if not set(args.systems.split(",")) <= {"radixlm", "llama_cpp"}:
         ap.error(f"--systems takes radixlm and/or llama_cpp, not {args.systems!r}")
     if args.model is not None and not (Path(args.model).is_file()

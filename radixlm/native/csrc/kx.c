@@ -48,8 +48,8 @@ static inline int64_t kx_sb_bytes(int fmt) {
  * threads Q6_K 47.4 -> 54.1, Q5_K 58.3 -> 64.6, Q4_K 73.2 -> 74.4, and 4 tokens Q6_K 175 ->
  * 202. The AVX2 build on the same host (a stand-in for an AVX2 CPU), against none: one
  * thread Q4_K 51.0 -> 66.7, Q6_K 24.6 -> 46.5; two Q4_K 67.7 -> 83.3, Q6_K 44.3 -> 52.0; 4
- * tokens, two threads Q4_K 183 -> 228, Q6_K 99 -> 176. Asked ahead on first passes of 5-8
- * tokens too (the 512-bit kernels had it for G <= 4 only), a 1B Q4_K_M step
+ * tokens, two threads Q4_K 183 -> 228, Q6_K 99 -> 176. First passes of 5-8 tokens ask
+ * ahead too, against passes of 4 tokens or fewer only, a 1B Q4_K_M step
  * (bench_decode_step, two alternating pairs): 8 tokens 47-51 -> 20 ms, 16 tokens 66-69 ->
  * 37-40, 64 tokens 163-167 -> 147-155; 1B Q3_K_M (kx3.c) 8 tokens 47 -> 21, Q8_0 (kx32.c)
  * 78 -> 33; the 135M's Q4_1 8 tokens 8.6 -> 5.5-6.6, 16 12.6 -> 9.8-10.2. Prefetches

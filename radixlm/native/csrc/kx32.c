@@ -117,9 +117,9 @@ static inline __attribute__((always_inline)) void kx32_group(
         for (int l = 0; l < 16; l++) acc[i][l] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = qx + kx32_at(fmt, nb, b);
-        /* a streaming step: the group's bytes 16 blocks ahead asked for (as kx.c's
-         * kx_ask_ahead). G weights x tokens / s, DRAM-sized, Zen 5, against 8 blocks
-         * ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4, 147 -> 168, two threads 4
+        /* a group's first pass of a token tile streams it: the group's bytes 16 blocks
+         * ahead asked for (as kx.c's kx_ask_ahead). G weights x tokens / s, DRAM-sized,
+         * Zen 5, against 8 blocks ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4, 147 -> 168, two threads 4
          * tokens 277 -> 325; Q8_0 4 tokens 115 -> 134, 161 -> 206 (one token the same;
          * 24 and 32 ahead no better). A prefetch changes no result. */
         if (ahead) prefetch_bytes(o + 16 * kx32_bytes(fmt), kx32_bytes(fmt));
