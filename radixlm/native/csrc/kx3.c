@@ -185,12 +185,12 @@ static inline __attribute__((always_inline)) void kx3_group(const uint8_t *qx, i
                                                             int k, float *y, int64_t ldy, int n,
                                                             const int ahead) {
     const __m512i m3 = _mm512_set1_epi8(0x03);
-    __m512 acc[G];
+    __m512 acc[8]; /* (fixed sizes, G <= 8: registers once G is a constant; see kx_group) */
     for (int i = 0; i < G; i++) acc[i] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const uint8_t *o = qx + (int64_t)s * KX3_BYTES;
         if (ahead) kx_ask_ahead(o, KX3_BYTES, 288); /* (kx.c's streaming requests) */
-        __m512i isum[G];
+        __m512i isum[8];
         for (int i = 0; i < G; i++) isum[i] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) {
             if (ahead) kx_ask_ahead(o + 288 + 192 * p, KX3_BYTES, 192);
