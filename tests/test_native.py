@@ -214,7 +214,7 @@ def test_block_rows_repacked_are_the_same_bits(type_name):
                                                    repack=False)), (n, k, t)
         weight = from_gguf_raw(type_name, raw)
         dst = np.empty(int(native.rlm_kx_bytes(weight.fmt, n, k)), np.uint8)
-        arena.repack_kx32(native, weight, dst)
+        arena.repack(native, weight, dst)
         mat = arena._qmat(weight, [], dst)  # (no plain rows: what the engine's arena holds)
         rows = np.arange(n - 1, -1, -1, dtype=np.int64)
         out = torch.empty(n, k).numpy()  # (64-byte aligned: the rows are stored whole)

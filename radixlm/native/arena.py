@@ -267,10 +267,8 @@ class Arena:
         self.repacked_bytes += nbytes
         mapped = pages.file_mapped(w.qs)
         lo, hi = pages.whole_pages(w.qs) if mapped else (0, 0)
-        job = RepackMany(src=w.qs.ctypes.data, fmt=fmt, n=w.n, k=w.k, dst=dst.ctypes.data,
-                         drop=lo, drop_len=max(0, hi - lo))
-        if w.fmt in BLOCKS32:
-            _kx32_job(w, job)
+        job = repack_job(w, dst, fmt)
+        job.drop, job.drop_len = lo, max(0, hi - lo)
         made = self._every_int8 and w.n % 16 == 0 and not mapped
         if w.fmt in BLOCKS32 or fmt == FMT_Q3_K or made:
             self._int8_only = True
@@ -302,23 +300,27 @@ def _kx32_rows(w: QWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     return qs, scales[0], scales[1] if w.fmt == FMT_Q4 else None
 
 
-def _kx32_job(w: QWeight, job: RepackMany) -> None:
-    """``job`` (``rlm_repack_many``'s) set to repack ``w``'s Q8 / Q4 rows (``_kx32_rows``)."""
+def repack_job(w: QWeight, dst: np.ndarray, fmt: int) -> RepackMany:
+    """The ``rlm_repack_many`` job (csrc/layer.c) that repacks ``w``'s rows into ``dst``
+    (``rlm_kx_bytes`` bytes) in ``fmt``: K-quant rows (contiguous), or Q8 / Q4 quants and
+    scales with their strides (``_kx32_rows``); no pages given back (``drop`` unset)."""
+    if w.fmt not in BLOCKS32:
+        if not w.qs.flags.c_contiguous:
+            raise ValueError("K-quant rows to repack must be contiguous")
+        return RepackMany(src=w.qs.ctypes.data, fmt=fmt, n=w.n, k=w.k, dst=dst.ctypes.data)
     qs, d, m = _kx32_rows(w)
-    job.blocks32, job.qrow, job.qblk = 1, qs.strides[0], qs.strides[1]
-    job.d, job.drow, job.dblk = d.ctypes.data, d.strides[0], d.strides[1]
+    job = RepackMany(src=qs.ctypes.data, fmt=fmt, n=w.n, k=w.k, dst=dst.ctypes.data,
+                     blocks32=1, qrow=qs.strides[0], qblk=qs.strides[1], d=d.ctypes.data,
+                     drow=d.strides[0], dblk=d.strides[1])
     if m is not None:
         job.m, job.mrow, job.mblk = m.ctypes.data, m.strides[0], m.strides[1]
+    return job
 
 
-def repack_kx32(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
-    """``w``'s Q8 / Q4 rows (contiguous arrays or a GGUF's strided block views) repacked into
-    ``dst`` (``lib.rlm_kx_bytes`` bytes; csrc/kx32.c)."""
-    qs, d, m = _kx32_rows(w)
-    lib.rlm_repack_kx32(w.fmt, qs.ctypes.data, qs.strides[0], qs.strides[1], d.ctypes.data,
-                        d.strides[0], d.strides[1], None if m is None else m.ctypes.data,
-                        0 if m is None else m.strides[0], 0 if m is None else m.strides[1],
-                        w.n, w.k, dst.ctypes.data, threads)
+def repack(lib, w: QWeight, dst: np.ndarray, threads: int = 1) -> None:
+    """``w``'s rows repacked into ``dst`` in their own format now (``repack_job``: the
+    arena's repacking, outside an arena)."""
+    lib.rlm_repack_many(ctypes.byref(repack_job(w, dst, w.fmt)), 1, max(1, threads))
 
 
 def _qmat(w: QWeight, arrays: list[np.ndarray], repacked: np.ndarray | None = None,

@@ -234,14 +234,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_kx_rows.restype = i32
     lib.rlm_kx_bytes.argtypes = [i32, i32, i32]
     lib.rlm_kx_bytes.restype = i64
-    lib.rlm_repack_kx.argtypes = [p, i32, i32, i32, p, i32]
-    lib.rlm_repack_kx.restype = None
     lib.rlm_repack_many.argtypes = [ctypes.POINTER(RepackMany), i32, i32]
     lib.rlm_repack_many.restype = None
     lib.rlm_kx3_rows.restype = i32
     lib.rlm_kx32_rows.restype = i32
-    lib.rlm_repack_kx32.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, i64, i32, i32, p, i32]
-    lib.rlm_repack_kx32.restype = None
     lib.rlm_kq_unpack_row.argtypes = [ctypes.POINTER(QMat), i64, i32, p, p, p]
     lib.rlm_kq_unpack_row.restype = None
     lib.rlm_q3k_as_q6k.argtypes = [p, i64, p, i32]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from radixlm.kernels import ref
-from radixlm.native.arena import BLOCKS32, REPACKED, Arena, _qmat, repack_kx32
+from radixlm.native.arena import BLOCKS32, REPACKED, Arena, _qmat, repack
 from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
 from radixlm.native.qweights import QWeight
 
@@ -29,10 +29,7 @@ def qmat(w: QWeight, keep: list, lib=None) -> QMat:
                      or w.n < 16):
         return _qmat(w, arrays)
     repacked = np.empty(int(lib.rlm_kx_bytes(w.fmt, w.n, w.k)), dtype=np.uint8)
-    if kx32:  # (the plain arrays kept too: the other activation modes read them)
-        repack_kx32(lib, w, repacked)
-    else:
-        lib.rlm_repack_kx(arrays[0].ctypes.data, w.fmt, w.n, w.k, repacked.ctypes.data, 1)
+    repack(lib, w, repacked)  # (the plain arrays kept too: the other activation modes read them)
     keep.append(repacked)
     return _qmat(w, arrays, repacked)
 
