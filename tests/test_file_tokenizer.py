@@ -12,6 +12,8 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -21,6 +23,7 @@ from radixlm.native.gguf_file import read_gguf
 from radixlm.native.gguf_model import GGUFModelInfo, _tokenizer_inputs
 from radixlm.native.gguf_tokenizer import RENAMES, byte_level_backend
 from radixlm.runtime.weights import alias_paths, load_tokenizer, start_tokenizer
+from radixlm.server.validation import max_prompt_bytes
 
 EMBEDDED = alias_paths()["smollm2-135m-instruct"]
 TEXTS = ["Hello world", " leading space", "  two  spaces\n\nnew lines\t tab ",
@@ -95,6 +98,32 @@ def test_the_backend_and_answers_are_transformers(edit):
     assert ours._full is None  # (nothing above needed transformers' tokenizer)
 
 
+def test_a_long_text_is_encoded_while_other_threads_run():
+    """The server tokenizes on a worker thread: its event loop (/health) must go on meanwhile.
+    The backend's ``encode`` held the GIL throughout (a 5 MB prompt: ~5 s of a stalled
+    loop); the batch call lets go of it. The main thread ticks while a thread encodes ~1 MB;
+    ticks inside the encode's middle 80% are counted (holding the GIL: none)."""
+    ours, theirs = _pair()
+    text = "a " * 400_000
+    span: dict = {}
+
+    def encode():
+        span["start"] = time.perf_counter()
+        span["ids"] = ours.encode(text, add_special_tokens=False)
+        span["end"] = time.perf_counter()
+
+    worker, ticks = threading.Thread(target=encode), []
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+        time.sleep(0.001)
+    worker.join()
+    lo, hi = span["start"], span["end"]
+    inside = [t for t in ticks if lo + 0.1 * (hi - lo) < t < hi - 0.1 * (hi - lo)]
+    assert len(inside) > 10, (len(inside), hi - lo)
+    assert span["ids"] == theirs.encode(text, add_special_tokens=False)
+
+
 def test_the_rest_is_transformers_own_made_once_with_the_template_set():
     ours, theirs = _pair()
     ours.chat_template = theirs.chat_template = "{{ messages[0]['content'] }}!"
@@ -143,6 +172,17 @@ def test_the_engine_tokenizer_of_a_file_equals_load_tokenizers():
     assert ours.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == \
         theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     assert GGUFModelInfo.from_path(EMBEDDED).start_tokenizer()._full is None
+
+
+def test_the_servers_prompt_bound_needs_no_transformers_tokenizer():
+    """``max_prompt_bytes`` (the server's byte bound before tokenizing, computed at its first
+    request on the event loop) reads the spellings from the backend: the bound transformers'
+    tokenizer gives with every id converted, and transformers' half is not made for it."""
+    ours, theirs = start_tokenizer(EMBEDDED), load_tokenizer(EMBEDDED)
+    spellings = theirs.convert_ids_to_tokens(list(range(len(theirs))))
+    longest = max(len(t.encode("utf-8")) for t in spellings if t)
+    assert max_prompt_bytes(ours, 100) == max_prompt_bytes(theirs, 100) == 100 * longest
+    assert ours._full is None
 
 
 def test_an_engine_start_on_a_byte_level_gguf_imports_no_transformers():
