@@ -1,8 +1,9 @@
 """radixlm vs llama.cpp (llama-cpp-python) on the same GGUF, same token ids, alternating
-rounds: single-stream decode tok/s, prefill tok/s and TTFT, decode of ``--streams`` streams
-at once (radixlm's continuous batching against llama.cpp's parallel sequences, as
-llama-server's slots run them); per-round ratios and medians; then each system's load time
-and peak memory, with their ratios.
+rounds: single-stream decode tok/s, prefill tok/s and TTFT, decode after the
+``--prefill-tokens`` prompt (``long_decode_tok_s``: every token attends to all of it),
+decode of ``--streams`` streams at once (radixlm's continuous batching against llama.cpp's
+parallel sequences, as llama-server's slots run them); per-round ratios and medians; then
+each system's load time and peak memory, with their ratios.
 
     make bench-llamacpp        # builds llama-cpp-python into .venv-llamacpp once (~10 min)
     .venv/bin/python benchmarks/bench_vs_llamacpp.py [--model PATH.gguf] [--rounds 3]
@@ -321,6 +322,8 @@ def metrics(run_short: dict, run_long: dict, long_len: int, run_streams: dict | 
         "ttft_s": run_short["ttft"],
         "prefill_tok_s": long_len / run_long["ttft"],
         "prefill_ttft_s": run_long["ttft"],
+        # decode after the long prompt: every token attends to all of it
+        "long_decode_tok_s": (run_long["tokens"] - 1) / (run_long["total"] - run_long["ttft"]),
     }
     if run_streams:  # the tokens after every stream's first, over the time after it
         out[f"streams{streams}_decode_tok_s"] = ((run_streams["tokens"] - streams)
@@ -500,7 +503,7 @@ def run_group(args, gguf: str, group: list[str], modes: dict[str, str], guard: M
             r["memory_read_gbs"] = memory_read_gbs(args.threads)
             for name, w in workers.items():
                 r[name] = metrics(w.ask({"prompt": short, "new": args.new_tokens}),
-                                  w.ask({"prompt": long, "new": 1}), len(long),
+                                  w.ask({"prompt": long, "new": args.new_tokens}), len(long),
                                   prompts and w.ask({"prompts": prompts,
                                                      "new": args.new_tokens}), args.streams)
             print(json.dumps({n: r[n] for n in [*group, "memory_read_gbs"]}), flush=True)
