@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlm.formats.tool_parsers import TOOL_CALL_PARSERS
-from radixlm.runtime.server_args import IGNORED, warn_ignored
+from radixlm.runtime.server_args import ALWAYS_ON, IGNORED, warn_ignored
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 IGNORED_PREFIX = "ignored_"
@@ -36,6 +36,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(flag, dest=dest, action="store_true", default=None,
                            help=argparse.SUPPRESS)
+    for name in ALWAYS_ON:  # SGLang switches for what radixlm always does
+        p.add_argument("--" + name.replace("_", "-"), dest="always_" + name,
+                       action="store_true", help=argparse.SUPPRESS)
 
 
 def _add_model_args(e: argparse._ArgumentGroup) -> None:
@@ -77,6 +80,9 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--max-queued-requests", type=int,
                    help="waiting-queue bound; further requests get 429")
     e.add_argument("--chunked-prefill-size", type=int)
+    e.add_argument("--mixed-prefill-size", type=int,
+                   help="most tokens of one prompt in a step while requests decode (they "
+                        "decode in the same step); default 256")
     e.add_argument("--schedule-policy", help="lpm | fcfs | priority")
     e.add_argument("--enable-priority-scheduling", action="store_true", default=None,
                    help="SGLang's switch: --schedule-policy priority")
@@ -211,6 +217,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_running_requests": args.max_running_requests,
         "max_queued_requests": args.max_queued_requests,
         "chunked_prefill_size": args.chunked_prefill_size,
+        "mixed_prefill_size": args.mixed_prefill_size,
         "schedule_policy": args.schedule_policy,
         "enable_priority_scheduling": args.enable_priority_scheduling,
         "low_priority_values_first": args.low_priority_values_first,

@@ -33,6 +33,7 @@ def reference(tiny_model_dir):
 @pytest.mark.parametrize("opts", [
     {"max_total_tokens": 4096},
     {"max_total_tokens": 4096, "disable_radix_cache": True, "chunked_prefill_size": 16},
+    {"max_total_tokens": 4096, "chunked_prefill_size": 32, "mixed_prefill_size": 4},
     {"max_total_tokens": 4096, "max_running_requests": 3, "schedule_policy": "fcfs"},
     {"max_total_tokens": 4096, "kv_mirror_mb": 0},  # decode gathers through req_to_token
     {"max_total_tokens": 180},  # far too small for 20 requests: forces retraction
@@ -51,6 +52,45 @@ def test_batched_equals_alone(tiny_model_dir, reference, opts):
             if not opts.get("disable_radix_cache"):
                 assert stats["evicted_tokens_total"] > 0
         engine.check_integrity()
+
+
+def test_a_long_prompt_does_not_hold_the_decoding_streams(tiny_model_dir, monkeypatch):
+    """While a prompt is prefilled in chunks, the running requests decode in the same steps
+    and a step takes at most ``mixed_prefill_size`` prompt tokens: every step of the long
+    prompt's prefill carries the running stream's token (it used to wait out the whole
+    prefill). Both answers are still each prompt's alone."""
+    from radixlm.runtime.scheduler.admission import Admission
+
+    steps = []
+    schedule = Admission.schedule_extend
+
+    def recorded(self):
+        sb = schedule(self)
+        if sb is not None:
+            steps.append(list(sb.extend_lens))
+        return sb
+
+    monkeypatch.setattr(Admission, "schedule_extend", recorded)
+    rng = random.Random(9)
+    long_prompt = [rng.randrange(100, 40000) for _ in range(320)]
+    params = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}
+    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
+                disable_radix_cache=True, chunked_prefill_size=64, mixed_prefill_size=16,
+                log_level="warning") as engine:
+        alone = [engine.generate(input_ids=p, sampling_params=params)["output_ids"]
+                 for p in ([5, 6, 7, 8], long_prompt)]
+        steps.clear()
+        stream = iter(engine.generate(input_ids=[5, 6, 7, 8], sampling_params=params,
+                                      stream=True))
+        next(stream)  # decoding now
+        other = engine.generate(input_ids=long_prompt, sampling_params=params)
+        first = list(stream)[-1]
+        assert [first["output_ids"], other["output_ids"]] == alone
+        engine.check_integrity()
+    assert steps[0] == [4]  # the stream's prompt, alone
+    prefill = steps[1:]
+    assert [lens[0] for lens in prefill] == [16] * 20  # 320 prompt tokens, 16 a step
+    assert all(lens[1:] == [1] for lens in prefill)  # and the stream's token in each
 
 
 def test_radix_cache_hits_on_shared_prefix(tiny_model_dir):

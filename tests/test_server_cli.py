@@ -131,14 +131,16 @@ def test_launch_server_parser_takes_a_users_sglang_command() -> None:
         "--max-total-tokens 9000 --chunked-prefill-size 512 --schedule-policy lpm "
         "--disable-radix-cache --api-key k --served-model-name s --random-seed 1 "
         "--log-level warning --tp-size 1 --dp-size 1 --trust-remote-code "
-        "--cuda-graph-max-bs 16 --enable-metrics".split())
+        "--cuda-graph-max-bs 16 --enable-metrics --enable-mixed-chunk "
+        "--mixed-prefill-size 64".split())
     assert sorted(ignored_flags(args)) == ["cuda_graph_max_bs", "enable_metrics",
                                           "trust_remote_code"]
     config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
     assert config == EngineConfig(
         model="smollm2-135m-instruct", dtype="bfloat16", context_length=2048,
         mem_fraction=0.2, max_running_requests=8, max_total_tokens=9000,
-        chunked_prefill_size=512, disable_radix_cache=True, served_model_name="s",
+        chunked_prefill_size=512, mixed_prefill_size=64, disable_radix_cache=True,
+        served_model_name="s",
         random_seed=1, log_level="warning")
     assert (args.host, args.port, args.api_key) == ("0.0.0.0", 30001, "k")
     with pytest.raises(SystemExit):
@@ -148,12 +150,15 @@ def test_launch_server_parser_takes_a_users_sglang_command() -> None:
 def test_engine_keywords_take_sglang_names(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="radixlm"):
         config = EngineConfig.from_kwargs(model_path="m", mem_fraction_static=0.25, tp_size=1,
-                                          disable_cuda_graph=True, port=1234)
+                                          disable_cuda_graph=True, port=1234,
+                                          enable_mixed_chunk=True)  # (what radixlm does)
     assert config == EngineConfig(model="m", mem_fraction=0.25)
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == ["ignored (no meaning in radixlm): disable_cuda_graph, port"]
     with pytest.raises(ValueError, match="same setting"):
         EngineConfig.from_kwargs(model="a", model_path="b")
+    with pytest.raises(ValueError, match="mixed_prefill_size must be >= 1"):
+        EngineConfig.from_kwargs(model="m", mixed_prefill_size=0)
     with pytest.raises(ValueError, match="unknown engine option"):
         EngineConfig.from_kwargs(model_path="m", speculative_eagle_topk=4)
     with pytest.raises(ValueError, match="speculative_algorithm='EAGLE' needs a draft model"):

@@ -104,6 +104,10 @@ class EngineConfig:
     max_running_requests: int = 64
     max_queued_requests: int | None = None  # None: unbounded waiting queue
     chunked_prefill_size: int = 1024  # max new tokens in one prefill step
+    # max tokens of one prompt in a step while requests decode: they decode in that step
+    # too, so a long prompt arriving holds each running stream for one such chunk (~0.5-1 s
+    # at 1B on 2 cores), not for its whole prefill (a 4,000-token prompt at 1B: 12 s)
+    mixed_prefill_size: int = 256
     schedule_policy: str = "lpm"  # lpm | fcfs | priority
     # priority policy: higher `priority` first (lower first with low_priority_values_first);
     # with priority_preemption a waiting request may retract a running one whose priority
@@ -235,6 +239,8 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be >= 1")
+        if self.mixed_prefill_size < 1:
+            raise ValueError("mixed_prefill_size must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("max_total_tokens must be >= 2")
         if self.context_length is not None and self.context_length < 2:

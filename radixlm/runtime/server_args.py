@@ -7,6 +7,8 @@ A user switching from SGLang keeps their launch command and their `Engine(...)` 
   `mem_fraction_static` -> `mem_fraction`, ...); both spellings work;
 - without meaning here (`IGNORED`): CUDA-graph sizes, download/load options, logging
   knobs, ... Accepted, with one warning naming each that was set;
+- switches for what radixlm always does (`ALWAYS_ON`: `enable_mixed_chunk`, running
+  requests decode in the steps that prefill others): accepted, nothing to change;
 - everything else unknown is an error (argparse's, or ValueError from `EngineConfig`).
 
 Names SGLang and radixlm spell the same (`context_length`, `schedule_policy`, ...) need no
@@ -37,7 +39,7 @@ IGNORED: dict[str, bool] = {
     "download_dir": True, "revision": True, "page_size": True,
     "disable_cuda_graph": False, "cuda_graph_max_bs": True, "cuda_graph_bs": True,
     "disable_cuda_graph_padding": False, "enable_torch_compile": False,
-    "torch_compile_max_bs": True, "disable_overlap_schedule": False, "enable_mixed_chunk": False,
+    "torch_compile_max_bs": True, "disable_overlap_schedule": False,
     "enable_metrics": False, "enable_cache_report": False, "log_requests": False,
     "log_requests_level": True, "show_time_cost": False, "decode_log_interval": True,
     "watchdog_timeout": True, "base_gpu_id": True, "gpu_id_step": True, "enable_p2p_check": False,
@@ -52,6 +54,9 @@ IGNORED: dict[str, bool] = {
     "hicache_io_backend": True, "hicache_mem_layout": True, "hicache_write_policy": True,
     "hicache_storage_prefetch_policy": True,
 }
+
+# SGLang switches for what radixlm always does: accepted without a warning.
+ALWAYS_ON = ("enable_mixed_chunk",)
 
 # Server-only settings: meaningful to `radixlm serve`, not to an in-process Engine.
 SERVER_ONLY = ("host", "port", "api_key", "request_timeout", "max_body_bytes",
@@ -74,6 +79,8 @@ def to_engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ignored = []
     for name, value in kwargs.items():
+        if name in ALWAYS_ON:
+            continue
         if name in IGNORED or name in SERVER_ONLY:
             if value not in (None, False):
                 ignored.append(name)

@@ -11,8 +11,8 @@
   the end of a request.
 """
 
-from radixlm.runtime.scheduler.admission import MIXED_MAX_TOKENS, NEW_TOKEN_RATIO
+from radixlm.runtime.scheduler.admission import NEW_TOKEN_RATIO
 from radixlm.runtime.scheduler.postprocess import DECODE_INSERT_INTERVAL
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
-__all__ = ["DECODE_INSERT_INTERVAL", "MIXED_MAX_TOKENS", "NEW_TOKEN_RATIO", "Scheduler"]
+__all__ = ["DECODE_INSERT_INTERVAL", "NEW_TOKEN_RATIO", "Scheduler"]

@@ -2,7 +2,9 @@
 
 Each step is either an EXTEND batch (new requests, prefill chunks, resumed or
 jump-forwarded requests: anything with more than one token lacking K/V) under the token
-budget ``chunked_prefill_size``, chosen by `Admission`, or, when there is none, a DECODE
+budget ``chunked_prefill_size`` (while requests decode, at most ``mixed_prefill_size`` of
+any one prompt, and they decode in that step too), chosen by `Admission`, or, when there is
+none, a DECODE
 step for every running request, whose slots `Retraction` allocates (retracting the newest
 when decode runs out of KV slots after evicting the cache: their K/V goes to the cache or
 is freed and they wait to be recomputed). `Speculation` may then give the batch's
