@@ -40,7 +40,7 @@ CHUNK = 1 << 24  # values generated at a time (64 MB of fp32)
 class Shape:
     """A model body: llama.cpp architecture and the dimensions its GGUF keys name."""
 
-    arch: str  # "llama" | "qwen2"
+    arch: str  # "llama" | "qwen2" | "qwen3"
     layers: int
     hidden: int
     heads: int
@@ -51,10 +51,12 @@ class Shape:
     qkv_bias: bool = False
     norm_eps: float = 1e-5
     context: int = 8192
+    qk_norm: bool = False  # q / k head norms (Qwen3)
+    head_size: int = 0  # a head's size where it is not hidden / heads (Qwen3-4B)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
 
 SHAPES = {
@@ -68,6 +70,14 @@ SHAPES = {
                        norm_eps=1e-6, context=32768),
     "qwen-7b": Shape("qwen2", 28, 3584, 28, 4, 18944, 1e6, tied=False, qkv_bias=True,
                      norm_eps=1e-6, context=32768),
+    "tiny-qwen3": Shape("qwen3", 2, 256, 4, 2, 512, 1e6, tied=True, norm_eps=1e-6,
+                        qk_norm=True, head_size=128),
+    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 6144, 1e6, tied=True, norm_eps=1e-6,
+                        context=40960, qk_norm=True, head_size=128),
+    "qwen3-4b": Shape("qwen3", 36, 2560, 32, 8, 9728, 1e6, tied=True, norm_eps=1e-6,
+                      context=40960, qk_norm=True, head_size=128),
+    "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 12288, 1e6, tied=False, norm_eps=1e-6,
+                      context=40960, qk_norm=True, head_size=128),
 }
 
 
@@ -82,16 +92,19 @@ def embedded_gguf() -> Path:
 
 def tensor_specs(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, numpy shape) of every tensor, in file order; a matrix is [out, in]."""
-    h, kv = shape.hidden, shape.kv_heads * shape.head_dim
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, h))]
     for i in range(shape.layers):
         b = f"blk.{i}."
-        specs += [(b + "attn_norm.weight", (h,)), (b + "attn_q.weight", (h, h)),
+        specs += [(b + "attn_norm.weight", (h,)), (b + "attn_q.weight", (q, h)),
                   (b + "attn_k.weight", (kv, h)), (b + "attn_v.weight", (kv, h))]
         if shape.qkv_bias:
-            specs += [(b + "attn_q.bias", (h,)), (b + "attn_k.bias", (kv,)),
+            specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)),
                       (b + "attn_v.bias", (kv,))]
-        specs += [(b + "attn_output.weight", (h, h)), (b + "ffn_norm.weight", (h,)),
+        if shape.qk_norm:
+            specs += [(b + "attn_q_norm.weight", (shape.head_dim,)),
+                      (b + "attn_k_norm.weight", (shape.head_dim,))]
+        specs += [(b + "attn_output.weight", (h, q)), (b + "ffn_norm.weight", (h,)),
                   (b + "ffn_gate.weight", (shape.ffn, h)), (b + "ffn_up.weight", (shape.ffn, h)),
                   (b + "ffn_down.weight", (h, shape.ffn))]
     specs.append(("output_norm.weight", (h,)))

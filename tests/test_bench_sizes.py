@@ -25,7 +25,8 @@ def _value(reader, key):
     return reader.fields[key].contents()
 
 
-@pytest.mark.parametrize("shape_name,dtype", [("tiny", "F32"), ("tiny-qwen", "F16")])
+@pytest.mark.parametrize("shape_name,dtype", [("tiny", "F32"), ("tiny-qwen", "F16"),
+                                              ("tiny-qwen3", "F16")])
 def test_tiny_gguf_metadata_and_tensors(tmp_path, embedded, shape_name, dtype):
     shape = make_gguf.SHAPES[shape_name]
     path = tmp_path / "m.gguf"
@@ -36,7 +37,7 @@ def test_tiny_gguf_metadata_and_tensors(tmp_path, embedded, shape_name, dtype):
     expected = {"block_count": shape.layers, "embedding_length": shape.hidden,
                 "feed_forward_length": shape.ffn, "attention.head_count": shape.heads,
                 "attention.head_count_kv": shape.kv_heads, "vocab_size": 49152,
-                "rope.dimension_count": shape.hidden // shape.heads}
+                "rope.dimension_count": shape.head_dim, "attention.key_length": shape.head_dim}
     for key, want in expected.items():
         assert _value(r, f"{arch}.{key}") == want, key
     assert _value(r, f"{arch}.rope.freq_base") == pytest.approx(shape.rope_theta)
@@ -49,10 +50,12 @@ def test_tiny_gguf_metadata_and_tensors(tmp_path, embedded, shape_name, dtype):
     assert set(tensors) == names
     assert ("output.weight" in tensors) == (not shape.tied)
     assert ("blk.0.attn_q.bias" in tensors) == shape.qkv_bias
-    kv = shape.kv_heads * shape.hidden // shape.heads
+    assert ("blk.0.attn_q_norm.weight" in tensors) == shape.qk_norm
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # GGUFReader lists dims innermost first: [in, out]
     want_shapes = {"token_embd.weight": [shape.hidden, 49152],
-                   "blk.1.attn_q.weight": [shape.hidden, shape.hidden],
+                   "blk.1.attn_q.weight": [shape.hidden, q],
+                   "blk.1.attn_output.weight": [q, shape.hidden],
                    "blk.1.attn_k.weight": [shape.hidden, kv],
                    "blk.1.ffn_gate.weight": [shape.hidden, shape.ffn],
                    "blk.1.ffn_down.weight": [shape.ffn, shape.hidden],
@@ -94,7 +97,8 @@ def test_bad_shape_and_type_are_refused(tmp_path):
 # totals) and each one's own vocabulary: the shapes are theirs to the last weight
 PUBLISHED = {"llama-1b": (1_235_814_400, 128256), "llama-3b": (3_212_749_824, 128256),
              "llama-8b": (8_030_261_248, 128256), "qwen-1.5b": (1_543_714_304, 151936),
-             "qwen-7b": (7_615_616_512, 152064)}
+             "qwen-7b": (7_615_616_512, 152064),
+             "qwen3-4b": (4_022_468_096, 151936), "qwen3-8b": (8_190_735_360, 151936)}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

@@ -49,6 +49,9 @@ def _configs(vocab: int) -> dict:
         "mistral": MistralConfig(**common, tie_word_embeddings=False, sliding_window=None),
         "qwen3": Qwen3Config(**common, head_dim=32, tie_word_embeddings=True,
                              use_sliding_window=True, sliding_window=8, max_window_layers=1),
+        # Qwen3 as its releases are (no sliding layers): the native layer with q/k norms;
+        # head_dim 32 x 4 heads: q wider than the hidden size, as Qwen3-4B's
+        "qwen3-full": Qwen3Config(**common, head_dim=32, tie_word_embeddings=False),
         "gemma2": Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24,
                                attn_logit_softcapping=2.0, final_logit_softcapping=6.0,
                                sliding_window=8),
@@ -75,7 +78,8 @@ def _configs(vocab: int) -> dict:
     }
 
 
-FAMILIES = ["llama3", "qwen2.5", "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3"]
+FAMILIES = ["llama3", "qwen2.5", "qwen3", "qwen3-full", "gemma2", "gemma3", "gemma3-mm", "phi3"]
+NATIVE = ("llama3", "qwen2.5", "qwen3-full")  # the families the native layer takes
 
 
 def _build(family: str, tokenizer, out):
@@ -175,8 +179,8 @@ def test_logprobs_and_greedy_match_transformers(family):
     name, hf, engine = family
     if name == "gemma3-mm":  # the outer config's end-of-turn id reaches the engine
         assert 106 in engine.eos_ids
-    # the native CPU decoder takes plain Llama layers only
-    assert (engine.runner.model.native_unsupported() is None) == (name in ("llama3", "qwen2.5"))
+    # the native CPU decoder takes Llama layers (q/k norms allowed, no sliding layers)
+    assert (engine.runner.model.native_unsupported() is None) == (name in NATIVE)
     prompts = _prompts(hf.config.get_text_config().vocab_size)
     outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
                            logprob_start_len=0)
@@ -190,7 +194,7 @@ def test_logprobs_and_greedy_match_transformers(family):
     engine.check_integrity()
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral", "qwen3-full"])
 def test_checkpoint_runs_at_its_own_precision_by_default(name, tmp_path, tokenizer):
     """An fp32 safetensors checkpoint with default settings runs fp32, natively too (dense
     fp32 rows, fp32 activations, where the native library builds): 12 greedy tokens equal
@@ -242,7 +246,7 @@ def test_window_as_long_as_the_context_is_dropped(tmp_path, tokenizer):
 def test_config_switches_are_read_from_the_hf_config(tokenizer):
     cfgs = {name: ModelConfig.from_hf(c.get_text_config())
             for name, c in _configs(len(tokenizer)).items()}
-    assert cfgs["llama3"].is_plain_llama and cfgs["qwen2.5"].is_plain_llama
+    assert all(cfgs[n].native_layer for n in NATIVE)
     assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].layer_types == (
         "full_attention", "sliding_attention")
     g2 = cfgs["gemma2"]
@@ -252,7 +256,7 @@ def test_config_switches_are_read_from_the_hf_config(tokenizer):
     assert g2.attn_scale == pytest.approx(24**-0.5)
     assert g2.window(0) == 8 and g2.window(1) is None
     assert cfgs["phi3"].rotary_dim == 8 and cfgs["phi3"].window(1) == 12
-    assert not any(cfgs[n].is_plain_llama for n in ("qwen3", "gemma2", "gemma3", "phi3"))
+    assert not any(cfgs[n].native_layer for n in ("qwen3", "gemma2", "gemma3", "phi3"))
 
 
 def test_unsupported_architecture_is_refused_by_name():

@@ -194,11 +194,12 @@ def _type_of(tname: str) -> str:
     return kind if isinstance(kind, str) else kind[int(parts[1]) % 2]
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-qwen"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen", "tiny-qwen3"])
 def kquant_gguf(request, tmp_path_factory) -> Path:
     """A random-weight GGUF of a tiny shape (Llama with a tied head; Qwen2 with q/k/v biases
-    and its own head) in K-quant super-blocks (random bytes: every bit pattern of quants and
-    scales), with the embedded tokenizer."""
+    and its own head; Qwen3 with q/k head norms, heads of 128, q twice the hidden size) in
+    K-quant super-blocks (random bytes: every bit pattern of quants and scales), with the
+    embedded tokenizer."""
     path = tmp_path_factory.mktemp("kq") / f"{request.param}-kmix.gguf"
     return write_tiny_gguf(path, request.param, _type_of)
 

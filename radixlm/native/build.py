@@ -194,6 +194,7 @@ class Layer(ctypes.Structure):
                 ("inter", ctypes.c_int32), ("eps", ctypes.c_float),
                 ("attn_scale", ctypes.c_float), ("in_norm", ctypes.c_void_p),
                 ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("rope_pairs", ctypes.c_int32), ("qkv", QCat), ("o", QMat),
                 ("gate_up", QCat), ("down", QMat)]
 

@@ -207,7 +207,8 @@ class NativeDecoder:
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),
-                     self._f32(bias), int(getattr(layer, "rope_pairs", False)),
+                     self._f32(bias), self._f32(layer.q_norm), self._f32(layer.k_norm),
+                     int(getattr(layer, "rope_pairs", False)),
                      qcat(mats["qkv"]), mats["o"][0], qcat(mats["gate_up"]), mats["down"][0])
 
     # ------------------------------------------------------------------ the step

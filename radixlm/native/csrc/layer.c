@@ -315,6 +315,11 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
         float *r = w.qkv + (int64_t)t * qkvn;
         if (L->qkv_bias)
             for (int i = 0; i < qkvn; i++) r[i] += L->qkv_bias[i];
+        if (L->q_norm)
+            for (int h = 0; h < Hq; h++) rmsnorm_row(r + h * D, L->q_norm, L->eps, D, r + h * D);
+        if (L->k_norm)
+            for (int h = Hq; h < Hq + Hkv; h++)
+                rmsnorm_row(r + h * D, L->k_norm, L->eps, D, r + h * D);
         const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
         for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half, L->rope_pairs);
         store_kv_token(kvl->k, kvl->ks, kvl->dtype, S->out_loc[t], r + q, Hkv, D);

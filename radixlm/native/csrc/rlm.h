@@ -167,6 +167,8 @@ typedef struct {
     float eps, attn_scale;
     const float *in_norm, *post_norm; /* [hidden] */
     const float *qkv_bias;            /* [q + 2 kv] or NULL */
+    const float *q_norm, *k_norm;     /* [head_dim] or NULL: each q / k head RMS-normed
+                                         (eps) before rotary, as Qwen3's layers do */
     int32_t rope_pairs;               /* 1: rotary on adjacent pairs (2i, 2i + 1), llama.cpp's
                                          q/k row order for its "llama" architecture; 0: on
                                          halves (i, i + D/2), Hugging Face's */

@@ -6,8 +6,8 @@ between families is a handful of switches in ``ModelConfig`` (read from the HF c
 ``from_hf``): q/k RMSNorm per head (Qwen3, Gemma 3), "sandwich" norms around each sublayer
 and RMSNorm weights stored as ``w - 1`` (Gemma), scaled embeddings, gelu-tanh MLPs, attention
 scale, attention and final logit soft-capping, sliding-window layers, partial rotary and
-per-layer-type rotary tables. A config with none of them set is a plain Llama
-(``ModelConfig.is_plain_llama``).
+per-layer-type rotary tables. The native library's layer takes the Llama layer with q/k
+norms (``ModelConfig.native_layer``).
 
 The model never sees requests: it gets a ``ForwardBatch`` of flattened new tokens, writes
 their K/V into the pool through the attention backend, and returns logits only for
@@ -182,9 +182,9 @@ class LlamaModel:
         return self.tp.vocab_size if self.tp is not None else int(self.lm_head.shape[0])
 
     def native_unsupported(self) -> str | None:
-        """Why the native CPU decoder (plain Llama layers, one rotary table) cannot run this
-        model; None when it can."""
-        if not self.cfg.is_plain_llama:
+        """Why the native CPU decoder (Llama layers, q/k norms allowed, one rotary table)
+        cannot run this model; None when it can."""
+        if not self.cfg.native_layer:
             return f"{self.cfg.model_type} uses family switches beyond the Llama layer"
         if len(self.ropes) > 1 or self.ropes[FULL].long_inv_freq is not None:
             return "per-layer or longrope rotary tables"

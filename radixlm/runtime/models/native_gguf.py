@@ -27,6 +27,8 @@ class NativeLayer:
     post_norm: torch.Tensor
     qkv_bias: torch.Tensor | None
     rope_pairs: bool
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
+    k_norm: torch.Tensor | None = None
     qkv: None = None
     o_proj: None = None
     gate_up: None = None
@@ -57,9 +59,10 @@ class NativeGGUFModel:
             bias = None
             if f"{p}self_attn.q_proj.bias" in vectors:
                 bias = torch.cat([vec(f"{p}self_attn.{x}_proj.bias") for x in "qkv"])
+            qk = [vec(f"{p}self_attn.{x}_norm.weight") for x in "qk"] if cfg.qk_norm else []
             self.layers.append(NativeLayer(vec(p + "input_layernorm.weight"),
                                            vec(p + "post_attention_layernorm.weight"), bias,
-                                           rope_pairs))
+                                           rope_pairs, *qk))
         self.norm = vec("model.norm.weight")
         self.embed = self.lm_head = self.head = None
         rope = Rope.from_hf(hf_config, device, None)

@@ -116,11 +116,12 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def is_plain_llama(self) -> bool:
-        """No family switch in use (rotary type and qkv bias aside): the Llama layer as is,
-        whatever the family is called."""
+    def native_layer(self) -> bool:
+        """The native library's layer runs it: no family switch in use but rotary type,
+        qkv bias and q / k head norms (Qwen3): the Llama layer, whatever the family is
+        called."""
         return (self.norm_offset == 0.0
-                and not (self.qk_norm or self.sandwich_norm or self.layer_types)
+                and not (self.sandwich_norm or self.layer_types)
                 and self.act == "silu" and self.embed_scale == 1.0
                 and self.rotary_dim in (None, self.head_dim)
                 and self.attn_scale is None and self.attn_softcap is None
@@ -143,9 +144,9 @@ class ModelConfig:
 
 def native_unsupported(hf_config) -> str | None:
     """Why a GGUF of this config cannot run on the native path alone (None: it can): the
-    native layer is the plain Llama layer with one rotary table."""
+    native layer (``ModelConfig.native_layer``) with one rotary table."""
     cfg = ModelConfig.from_hf(hf_config)
-    if not cfg.is_plain_llama:
+    if not cfg.native_layer:
         return f"{cfg.model_type} uses family switches beyond the Llama layer"
     if per_layer_type(hf_config):
         return "per-layer rotary tables"
