@@ -56,8 +56,8 @@ WORDS = "add the numbers then think about units and say if you are sure of it".s
 
 
 def _build(out, tokenizer, family: str = "qwen3"):
-    """The tiny reasoning model: Qwen3 (the torch reference path runs it), or the same
-    shapes as Llama (the native library's family) with the same tokenizer and template."""
+    """The tiny reasoning model: Qwen3, or the same shapes as Llama, with the same tokenizer
+    and template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
     tokenizer.save_pretrained(out)

@@ -6,11 +6,12 @@ those of decoding without drafts.
 Two paths. The tiny model as Llama runs on the native library, whose step rounding
 depends only on the step's token count class (``ForwardBatch.act_rows``), so seeded
 sampling with drafts gives the very tokens it gives without. As Qwen3 it runs on the torch
-reference path, which rounds a row by the shape of the call it is in (MKL's sgemm by the
-GEMM's row count, measured; with the GEMMs padded to row-invariant shapes the sampled run
-still differed, so attention's kernels do too), so a verification row may differ from the
-decode step's in the last bit, and a sampled token between near-tied probabilities with
-it: there the drafts are verified greedily, where such a bit does not move the argmax."""
+reference path (``weight_quant="none"``: the native layer runs Qwen3 too), which rounds a
+row by the shape of the call it is in (MKL's sgemm by the GEMM's row count, measured; with
+the GEMMs padded to row-invariant shapes the sampled run still differed, so attention's
+kernels do too), so a verification row may differ from the decode step's in the last bit,
+and a sampled token between near-tied probabilities with it: there the drafts are verified
+greedily, where such a bit does not move the argmax."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def served(request, tmp_path_factory, tokenizer):
     """(engine, family)"""
     out = tmp_path_factory.mktemp(f"tiny-{request.param}-thinking-spec")
     _build(out, tokenizer, request.param)
+    torch_path = {} if request.param == "llama" else {"weight_quant": "none"}
     with Engine(str(out), reasoning_parser="qwen3", dtype="float32", max_total_tokens=16384,
-                speculative_algorithm="NGRAM", log_level="warning") as engine:
+                speculative_algorithm="NGRAM", log_level="warning", **torch_path) as engine:
         assert (engine.runner.native is not None) == (request.param == "llama")
         yield engine, request.param
 
