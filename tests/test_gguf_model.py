@@ -771,3 +771,18 @@ def test_an_alignment_that_is_not_a_power_of_two(tmp_path):
     struct.pack_into("<I", data, at, 48)
     path.write_bytes(bytes(data))
     _expect(path, "general.alignment 48 is not a power of two", 1 << 20)
+
+
+def test_the_torch_paths_state_is_dequantized_into_the_models_dtype(tmp_path):
+    """``load_state_dict(gguf, dtype)`` (the torch path's weights) casts each tensor as it is
+    dequantized: the bits of the fp32 state cast, never the whole fp32 state in memory."""
+    import torch
+
+    from radixlm.runtime.weights import load_state_dict
+
+    path = _write(tmp_path / "q.gguf", arch="qwen2", pre="qwen2")
+    full, half = load_state_dict(path), load_state_dict(path, torch.bfloat16)
+    assert sorted(full) == sorted(half) and len(full) > 10
+    assert all(t.dtype == torch.float32 for t in full.values())
+    for name, t in half.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, full[name].to(torch.bfloat16)), name

@@ -220,9 +220,11 @@ def _recoded(t, kind: str, path):
     return recoded(kind, np.asarray(t.data))
 
 
-def dequantized_state(path, hf_config) -> dict[str, torch.Tensor]:
-    """Every model tensor of the file dequantized to fp32 under HF names, q/k rows in
-    Hugging Face's order (the torch path's weights), in memory."""
+def dequantized_state(path, hf_config, dtype=None) -> dict[str, torch.Tensor]:
+    """Every model tensor of the file dequantized under HF names, q/k rows in Hugging Face's
+    order (the torch path's weights), in memory: in fp32, each cast to ``dtype`` as it is
+    made where one is given (the bits ``.to(dtype)`` of the fp32 state gives; the whole
+    fp32 state is never held: a 1.5B file's torch path peaked at 10.3 GiB with it in bf16)."""
     import gguf
     import torch
 
@@ -240,5 +242,6 @@ def dequantized_state(path, hf_config) -> dict[str, torch.Tensor]:
             w = reverse_permute(w, n_head if kind == "attn_q" else n_kv)
         if mt.startswith("gemma") and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's RMSNorm scales as 1 + w
-        state[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+        tensor = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+        state[name] = tensor if dtype in (None, torch.float32) else tensor.to(dtype)
     return state

@@ -266,7 +266,8 @@ class ModelRunner:
             self.model = NativeGGUFModel(hf_config, gguf.vectors, self.dtype, self.device,
                                          gguf.rope_pairs)
             return gguf.blocks
-        state = load_state_dict(model_dir)
+        # a GGUF dequantized straight into the model's dtype, unless blocks are made from it
+        state = load_state_dict(model_dir, None if self.quantization else self.dtype)
         blocks = {}
         if self.quantization is not None:  # every path runs the blocks' values
             tied = bool(getattr(hf_config, "tie_word_embeddings", False)

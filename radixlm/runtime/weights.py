@@ -141,13 +141,14 @@ _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.",
                   ("language_model.lm_head.", "lm_head."))
 
 
-def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+def load_state_dict(model_dir: Path, dtype=None) -> dict[str, torch.Tensor]:
     """All tensors of ``*.safetensors`` in ``model_dir`` (HF names; a multimodal
-    checkpoint's text-model tensors only, renamed as the text model's)."""
+    checkpoint's text-model tensors only, renamed as the text model's), as stored; a GGUF's
+    dequantized, in ``dtype`` where given (else fp32)."""
     from safetensors.torch import load_file
 
     if is_gguf(model_dir):
-        return dequantized_state(model_dir, load_hf_config(model_dir))
+        return dequantized_state(model_dir, load_hf_config(model_dir), dtype)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no .safetensors files in {str(model_dir)!r}")
