@@ -81,8 +81,8 @@ def _add_scheduling_args(e: argparse._ArgumentGroup) -> None:
                    help="waiting-queue bound; further requests get 429")
     e.add_argument("--chunked-prefill-size", type=int)
     e.add_argument("--mixed-prefill-size", type=int,
-                   help="most tokens of one prompt in a step while requests decode (they "
-                        "decode in the same step); default 256")
+                   help="while requests decode, a prompt longer than a step's budget comes "
+                        "this many tokens a step (the requests decode in it); default 256")
     e.add_argument("--schedule-policy", help="lpm | fcfs | priority")
     e.add_argument("--enable-priority-scheduling", action="store_true", default=None,
                    help="SGLang's switch: --schedule-policy priority")

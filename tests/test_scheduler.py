@@ -56,9 +56,10 @@ def test_batched_equals_alone(tiny_model_dir, reference, opts):
 
 def test_a_long_prompt_does_not_hold_the_decoding_streams(tiny_model_dir, monkeypatch):
     """While a prompt is prefilled in chunks, the running requests decode in the same steps
-    and a step takes at most ``mixed_prefill_size`` prompt tokens: every step of the long
-    prompt's prefill carries the running stream's token (it used to wait out the whole
-    prefill). Both answers are still each prompt's alone."""
+    and it comes ``mixed_prefill_size`` tokens a step: every step of the long prompt's
+    prefill carries the running stream's token (it used to wait out the whole prefill); a
+    prompt that fits the step's budget still comes whole, beside it. The answers are still
+    each prompt's alone."""
     from radixlm.runtime.scheduler.admission import Admission
 
     steps = []
@@ -77,20 +78,24 @@ def test_a_long_prompt_does_not_hold_the_decoding_streams(tiny_model_dir, monkey
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 disable_radix_cache=True, chunked_prefill_size=64, mixed_prefill_size=16,
                 log_level="warning") as engine:
-        alone = [engine.generate(input_ids=p, sampling_params=params)["output_ids"]
-                 for p in ([5, 6, 7, 8], long_prompt)]
+        short_prompt, few = long_prompt[::-1][:40], {**params, "max_new_tokens": 4}
+        alone = [engine.generate(input_ids=p, sampling_params=s)["output_ids"]
+                 for p, s in (([5, 6, 7, 8], params), (long_prompt, params),
+                              (short_prompt, few))]
         steps.clear()
         stream = iter(engine.generate(input_ids=[5, 6, 7, 8], sampling_params=params,
                                       stream=True))
         next(stream)  # decoding now
+        short = engine.generate(input_ids=short_prompt, sampling_params=few)
         other = engine.generate(input_ids=long_prompt, sampling_params=params)
         first = list(stream)[-1]
-        assert [first["output_ids"], other["output_ids"]] == alone
+        assert [first["output_ids"], other["output_ids"], short["output_ids"]] == alone
         engine.check_integrity()
     assert steps[0] == [4]  # the stream's prompt, alone
-    prefill = steps[1:]
-    assert [lens[0] for lens in prefill] == [16] * 20  # 320 prompt tokens, 16 a step
-    assert all(lens[1:] == [1] for lens in prefill)  # and the stream's token in each
+    assert steps[1] == [40, 1]  # the short prompt whole, the stream's token beside it
+    chunks = [lens for lens in steps if lens[0] == 16]
+    assert len(chunks) == 20  # 320 prompt tokens, 16 a step
+    assert all(lens[1:] == [1] for lens in chunks)  # the stream's token in each chunk's
 
 
 def test_radix_cache_hits_on_shared_prefix(tiny_model_dir):

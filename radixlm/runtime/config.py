@@ -104,9 +104,10 @@ class EngineConfig:
     max_running_requests: int = 64
     max_queued_requests: int | None = None  # None: unbounded waiting queue
     chunked_prefill_size: int = 1024  # max new tokens in one prefill step
-    # max tokens of one prompt in a step while requests decode: they decode in that step
-    # too, so a long prompt arriving holds each running stream for one such chunk (~0.5-1 s
-    # at 1B on 2 cores), not for its whole prefill (a 4,000-token prompt at 1B: 12 s)
+    # while requests decode (they decode in every prefill step too), a prompt longer than
+    # a step's budget comes this many tokens a step: a long prompt arriving holds each
+    # running stream for one such chunk (~1 s at 1B on 2 cores), not for its whole prefill
+    # (a 4,000-token prompt at 1B: 12 s); prompts that fit the budget still come whole
     mixed_prefill_size: int = 256
     schedule_policy: str = "lpm"  # lpm | fcfs | priority
     # priority policy: higher `priority` first (lower first with low_priority_values_first);

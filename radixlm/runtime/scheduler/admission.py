@@ -6,10 +6,10 @@ requests in the policy's order, each given a row and its cached prefix. A waitin
 is admitted only if the K/V left after its tokens still covers ``NEW_TOKEN_RATIO`` of the
 running requests' remaining output budget (alone it is always admitted), so that decode
 rarely has to retract; a prefill that needs chunking goes first in no shared batch.
-While requests are decoding, an EXTEND step also decodes them (a token each) and takes at
-most ``mixed_prefill_size`` tokens of any one prompt: a long prompt arriving holds the
-running streams for one short chunk at a time, not for its whole prefill, and short prompts
-arriving together still fill the step's budget.
+While requests are decoding, an EXTEND step also decodes them (a token each), and a prompt
+that needs chunking comes ``mixed_prefill_size`` tokens a step: a long prompt arriving holds
+the running streams for one short chunk at a time, not for its whole prefill, while prompts
+that fit the step's budget still come whole.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class Admission:
     def schedule_extend(self) -> ScheduleBatch | None:
         state, preempt = self.state, self.retraction
         budget = self.config.chunked_prefill_size
-        # while requests decode (in this step too), a long prompt comes a short chunk a step
+        # while requests decode (in this step too), a prompt longer than the step's budget
+        # comes a short chunk a step
         cap = self.config.mixed_prefill_size if state.running else budget
         picked: list[Req] = []
         prefix_lens, extend_lens, sample = [], [], []
@@ -127,9 +128,9 @@ class Admission:
                 break
             if shares_uncached_prefix(req, picked, self.kv.cache, cached):
                 continue
-            n = self._try_admit(req, min(budget, cap), picked)
+            n = self._try_admit(req, budget, cap, picked)
             while n == 0 and preempt.preempt_for(req):  # no room: retract outranked requests
-                n = self._try_admit(req, min(budget, cap), picked)
+                n = self._try_admit(req, budget, cap, picked)
             if n <= 0:
                 break
             take(req, n)
@@ -146,17 +147,20 @@ class Admission:
             take(req, 1)
         return ScheduleBatch(ForwardMode.EXTEND, picked, prefix_lens, extend_lens, sample)
 
-    def _try_admit(self, req: Req, budget: int, picked: list[Req]) -> int:
-        """Admit waiting ``req`` with up to ``budget`` new tokens: the number admitted, 0
-        when KV slots or a row are lacking, -1 when it must wait for a step of its own
-        (a chunked prefill goes first in no shared batch)."""
+    def _try_admit(self, req: Req, budget: int, cap: int, picked: list[Req]) -> int:
+        """Admit waiting ``req`` with up to ``budget`` new tokens, at most ``cap`` if it
+        needs chunking: the number admitted, 0 when KV slots or a row are lacking, -1 when
+        it must wait for a step of its own (a chunked prefill goes first in no shared
+        batch)."""
         if not self.kv.admit(req, req.max_cacheable_prefix):
             return 0
         matched = req.kv_len
         n = min(req.pending_len, budget)
-        if n < req.pending_len and picked:
-            self.kv.release(req, insert=False)
-            return -1
+        if n < req.pending_len:
+            if picked:
+                self.kv.release(req, insert=False)
+                return -1
+            n = min(n, cap)
         state = self.state
         reserve = self._reserve(state.running + state.extending + picked)
         alone = not (state.running or state.extending or picked)

@@ -2,16 +2,16 @@
 
 Each step is either an EXTEND batch (new requests, prefill chunks, resumed or
 jump-forwarded requests: anything with more than one token lacking K/V) under the token
-budget ``chunked_prefill_size`` (while requests decode, at most ``mixed_prefill_size`` of
-any one prompt, and they decode in that step too), chosen by `Admission`, or, when there is
-none, a DECODE step for every running request, whose slots `Retraction` allocates
-(retracting the newest when decode runs out of KV slots after evicting the cache: their K/V
-goes to the cache or is freed and they wait to be recomputed). `Speculation` may then
-give the batch's requests drafts to verify in the same step (where the measured step times
-say they pay), runs the model and settles the verification's K/V; `Postprocessor` applies
-the results. Nothing admitted is lost: it finishes, is retracted and resumed, or is aborted
-on purpose. The parts share one `SchedulerState` and reach each other only through what
-they are given.
+budget ``chunked_prefill_size`` (while requests decode, they decode in that step too and a
+prompt that needs chunking comes ``mixed_prefill_size`` tokens a step), chosen by
+`Admission`, or, when there is none, a DECODE step for every running request, whose slots
+`Retraction` allocates (retracting the newest when decode runs out of KV slots after
+evicting the cache: their K/V goes to the cache or is freed and they wait to be
+recomputed). `Speculation` may then give the batch's requests drafts to verify in the same
+step (where the measured step times say they pay), runs the model and settles the
+verification's K/V; `Postprocessor` applies the results. Nothing admitted is lost: it
+finishes, is retracted and resumed, or is aborted on purpose. The parts share one
+`SchedulerState` and reach each other only through what they are given.
 
 Admission bound: `num_queued` counts requests admitted but not yet started (in the inbox,
 waiting for a grammar, or in the waiting queue) plus places reserved for requests about to
