@@ -55,10 +55,11 @@ def test_batched_equals_alone(tiny_model_dir, reference, opts):
 
 
 def test_a_long_prompt_does_not_hold_the_decoding_streams(tiny_model_dir, monkeypatch):
-    """While a prompt is prefilled in chunks, the running requests decode in the same steps
-    and it comes ``mixed_prefill_size`` tokens a step: every step of the long prompt's
-    prefill carries the running stream's token (it used to wait out the whole prefill); a
-    prompt that fits the step's budget still comes whole, beside it. The answers are still
+    """While requests decode, they decode in every prefill step too, and a prompt that needs
+    chunking comes ``mixed_prefill_size`` tokens a step (it used to take whole chunks, the
+    decoding requests waiting out its prefill); a prompt that fits the step's budget still
+    comes whole. One batch, first come first served: a 4-token prompt, then a 320-token one
+    (chunking: it waits for a step of its own), then a 40-token one. The answers are still
     each prompt's alone."""
     from radixlm.runtime.scheduler.admission import Admission
 
@@ -73,29 +74,24 @@ def test_a_long_prompt_does_not_hold_the_decoding_streams(tiny_model_dir, monkey
 
     monkeypatch.setattr(Admission, "schedule_extend", recorded)
     rng = random.Random(9)
-    long_prompt = [rng.randrange(100, 40000) for _ in range(320)]
-    params = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}
+    batch = [[5, 6, 7, 8], [rng.randrange(100, 40000) for _ in range(320)],
+             [rng.randrange(100, 40000) for _ in range(40)]]
+    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (200, 8, 4)]
     with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096,
                 disable_radix_cache=True, chunked_prefill_size=64, mixed_prefill_size=16,
+                schedule_policy="fcfs", speculative_algorithm=None,
                 log_level="warning") as engine:
-        short_prompt, few = long_prompt[::-1][:40], {**params, "max_new_tokens": 4}
         alone = [engine.generate(input_ids=p, sampling_params=s)["output_ids"]
-                 for p, s in (([5, 6, 7, 8], params), (long_prompt, params),
-                              (short_prompt, few))]
+                 for p, s in zip(batch, params)]
         steps.clear()
-        stream = iter(engine.generate(input_ids=[5, 6, 7, 8], sampling_params=params,
-                                      stream=True))
-        next(stream)  # decoding now
-        short = engine.generate(input_ids=short_prompt, sampling_params=few)
-        other = engine.generate(input_ids=long_prompt, sampling_params=params)
-        first = list(stream)[-1]
-        assert [first["output_ids"], other["output_ids"], short["output_ids"]] == alone
+        outs = engine.generate(input_ids=batch, sampling_params=params)
+        assert [o["output_ids"] for o in outs] == alone
         engine.check_integrity()
-    assert steps[0] == [4]  # the stream's prompt, alone
-    assert steps[1] == [40, 1]  # the short prompt whole, the stream's token beside it
+    assert steps[0] == [4]  # the first prompt; the long one waits for a step of its own
+    assert steps[1] == [16, 40, 1]  # its first chunk, the short prompt whole, a decode row
     chunks = [lens for lens in steps if lens[0] == 16]
     assert len(chunks) == 20  # 320 prompt tokens, 16 a step
-    assert all(lens[1:] == [1] for lens in chunks)  # the stream's token in each chunk's
+    assert all(lens[-1] == 1 and len(lens) >= 2 for lens in chunks)  # decode rows in each
 
 
 def test_radix_cache_hits_on_shared_prefix(tiny_model_dir):
