@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/bench_prompt_stall.py [--model M] [--prompt-tokens 4000]
         [--streams 1] [--sizes 256,100000] [--rounds 2] [--out r.json]
 
-One engine per ``mixed_prefill_size`` in ``--sizes`` (the most tokens of one prompt a step
-takes while requests decode; the running requests decode in every such step; a size at or
-over ``chunked_prefill_size``, 1024 by default, gives the prompt a whole chunk a step),
+One engine per ``mixed_prefill_size`` in ``--sizes`` (while requests decode, a prompt that
+needs chunking comes this many tokens a step, the running requests decoding in each; a
+size at or over ``chunked_prefill_size``, 1024 by default, gives it a whole chunk a step),
 greedy, speculation off. A round, per engine (engines alternate): ``--streams`` streams
 start decoding (64-token prompts, 400 new tokens each); once each has its first token, a
 ``--prompt-tokens`` prompt (random ids, no prefix shared) arrives for one token. Reported

@@ -216,6 +216,7 @@ def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
                        ("feed_forward_length", shape.ffn), ("head_count", shape.heads),
                        ("head_count_kv", shape.kv_heads),
                        ("rope_dimension_count", shape.head_dim),
+                       ("key_length", shape.head_dim), ("value_length", shape.head_dim),
                        ("rope_freq_base", shape.rope_theta),
                        ("layer_norm_rms_epsilon", shape.norm_eps)):
         getattr(writer, f"add_{key.replace('layer_norm_rms_epsilon', 'layer_norm_rms_eps')}")(
