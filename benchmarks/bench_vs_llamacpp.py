@@ -388,6 +388,9 @@ def main() -> None:
         ap.error(f"--streams {args.streams}: 0 to {4 * args.prefill_tokens // STREAM_PROMPT} "
                  f"with --prefill-tokens {args.prefill_tokens} (the streams' prompts are "
                  f"{STREAM_PROMPT} distinct tokens each of the prompt's text)")
+    if args.prefill_tokens + args.new_tokens > args.ctx:  # (the long prompt decodes too)
+        ap.error(f"--prefill-tokens {args.prefill_tokens} + --new-tokens {args.new_tokens} "
+                 f"exceed --ctx {args.ctx}")
     if not set(args.systems.split(",")) <= {"radixlm", "llama_cpp"}:
         ap.error(f"--systems takes radixlm and/or llama_cpp, not {args.systems!r}")
     if args.model is not None and not (Path(args.model).is_file()

@@ -119,8 +119,8 @@ static inline __attribute__((always_inline)) void kx32_group(
         const uint8_t *o = qx + kx32_at(fmt, nb, b);
         /* a group's first pass of a token tile streams it: the group's bytes 16 blocks
          * ahead asked for (as kx.c's kx_ask_ahead). G weights x tokens / s, DRAM-sized,
-         * Zen 5, against 8 blocks ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4, 147 -> 168, two threads 4
-         * tokens 277 -> 325; Q8_0 4 tokens 115 -> 134, 161 -> 206 (one token the same;
+         * Zen 5, against 8 blocks ahead: Q4_1 one thread 1 / 4 tokens 44.5 -> 51.4,
+         * 147 -> 168, two threads 4 tokens 277 -> 325; Q8_0 4 tokens 115 -> 134, 161 -> 206 (one token the same;
          * 24 and 32 ahead no better). A prefetch changes no result. */
         if (ahead) prefetch_bytes(o + 16 * kx32_bytes(fmt), kx32_bytes(fmt));
         const int j = b % 16, c = b - j, full = c + 16 <= nb, L = full ? 4 * (j % 4) + j / 4 : j;
