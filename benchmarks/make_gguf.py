@@ -40,7 +40,7 @@ CHUNK = 1 << 24  # values generated at a time (64 MB of fp32)
 class Shape:
     """A model body: llama.cpp architecture and the dimensions its GGUF keys name."""
 
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "gemma3" | "phi3"
     layers: int
     hidden: int
     heads: int
@@ -52,7 +52,19 @@ class Shape:
     norm_eps: float = 1e-5
     context: int = 8192
     qk_norm: bool = False  # q / k head norms (Qwen3)
-    head_size: int = 0  # a head's size where it is not hidden / heads (Qwen3-4B)
+    head_size: int = 0  # a head's size where it is not hidden / heads (Qwen3-4B, Gemma 3)
+    window: int = 0  # attention.sliding_window (Gemma 3: its local layers; Phi-3: all)
+    rope_linear: float = 0.0  # linear rope scaling factor (Gemma 3 4B: its global layers)
+
+    @property
+    def sandwich(self) -> bool:
+        """Norms of the attention's and the MLP's outputs too (Gemma)."""
+        return self.arch == "gemma3"
+
+    @property
+    def fused(self) -> bool:
+        """q | k | v and gate | up stored as one matrix each (Phi-3)."""
+        return self.arch == "phi3"
 
     @property
     def head_dim(self) -> int:
@@ -78,6 +90,21 @@ SHAPES = {
                       context=40960, qk_norm=True, head_size=128),
     "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 12288, 1e6, tied=False, norm_eps=1e-6,
                       context=40960, qk_norm=True, head_size=128),
+    # Gemma 3: heads of 256, windows of 512 / 1024 on five layers in six (llama.cpp's
+    # pattern), the 4B's global layers rope-scaled 8x; its 1B's hidden size of 1152 is no
+    # multiple of 256 (llama.cpp's K-quant mixes fall back to Q5_0 / Q8_0 on those rows)
+    "tiny-gemma3": Shape("gemma3", 2, 256, 2, 1, 512, 1e6, tied=True, norm_eps=1e-6,
+                         qk_norm=True, head_size=256, window=8),
+    "gemma3-1b": Shape("gemma3", 26, 1152, 4, 1, 6912, 1e6, tied=True, norm_eps=1e-6,
+                       context=32768, qk_norm=True, head_size=256, window=512),
+    "gemma3-4b": Shape("gemma3", 34, 2560, 8, 4, 10240, 1e6, tied=True, norm_eps=1e-6,
+                       context=131072, qk_norm=True, head_size=256, window=1024,
+                       rope_linear=8.0),
+    # Phi-3-mini-4k: q | k | v and gate | up fused, heads of 96, a window of 2047 everywhere
+    "tiny-phi3": Shape("phi3", 2, 256, 4, 4, 512, 10000.0, tied=False),  # (no window:
+    # transformers' GGUF reader, the tests' reference, drops Phi-3's)
+    "phi3-mini": Shape("phi3", 32, 3072, 32, 32, 8192, 10000.0, tied=False, context=4096,
+                       window=2047),
 }
 
 
@@ -96,17 +123,30 @@ def tensor_specs(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, h))]
     for i in range(shape.layers):
         b = f"blk.{i}."
-        specs += [(b + "attn_norm.weight", (h,)), (b + "attn_q.weight", (q, h)),
-                  (b + "attn_k.weight", (kv, h)), (b + "attn_v.weight", (kv, h))]
+        specs.append((b + "attn_norm.weight", (h,)))
+        if shape.fused:
+            specs.append((b + "attn_qkv.weight", (q + 2 * kv, h)))
+        else:
+            specs += [(b + "attn_q.weight", (q, h)), (b + "attn_k.weight", (kv, h)),
+                      (b + "attn_v.weight", (kv, h))]
         if shape.qkv_bias:
             specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)),
                       (b + "attn_v.bias", (kv,))]
         if shape.qk_norm:
             specs += [(b + "attn_q_norm.weight", (shape.head_dim,)),
                       (b + "attn_k_norm.weight", (shape.head_dim,))]
-        specs += [(b + "attn_output.weight", (h, q)), (b + "ffn_norm.weight", (h,)),
-                  (b + "ffn_gate.weight", (shape.ffn, h)), (b + "ffn_up.weight", (shape.ffn, h)),
-                  (b + "ffn_down.weight", (h, shape.ffn))]
+        specs.append((b + "attn_output.weight", (h, q)))
+        if shape.sandwich:
+            specs.append((b + "post_attention_norm.weight", (h,)))
+        specs.append((b + "ffn_norm.weight", (h,)))
+        if shape.fused:
+            specs.append((b + "ffn_up.weight", (2 * shape.ffn, h)))
+        else:
+            specs += [(b + "ffn_gate.weight", (shape.ffn, h)),
+                      (b + "ffn_up.weight", (shape.ffn, h))]
+        specs.append((b + "ffn_down.weight", (h, shape.ffn)))
+        if shape.sandwich:
+            specs.append((b + "post_ffw_norm.weight", (h,)))
     specs.append(("output_norm.weight", (h,)))
     if not shape.tied:
         specs.append(("output.weight", (vocab, h)))
@@ -170,6 +210,7 @@ def write_gguf(path: Path, shape: Shape, dtype: str = "F16", seed: int = 0,
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.norm_eps)
+    add_family_keys(writer, shape)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "F16"
                          else gguf.LlamaFileType.ALL_F32)
     vocab = _copy_tokenizer(writer, embedded_gguf())
@@ -186,6 +227,17 @@ def write_gguf(path: Path, shape: Shape, dtype: str = "F16", seed: int = 0,
         writer.write_tensor_data(_random_tensor(tname, dims, np_dtype if len(dims) == 2
                                                 else np.float32, seed))
     writer.close()
+
+
+def add_family_keys(writer, shape: Shape) -> None:
+    """The keys a family adds to the common ones: its window and rope scaling."""
+    import gguf
+
+    if shape.window:
+        writer.add_sliding_window(shape.window)
+    if shape.rope_linear:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(shape.rope_linear)
 
 
 def n_params(shape: Shape, vocab: int = 49152) -> int:

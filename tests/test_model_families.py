@@ -79,7 +79,8 @@ def _configs(vocab: int) -> dict:
 
 
 FAMILIES = ["llama3", "qwen2.5", "qwen3", "qwen3-full", "gemma2", "gemma3", "gemma3-mm", "phi3"]
-NATIVE = ("llama3", "qwen2.5", "qwen3-full")  # the families the native layer takes
+# the families the native layer takes: all but Gemma 2 (soft-caps)
+NATIVE = ("llama3", "qwen2.5", "qwen3", "qwen3-full", "gemma3", "gemma3-mm", "phi3")
 
 
 def _build(family: str, tokenizer, out):
@@ -134,7 +135,7 @@ def _reference(hf, prompt: list[int], new_tokens: int = NEW_TOKENS
     with torch.no_grad():
         prompt_lp = torch.log_softmax(hf(ids).logits[0].float(), -1)
         if hf.config.model_type == "phi3":
-            tokens, logits = _step_by_step(hf, prompt)
+            tokens, logits = _step_by_step(hf, prompt, new_tokens)
             return tokens, prompt_lp, torch.log_softmax(logits, -1)
         gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                           max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -143,13 +144,13 @@ def _reference(hf, prompt: list[int], new_tokens: int = NEW_TOKENS
     return gen.sequences[0, len(prompt):].tolist(), prompt_lp, decode_lp
 
 
-def _step_by_step(hf, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+def _step_by_step(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
     """Greedy decode through transformers' forward with its DynamicCache."""
     from transformers import DynamicCache
 
     cache, tokens, logits = DynamicCache(config=hf.config), [], []
     step = torch.tensor([prompt])
-    for _ in range(NEW_TOKENS):
+    for _ in range(new_tokens):
         pos = torch.arange(len(prompt) + len(tokens) - step.shape[1],
                            len(prompt) + len(tokens))[None]
         last = hf(step, cache=cache, use_cache=True, position_ids=pos).logits[0, -1].float()
@@ -194,7 +195,8 @@ def test_logprobs_and_greedy_match_transformers(family):
     engine.check_integrity()
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral", "qwen3-full"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral", "qwen3", "qwen3-full",
+                                  "gemma3", "phi3"])
 def test_checkpoint_runs_at_its_own_precision_by_default(name, tmp_path, tokenizer):
     """An fp32 safetensors checkpoint with default settings runs fp32, natively too (dense
     fp32 rows, fp32 activations, where the native library builds): 12 greedy tokens equal
@@ -204,7 +206,7 @@ def test_checkpoint_runs_at_its_own_precision_by_default(name, tmp_path, tokeniz
     from radixlm.runtime.engine import Engine
 
     hf = _build(name, tokenizer, tmp_path)
-    prompts = _prompts(hf.config.vocab_size, seed=3)
+    prompts = _prompts(hf.config.get_text_config().vocab_size, seed=3)
     params = {**PARAMS, "max_new_tokens": 12}
     with Engine(str(tmp_path), max_total_tokens=2048, log_level="warning") as engine:
         assert engine.runner.dtype == torch.float32
@@ -256,7 +258,7 @@ def test_config_switches_are_read_from_the_hf_config(tokenizer):
     assert g2.attn_scale == pytest.approx(24**-0.5)
     assert g2.window(0) == 8 and g2.window(1) is None
     assert cfgs["phi3"].rotary_dim == 8 and cfgs["phi3"].window(1) == 12
-    assert not any(cfgs[n].native_layer for n in ("qwen3", "gemma2", "gemma3", "phi3"))
+    assert not cfgs["gemma2"].native_layer
 
 
 def test_unsupported_architecture_is_refused_by_name():
@@ -359,6 +361,8 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch):
 
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
     cfg = _configs(len(_byte_tokens()))[name]
+    if name == "gemma3":  # Gemma's own head size (q 16x the hidden size): the native
+        cfg.head_dim = 256  # attention's widest vectors, under windows within a prefill
     if name.startswith("gemma"):  # llama.cpp scales Gemma's queries by head_dim ** -0.5
         cfg.query_pre_attn_scalar = cfg.head_dim
     if name == "qwen3":  # llama.cpp has no sliding layers for Qwen3 (nor do its releases)
@@ -367,9 +371,14 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch):
     path = tmp_path / f"{name}.gguf"
     _write_gguf(hf, name, path)
     prompts = _prompts(hf.config.vocab_size, seed=2)
-    with Engine(str(path), dtype="float32", weight_quant="none", max_total_tokens=2048,
-                log_level="warning") as engine:
-        outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
-                               logprob_start_len=0)
-        for prompt, out in zip(prompts, outs):
-            _check(out, prompt, _reference(hf, prompt))
+    refs = [_reference(hf, prompt) for prompt in prompts]
+    # the torch path (dequantized), then the default: read as a GGUF, every step native
+    # (but Gemma 2, whose soft-caps the native layer does not take)
+    for quant in ("none", "auto"):
+        with Engine(str(path), dtype="float32", weight_quant=quant, max_total_tokens=2048,
+                    log_level="warning") as engine:
+            assert engine.runner.gguf_native == (quant == "auto" and name != "gemma2")
+            outs = engine.generate(input_ids=prompts, sampling_params=PARAMS,
+                                   return_logprob=True, logprob_start_len=0)
+            for prompt, out, ref in zip(prompts, outs, refs):
+                _check(out, prompt, ref)

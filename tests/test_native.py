@@ -265,15 +265,20 @@ def test_rounded_activations_stay_within_stated_error(lib, act, tokens):
     assert ((approx - exact).norm() / exact.norm()).item() < 0.01
 
 
-def test_silu_mul_matches_twin(lib):
-    """The vectorized exp of SiLU (and of the attention softmax) within a few ulp of torch,
-    over the whole range: tiny, huge, both signs, and an odd tail."""
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_matches_twin(lib, act):
+    """The vectorized exp of SiLU and gelu-tanh (and of the attention softmax) within a few
+    ulp of torch, over the whole range: tiny, huge, both signs, and an odd tail."""
     g = torch.cat([torch.randn(1000) * 4, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0,
                                                          -100.0, 100.0, -1e4, 1e4, 20.5])])
     u = torch.randn(g.numel())
-    expected = (torch.nn.functional.silu(g.double()) * u.double()).float()
-    torch.testing.assert_close(ops.silu_mul(lib, g, u), expected, rtol=2e-6, atol=1e-30)
-
+    f = (torch.nn.functional.silu if act == "silu"
+         else lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
+    expected = (f(g.double()) * u.double()).float()
+    # (gelu-tanh's far negative tail, under 1e-12, is exp of a cubic: its float32 argument
+    # alone is ~1e-5 relative off there)
+    atol = 1e-30 if act == "silu" else 1e-12
+    torch.testing.assert_close(ops.act_mul(lib, g, u, act), expected, rtol=2e-6, atol=atol)
 
 
 @pytest.mark.parametrize("vocab,words", [(100, 4), (100, 3), (2050, 65), (49152, 1536)])
@@ -310,7 +315,7 @@ def test_norm_then_matmul_matches_twin(lib):
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (3, 3, 64), (8, 1, 24), (2, 1, 6),
                                              (9, 3, 64), (9, 1, 64), (6, 2, 128),
-                                             (10, 1, 128)])
+                                             (10, 1, 128), (4, 1, 256), (8, 4, 256)])
 def test_attention_through_req_to_token_matches_twin(lib, kv_dtype, heads, kv_heads, dim):
     gen = torch.Generator().manual_seed(heads * dim)
     slots = 300

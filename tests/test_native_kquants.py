@@ -194,12 +194,14 @@ def _type_of(tname: str) -> str:
     return kind if isinstance(kind, str) else kind[int(parts[1]) % 2]
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-qwen", "tiny-qwen3"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen", "tiny-qwen3", "tiny-gemma3",
+                                        "tiny-phi3"])
 def kquant_gguf(request, tmp_path_factory) -> Path:
     """A random-weight GGUF of a tiny shape (Llama with a tied head; Qwen2 with q/k/v biases
-    and its own head; Qwen3 with q/k head norms, heads of 128, q twice the hidden size) in
-    K-quant super-blocks (random bytes: every bit pattern of quants and scales), with the
-    embedded tokenizer."""
+    and its own head; Qwen3 with q/k head norms, heads of 128, q twice the hidden size;
+    Gemma 3 with sandwich norms, gelu-tanh, scaled embeddings, heads of 256 under windows
+    of 8; Phi-3 with q | k | v and gate | up stored fused) in K-quant super-blocks (random
+    bytes: every bit pattern of quants and scales), with the embedded tokenizer."""
     path = tmp_path_factory.mktemp("kq") / f"{request.param}-kmix.gguf"
     return write_tiny_gguf(path, request.param, _type_of)
 
@@ -221,6 +223,7 @@ def write_tiny_gguf(path: Path, shape_name: str, type_of) -> Path:
                        ("layer_norm_rms_epsilon", shape.norm_eps)):
         getattr(writer, f"add_{key.replace('layer_norm_rms_epsilon', 'layer_norm_rms_eps')}")(
             value)
+    make_gguf.add_family_keys(writer, shape)
     vocab = make_gguf._copy_tokenizer(writer, make_gguf.embedded_gguf())
     for i, (tname, dims) in enumerate(make_gguf.tensor_specs(shape, vocab)):
         if len(dims) == 1:
@@ -298,3 +301,22 @@ def test_a_kquant_file_runs_in_its_own_super_blocks(kquant_gguf, act, tol):
         outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 16,
                                          "ignore_eos": True})
     _chosen_are_argmax(kquant_gguf, prompts, outs, tol)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-gemma3"])
+def test_an_f16_file_runs_natively(shape, tmp_path):
+    """An F16 GGUF (dense rows, head included: no torch weights beside them) is read as a
+    GGUF and runs every step natively; the tokens chosen are transformers' argmax on the
+    file (fp32 activations)."""
+    from radixlm.runtime.engine import Engine
+
+    path = tmp_path / f"{shape}-f16.gguf"
+    make_gguf.write_gguf(path, make_gguf.SHAPES[shape], "F16")
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    with Engine(str(path), dtype="float32", max_total_tokens=1024,
+                log_level="warning") as engine:
+        assert engine.runner.gguf_native and engine.runner.native.max_rows is None
+        assert engine.runner.precision["activations"] == "fp32"
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 12,
+                                         "ignore_eos": True})
+    _chosen_are_argmax(path, prompts, outs, 1e-3)

@@ -196,7 +196,13 @@ class Layer(ctypes.Structure):
                 ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("rope_pairs", ctypes.c_int32), ("qkv", QCat), ("o", QMat),
-                ("gate_up", QCat), ("down", QMat)]
+                ("gate_up", QCat), ("down", QMat), ("attn_out_norm", ctypes.c_void_p),
+                ("mlp_out_norm", ctypes.c_void_p), ("act", ctypes.c_int32),
+                ("window", ctypes.c_int32), ("rope_table", ctypes.c_int32),
+                ("rot_half", ctypes.c_int32)]
+
+
+ACT_SILU, ACT_GELU_TANH = 0, 1  # Layer.act (csrc/rlm.h)
 
 
 ACT_INT8, ACT_F32, ACT_BF16 = 0, 1, 2  # Step.act_mode (see csrc/rlm.h)
@@ -209,7 +215,8 @@ class Step(ctypes.Structure):
                 ("out_loc", ctypes.c_void_p), ("rows", ctypes.c_void_p),
                 ("pos", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p),
                 ("r2t_stride", ctypes.c_int64), ("ws", ctypes.c_void_p),
-                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p)]
+                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
+                ("cos_b", ctypes.c_void_p), ("sin_b", ctypes.c_void_p)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -230,8 +237,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_profile.restype = i32
     lib.rlm_norm_head.argtypes = [ctypes.POINTER(QMat), p, f32, i32, p, p, p, i32, i32]
     lib.rlm_norm_head.restype = None
-    lib.rlm_silu_mul.argtypes = [p, p, i32, p]
-    lib.rlm_silu_mul.restype = None
+    lib.rlm_act_mul.argtypes = [p, p, i32, p, i32]
+    lib.rlm_act_mul.restype = None
     lib.rlm_kx_rows.restype = i32
     lib.rlm_kx_bytes.argtypes = [i32, i32, i32]
     lib.rlm_kx_bytes.restype = i64

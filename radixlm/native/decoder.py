@@ -1,8 +1,10 @@
 """Small steps (decode, jump-forward) of a Llama-family model in the native library.
 
-One C call per layer (RMSNorm, q/k/v on block-quantized or dense rows, rotary, K/V store
-into the pool, attention through ``req_to_token``, o, RMSNorm, gate/up, SiLU, down,
-residuals) and one for the final norm and the LM head. The pool stays the only K/V store:
+One C call per layer (RMSNorm, q/k/v on block-quantized or dense rows, q/k head norms,
+rotary from one of two tables, K/V store into the pool, attention through ``req_to_token``
+within the layer's window, o, the sandwich norm, RMSNorm, gate/up, SiLU or gelu-tanh, down,
+residuals) and one for the final norm and the LM head: the Llama layer with the switches of
+Qwen3, Gemma 3 and Phi-3 (``ModelConfig``). The pool stays the only K/V store:
 a step written here is read by the torch path's next extend step and the other way round.
 Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash attention win.
 """
@@ -16,7 +18,16 @@ import numpy as np
 import torch
 
 from radixlm.native.arena import Placed, place_ahead
-from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, Layer, Step, qcat
+from radixlm.native.build import (
+    ACT_BF16,
+    ACT_F32,
+    ACT_GELU_TANH,
+    ACT_INT8,
+    ACT_SILU,
+    Layer,
+    Step,
+    qcat,
+)
 from radixlm.native.ops import KV_DTYPES
 from radixlm.native.plan import (
     ATTRS,
@@ -87,6 +98,22 @@ BF16_LARGE_MAX_ROWS = 256
 _MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
 
 
+def _cos_sin(rope, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin ``[T, rotary_dim / 2]`` fp32 of ``rope`` (``models.rope.Rope``) at
+    ``positions``: longrope's long factors from its switch on, the attention scaling
+    applied."""
+    pos = positions.float()[:, None]
+    freqs = pos * rope.inv_freq[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    if rope.long_inv_freq is not None:
+        far = (positions >= rope.switch)[:, None]
+        long = pos * rope.long_inv_freq[None, :]
+        cos, sin = torch.where(far, long.cos(), cos), torch.where(far, long.sin(), sin)
+    if rope.scaling != 1.0:
+        cos, sin = cos * rope.scaling, sin * rope.scaling
+    return cos.contiguous(), sin.contiguous()
+
+
 class NativeDecoder:
     """Runs steps of at most ``max_rows`` tokens (None: every step, for a model whose
     weights exist only as blocks: a GGUF loaded as a GGUF). ``blocks``: HF weight name ->
@@ -130,6 +157,9 @@ class NativeDecoder:
                                f"the decoder runs {self.act_modes}")
         self.arena, self._placed = placed.arena, placed
         self.weights = describe_weights(weights.flat, weights.head, self.arena.kind)
+        self._rope_keys = sorted(model.ropes)  # Step.cos / sin, then cos_b / sin_b
+        if len(self._rope_keys) > 2:
+            raise ValueError(f"{len(self._rope_keys)} rotary tables (the layer takes two)")
         self.layers = (Layer * n)(*[self._layer(i, weights.layers[i]) for i in range(n)])
         self.head, head_rows = self._place(weights.head)
         if head_rows is not None:
@@ -185,8 +215,8 @@ class NativeDecoder:
 
     def _adopt_head(self, t: torch.Tensor) -> None:
         model = self.model
-        if t.dtype != model.lm_head.dtype:  # (fp16 weights run as fp32 rows: keep both)
-            return
+        if model.lm_head is None or t.dtype != model.lm_head.dtype:  # (a GGUF read as one
+            return  # has no torch head; fp16 weights run as fp32 rows: keep both)
         if model.lm_head is model.embed:
             model.embed = t
         if model.head.weight is model.lm_head:
@@ -204,12 +234,20 @@ class NativeDecoder:
             if linear is not None and t is not None and t.dtype == linear.weight.dtype:
                 linear.weight = t  # the model's linear reads the arena's copy
         bias = layer.qkv.bias if getattr(layer, "qkv", None) is not None else layer.qkv_bias
+        rope = self.model.ropes[layer.rope_key]
+        if rope.rotary_dim > cfg.head_dim:
+            raise ValueError(f"rotary over {rope.rotary_dim} dims of heads of {cfg.head_dim}")
         return Layer(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                     cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
+                     cfg.intermediate_size, cfg.rms_norm_eps,
+                     cfg.head_dim ** -0.5 if cfg.attn_scale is None else cfg.attn_scale,
                      self._f32(layer.input_norm), self._f32(layer.post_norm),
                      self._f32(bias), self._f32(layer.q_norm), self._f32(layer.k_norm),
                      int(getattr(layer, "rope_pairs", False)),
-                     qcat(mats["qkv"]), mats["o"][0], qcat(mats["gate_up"]), mats["down"][0])
+                     qcat(mats["qkv"]), mats["o"][0], qcat(mats["gate_up"]), mats["down"][0],
+                     self._f32(layer.attn_out_norm), self._f32(layer.mlp_out_norm),
+                     ACT_GELU_TANH if cfg.act == "gelu_tanh" else ACT_SILU,
+                     cfg.window(i) or 0, self._rope_keys.index(layer.rope_key),
+                     rope.rotary_dim // 2)
 
     # ------------------------------------------------------------------ the step
     def accepts(self, batch: StepBatch) -> bool:
@@ -284,10 +322,10 @@ class NativeDecoder:
         nthreads = torch.get_num_threads()
         T = batch.num_tokens
         res = self._embed(batch.input_ids)  # (T, hidden), the residual stream
-        freqs = batch.positions.float()[:, None] * model.inv_freq[None, :]
-        cos, sin = freqs.cos(), freqs.sin()
-        if model.rope_scaling != 1.0:
-            cos, sin = cos * model.rope_scaling, sin * model.rope_scaling
+        if model.cfg.embed_scale != 1.0:
+            res.mul_(torch.tensor(model.cfg.embed_scale, dtype=torch.float32))
+        tables = [_cos_sin(model.ropes[k], batch.positions) for k in self._rope_keys]
+        (cos, sin), (cos_b, sin_b) = tables[0], tables[-1]
         if len(batch.extend_lens_cpu) == T:  # one token per request (decode)
             rows = batch.req_pool_indices
         else:
@@ -308,7 +346,8 @@ class NativeDecoder:
             step = Step(n, self.kv_dtype, nthreads, max_ctx, mode, cos[a:].data_ptr(),
                         sin[a:].data_ptr(), batch.out_cache_loc[a:].data_ptr(),
                         rows[a:].data_ptr(), batch.positions[a:].data_ptr(), table.data_ptr(),
-                        table.stride(0), ws.data_ptr(), *self._scale_ptrs)
+                        table.stride(0), ws.data_ptr(), *self._scale_ptrs,
+                        cos_b[a:].data_ptr(), sin_b[a:].data_ptr())
             lib.rlm_layers(self.layers, len(self.layers), self._k_ptrs, self._v_ptrs,
                            ctypes.byref(step), res[a:].data_ptr())
         hidden_indices = getattr(batch, "hidden_indices", None)

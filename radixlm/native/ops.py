@@ -11,7 +11,7 @@ import torch
 
 from radixlm.kernels import ref
 from radixlm.native.arena import BLOCKS32, REPACKED, Arena, _qmat, repack
-from radixlm.native.build import ACT_BF16, ACT_F32, ACT_INT8, QMat
+from radixlm.native.build import ACT_BF16, ACT_F32, ACT_GELU_TANH, ACT_INT8, ACT_SILU, QMat
 from radixlm.native.qweights import QWeight
 
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # csrc/rlm.h KV_*
@@ -57,11 +57,13 @@ def norm_matmul(lib, x: torch.Tensor, w: QWeight, act: str = "fp32",
     return out
 
 
-def silu_mul(lib, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``silu(g) * u`` elementwise (1-D fp32), the layer's own code."""
+def act_mul(lib, g: torch.Tensor, u: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """``act(g) * u`` elementwise (1-D fp32; ``act`` silu | gelu_tanh), the layer's own
+    code."""
     g, u = g.float().contiguous(), u.float().contiguous()
     out = torch.empty_like(g)
-    lib.rlm_silu_mul(g.data_ptr(), u.data_ptr(), g.numel(), out.data_ptr())
+    lib.rlm_act_mul(g.data_ptr(), u.data_ptr(), g.numel(), out.data_ptr(),
+                    {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}[act])
     return out
 
 

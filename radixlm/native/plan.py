@@ -17,6 +17,8 @@ FUSED = {
     "down": ["mlp.down_proj"],
 }
 ATTRS = ("qkv", "o_proj", "gate_up", "down")  # the model layer's Linear of each
+# checkpoints that store a concatenation whole (Phi-3's, also in its GGUFs)
+STORED_FUSED = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
 
 
 # Steps under this many tokens run int8 activation blocks by default where int8 is
@@ -158,17 +160,21 @@ def step_weights(blocks: dict[str, QWeight], num_layers: int, *, tied: bool,
                  missing: Callable[[int | None, str, str], QWeight]) -> StepWeights:
     """The matrices a decoder of ``num_layers`` layers runs from ``blocks`` (HF name ->
     QWeight). ``missing(layer, attr, name)`` makes a weight the blocks lack (``attr``: the
-    model layer's Linear, ``ATTRS``; ``layer`` None: the head), or raises. Parts of one
-    concatenation that would read different activation layouts (Q4 rows beside others)
-    become one Q8 matrix (``concat``). ``tied``: the head is the embedding where the blocks
-    have no ``lm_head``; ``embed_from_blocks``: token rows are looked up in the embedding's
-    blocks (a ValueError where there are none)."""
+    model layer's Linear, ``ATTRS``; ``layer`` None: the head), or raises. A concatenation
+    stored whole (``STORED_FUSED``) is one part. Parts of one concatenation that would read
+    different activation layouts (Q4 rows beside others) become one Q8 matrix
+    (``concat``). ``tied``: the head is the embedding where the blocks have no
+    ``lm_head``; ``embed_from_blocks``: token rows are looked up in the embedding's blocks
+    (a ValueError where there are none)."""
     layers = []
     for i in range(num_layers):
         layer = {}
         for (key, names), attr in zip(FUSED.items(), ATTRS):
             full = [f"model.layers.{i}.{n}.weight" for n in names]
-            if all(n in blocks for n in full):
+            whole = f"model.layers.{i}.{STORED_FUSED.get(key)}.weight"
+            if whole in blocks:
+                layer[key] = [blocks[whole]]
+            elif all(n in blocks for n in full):
                 parts = [blocks[n] for n in full]
                 layer[key] = [concat(parts)] if len({p.fmt == FMT_Q4 for p in parts}) > 1 \
                     else parts

@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void score_block(
     const int NV, const float *q, const float *kb, int nk, const float *sj, float *sc,
     __m512 *mx) {
     const __mmask16 live = (__mmask16)((1u << nk) - 1);
-    __m512 qv[8], acc[16]; /* (fixed sizes: registers once NV is a constant; a VLA stays in memory) */
+    __m512 qv[16], acc[16]; /* (fixed sizes: registers once NV is a constant; a VLA stays in memory) */
     for (int i = 0; i < NV; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
     for (int jj = 0; jj < 16; jj++) {
         if (jj >= nk) {
@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void pv_heads(
     const int NV, const int HB, const float *vb, const float *vj, const float *sc, int64_t ss,
     int n, float *ot) {
     const int D = 16 * NV;
-    __m512 acc[4][8]; /* (fixed sizes, see score_block) */
+    __m512 acc[4][16]; /* (fixed sizes, see score_block) */
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++) acc[h][i] = _mm512_load_ps(ot + h * D + 16 * i);
     for (int jj = 0; jj < n; jj++) {
@@ -172,7 +172,7 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
     const int NV, const float *q, int64_t qs, int nt, const int64_t *pos, const int32_t *slots,
     int g, int Hkv, int nh, float scale, const KVLayer *kv, float *scores, float *buf,
     float *out, int64_t os) {
-    const int D = 16 * NV, HB = NV == 4 ? 4 : 2, nr = nt * nh;
+    const int D = 16 * NV, HB = NV == 4 ? 4 : NV == 8 ? 2 : 1, nr = nt * nh;
     int64_t pmax = 0;
     for (int t = 0; t < nt; t++) pmax = pos[t] > pmax ? pos[t] : pmax;
     const int64_t ss = pmax + 16;
@@ -221,13 +221,14 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
                                                _mm512_set1_ps(inv[t * nh + h])));
 }
 
-/* attend_tokens_nv for D = 64 or 128; 0 for other head sizes (attend_heads' per-position
+/* attend_tokens_nv for D = 64, 128 or 256 (Gemma's); 0 for other head sizes (attend_heads' per-position
  * path then). */
 static int attend_tokens(const float *q, int64_t qs, int nt, const int64_t *pos,
                          const int32_t *slots, int g, int Hkv, int nh, int D, float scale,
                          const KVLayer *kv, float *scores, float *buf, float *out, int64_t os) {
     if (D == 64) attend_tokens_nv(4, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
     else if (D == 128) attend_tokens_nv(8, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
+    else if (D == 256) attend_tokens_nv(16, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
     else return 0;
     return 1;
 }
@@ -286,7 +287,7 @@ static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p
                          int Hkv, int D, float scale, const KVLayer *kv, float *scores,
                          float *out) {
 #ifdef RLM_ATT_TOKENS
-    if (D == 64 || D == 128) {
+    if (D == 64 || D == 128 || D == 256) {
         float *buf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(ATT_KC + nh) * D);
         if (!buf) abort(); /* nothing sensible left to do */
         attend_tokens(q, 0, 1, &p, slots, g, Hkv, nh, D, scale, kv, scores, buf, out, 0);

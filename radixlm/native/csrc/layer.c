@@ -22,6 +22,9 @@ static void rope_head(float *x, const float *c, const float *s, int half, int pa
     }
 }
 
+/* The first position a token at `pos` attends to under a window of W positions (0: all). */
+static inline int64_t first_pos(int64_t pos, int64_t W) { return W && pos >= W ? pos - W + 1 : 0; }
+
 /* ------------------------------------------------------------------ workspace */
 /* Attention work is split in units of one token and up to this many query heads of one
  * KV group (K/V rows loaded once per unit). */
@@ -302,7 +305,8 @@ static inline __attribute__((always_inline)) void matmul_cat_stage(
 static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float *res,
                        const Work *wp, int tid, int nth) {
     const int T = S->T, H = L->hidden, D = L->head_dim, Hq = L->n_heads, Hkv = L->n_kv_heads;
-    const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, half = D / 2;
+    const int q = Hq * D, kv = Hkv * D, qkvn = q + 2 * kv, I = L->inter, rh = L->rot_half;
+    const int64_t W = L->window;
     Work w = *wp;
     int lo, hi;
     row_range(T, tid, nth, &lo, &hi);
@@ -320,8 +324,9 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
         if (L->k_norm)
             for (int h = Hq; h < Hq + Hkv; h++)
                 rmsnorm_row(r + h * D, L->k_norm, L->eps, D, r + h * D);
-        const float *c = S->cos + (int64_t)t * half, *s = S->sin + (int64_t)t * half;
-        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, half, L->rope_pairs);
+        const float *c = (L->rope_table ? S->cos_b : S->cos) + (int64_t)t * rh;
+        const float *s = (L->rope_table ? S->sin_b : S->sin) + (int64_t)t * rh;
+        for (int h = 0; h < Hq + Hkv; h++) rope_head(r + h * D, c, s, rh, L->rope_pairs);
         store_kv_token(kvl->k, kvl->ks, kvl->dtype, S->out_loc[t], r + q, Hkv, D);
         store_kv_token(kvl->v, kvl->vs, kvl->dtype, S->out_loc[t], r + q + kv, Hkv, D);
     }
@@ -330,16 +335,27 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
     float *scores = w.scores + (int64_t)tid * score_rows(L) * (S->max_ctx + 16);
     const int rep = Hq / Hkv;
 #ifdef RLM_ATT_TOKENS
-    if (D == 64 || D == 128) { /* units: RLM_ATT_TOKENS tokens of a request x a KV group */
+    if (D == 64 || D == 128 || D == 256) { /* units: RLM_ATT_TOKENS tokens of a request x a KV group */
         float *buf = (float *)(((uintptr_t)w.attbuf + 63) & ~(uintptr_t)63) + tid * att_buf_floats(L);
         const int64_t blocks = (T + RLM_ATT_TOKENS - 1) / RLM_ATT_TOKENS;
         for (int64_t u = tid; u < blocks * Hkv; u += nth) {
             const int g = (int)(u % Hkv), t1 = (int)((u / Hkv + 1) * RLM_ATT_TOKENS);
             for (int t = (int)(u / Hkv) * RLM_ATT_TOKENS, e; t < T && t < t1; t = e) {
-                for (e = t + 1; e < T && e < t1 && S->rows[e] == S->rows[t];) e++; /* a request's run */
+                const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
+                const int64_t lo = first_pos(S->pos[t], W);
+                if (lo) { /* a window past the request's start: this token alone */
+                    const int64_t p = S->pos[t] - lo;
+                    attend_tokens(w.qkv + (int64_t)t * qkvn + g * rep * D, qkvn, 1, &p,
+                                  slots + lo, g, Hkv, rep, D, L->attn_scale, kvl, scores, buf,
+                                  w.attn + (int64_t)t * q + g * rep * D, q);
+                    e = t + 1;
+                    continue;
+                }
+                for (e = t + 1; e < T && e < t1 && S->rows[e] == S->rows[t]
+                                && !first_pos(S->pos[e], W);) e++; /* a request's run */
                 attend_tokens(w.qkv + (int64_t)t * qkvn + g * rep * D, qkvn, e - t, S->pos + t,
-                              S->req_to_token + S->rows[t] * S->r2t_stride, g, Hkv, rep, D,
-                              L->attn_scale, kvl, scores, buf, w.attn + (int64_t)t * q + g * rep * D, q);
+                              slots, g, Hkv, rep, D, L->attn_scale, kvl, scores, buf,
+                              w.attn + (int64_t)t * q + g * rep * D, q);
             }
         }
     } else
@@ -351,17 +367,18 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
             int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
             int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
                                                                ? g * rep + rep - h0 : per;
-            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-            attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t], g, Hkv, D,
-                         L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
+            const int64_t lo = first_pos(S->pos[t], W);
+            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride + lo;
+            attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t] - lo, g, Hkv,
+                         D, L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
         }
     }
     barrier(nth);
     matmul_stage(&L->o, w.attn, T, q, w.tmp, S->act_mode, &w, 3, tid, nth);
     PROF(4)
     for (int t = lo; t < hi; t++) {
-        float *r = res + (int64_t)t * H;
-        const float *o = w.tmp + (int64_t)t * H;
+        float *r = res + (int64_t)t * H, *o = w.tmp + (int64_t)t * H;
+        if (L->attn_out_norm) rmsnorm_row(o, L->attn_out_norm, L->eps, H, o);
         for (int i = 0; i < H; i++) r[i] += o[i];
         rmsnorm_row(r, L->post_norm, L->eps, H, w.x + (int64_t)t * H);
     }
@@ -370,12 +387,12 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
     for (int t = lo; t < hi; t++) {
         const float *g = w.gu + (int64_t)t * 2 * I, *u = g + I;
         float *ac = w.act + (int64_t)t * I;
-        silu_mul(g, u, I, ac);
+        act_mul(g, u, I, ac, L->act == ACT_GELU_TANH);
     }
     matmul_stage(&L->down, w.act, T, I, w.tmp, S->act_mode, &w, 7, tid, nth);
     for (int t = lo; t < hi; t++) {
-        float *r = res + (int64_t)t * H;
-        const float *o = w.tmp + (int64_t)t * H;
+        float *r = res + (int64_t)t * H, *o = w.tmp + (int64_t)t * H;
+        if (L->mlp_out_norm) rmsnorm_row(o, L->mlp_out_norm, L->eps, H, o);
         for (int i = 0; i < H; i++) r[i] += o[i];
     }
     PROF(8)
@@ -712,8 +729,11 @@ int32_t rlm_amx_kq(void) {
 #endif
 }
 
-/* Kernel-test entry: out[i] = silu(g[i]) * u[i], the layer's MLP activation. */
-void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out) { silu_mul(g, u, n, out); }
+/* Kernel-test entry: out[i] = act(g[i]) * u[i], the layer's MLP activation (ACT_SILU |
+ * ACT_GELU_TANH). */
+void rlm_act_mul(const float *g, const float *u, int32_t n, float *out, int32_t act) {
+    act_mul(g, u, n, out, act == ACT_GELU_TANH);
+}
 
 /* The smallest steps bf16 beats fp32 at: RLM_AMX_MIN_ROWS on AMX tiles where rlm_amx()
  * says so; else, on an AVX512-BF16 build, RLM_BF16_MIN_ROWS (a 2-token step 6.8 ms bf16 vs

@@ -176,7 +176,20 @@ typedef struct {
     QMat o;
     QCat gate_up;
     QMat down;
+    /* Family switches (Llama: NULL / 0). */
+    const float *attn_out_norm;       /* [hidden] or NULL: the attention's output RMS-normed
+                                         before the residual add (Gemma's sandwich norms) */
+    const float *mlp_out_norm;        /* [hidden] or NULL: the MLP's output likewise */
+    int32_t act;                      /* MLP gate activation: ACT_SILU | ACT_GELU_TANH */
+    int32_t window;                   /* > 0: a token attends to its last `window` positions
+                                         (itself included; sliding layers); 0: all */
+    int32_t rope_table;               /* 0: the step's cos / sin; 1: cos_b / sin_b (Gemma 3's
+                                         local layers) */
+    int32_t rot_half;                 /* rotated pairs of a head (the table's row length);
+                                         < head_dim / 2 for partial rotary (Phi-3.5 / 4) */
 } Layer;
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 static inline int64_t cat_rows(const QCat *c) {
     int64_t n = 0;
@@ -197,7 +210,7 @@ typedef struct {
     int32_t nthreads;
     int32_t max_ctx;            /* longest attention span (pos + 1) in the step */
     int32_t act_mode;           /* ACT_F32 (exact) | ACT_INT8 blocks | ACT_BF16 rows */
-    const float *cos, *sin;     /* [T, head_dim / 2] */
+    const float *cos, *sin;     /* [T, rot_half] */
     const int64_t *out_loc;     /* [T] pool slot of each token's K/V */
     const int64_t *rows;        /* [T] row of req_to_token */
     const int64_t *pos;         /* [T] position; the token attends to 0 .. pos */
@@ -206,6 +219,8 @@ typedef struct {
     float *ws;                  /* workspace of rlm_workspace_floats() floats */
     uint16_t *const *k_scales;  /* KV_INT8: per layer the K and V row scales */
     uint16_t *const *v_scales;  /* ([capacity, n_kv_heads] bf16); else NULL */
+    const float *cos_b, *sin_b; /* [T, rot_half] the second rotary table (layers with
+                                   rope_table 1), or NULL */
 } Step;
 
 /* AVX2 builds run fp32 steps of PANEL_MIN_T+ tokens as a panel GEMM (matmul_f32.c). */
@@ -437,7 +452,7 @@ static void gemv_cat(const QCat *c, int T, const Act *a, float *y, int tid, int 
 
 /* vmath.c */
 static inline float exp_sum(float *sc, int64_t count, float mx);
-static void silu_mul(const float *g, const float *u, int n, float *out);
+static void act_mul(const float *g, const float *u, int n, float *out, int gelu);
 
 /* attention.c */
 static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p, int g,
@@ -465,7 +480,7 @@ void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D
                    const uint16_t *v_scale);
 void rlm_store_kv(const float *x, int32_t T, int32_t Hkv, int32_t D, const int64_t *slots,
                   void *cache, uint16_t *scales, int32_t kv_dtype);
-void rlm_silu_mul(const float *g, const float *u, int32_t n, float *out);
+void rlm_act_mul(const float *g, const float *u, int32_t n, float *out, int32_t act);
 const char *rlm_isa(void);
 int32_t rlm_bf16(void);
 int32_t rlm_amx(void);

@@ -1,5 +1,5 @@
-/* exp, softmax sums, SiLU. Vectorized exp (the scalar expf per position and per MLP value
- * dominated attention and the activation). */
+/* exp, softmax sums, the MLP's gate activations (SiLU, gelu-tanh). Vectorized exp (the
+ * scalar expf per position and per MLP value dominated attention and the activation). */
 #include "rlm.h"
 
 #ifdef AV_W
@@ -77,41 +77,58 @@ static inline float exp_sum(float *sc, int64_t count, float mx) {
 }
 #endif
 
+/* The gate activations as x sigmoid(a): SiLU a = x; gelu-tanh 0.5 x (1 + tanh(z)) =
+ * x sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3) (PyTorch's "tanh" approximation). */
+#define GELU_C1 1.5957691216057308f /* 2 sqrt(2 / pi) */
+#define GELU_C2 0.044715f
+static inline float act_one(float g, int gelu) {
+    const float a = gelu ? GELU_C1 * (g + GELU_C2 * g * g * g) : g;
+    return g / (1.f + expf(-a));
+}
+
 #if defined(RLM_AVX2) && defined(__AVX512F__)
-/* out = silu(g) * u = g / (1 + exp(-g)) * u over n values. */
-static void silu_mul(const float *g, const float *u, int n, float *out) {
+/* out = act(g) * u = g sigmoid(a) u over n values (act_one). */
+static void act_mul(const float *g, const float *u, int n, float *out, int gelu) {
     int i = 0;
+    const __m512 c1 = _mm512_set1_ps(GELU_C1), c2 = _mm512_set1_ps(GELU_C2);
     for (; i + 16 <= n; i += 16) {
         __m512 gv = _mm512_loadu_ps(g + i);
-        /* vexp wants x <= 0 for range: exp(-|g|), then silu from the sign */
-        __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+        __m512 av = gelu ? _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c2, gv),
+                                                             _mm512_mul_ps(gv, gv), gv))
+                         : gv;
+        /* vexp wants x <= 0 for range: exp(-|a|), then the sigmoid from the sign */
+        __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(av)));
         __m512 one = _mm512_set1_ps(1.f);
-        __mmask16 pos = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ);
-        /* sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0 */
+        __mmask16 pos = _mm512_cmp_ps_mask(av, _mm512_setzero_ps(), _CMP_GE_OQ);
+        /* sigmoid(a) = 1 / (1 + e) for a >= 0, e / (1 + e) for a < 0 */
         __m512 num = _mm512_mask_blend_ps(pos, e, one);
         __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
         _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
     }
-    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    for (; i < n; i++) out[i] = act_one(g[i], gelu) * u[i];
 }
 
 #elif defined(RLM_AVX2)
-static void silu_mul(const float *g, const float *u, int n, float *out) {
+static void act_mul(const float *g, const float *u, int n, float *out, int gelu) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256 c1 = _mm256_set1_ps(GELU_C1), c2 = _mm256_set1_ps(GELU_C2);
     for (; i + 8 <= n; i += 8) {
         __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = vexp(_mm256_or_ps(_mm256_andnot_ps(sign, gv), sign)); /* exp(-|g|) */
-        __m256 pos = _mm256_cmp_ps(gv, zero, _CMP_GE_OQ);
+        __m256 av = gelu ? _mm256_mul_ps(c1, _mm256_fmadd_ps(_mm256_mul_ps(c2, gv),
+                                                             _mm256_mul_ps(gv, gv), gv))
+                         : gv;
+        __m256 e = vexp(_mm256_or_ps(_mm256_andnot_ps(sign, av), sign)); /* exp(-|a|) */
+        __m256 pos = _mm256_cmp_ps(av, zero, _CMP_GE_OQ);
         __m256 num = _mm256_blendv_ps(e, one, pos);
         __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
     }
-    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    for (; i < n; i++) out[i] = act_one(g[i], gelu) * u[i];
 }
 #else
-static void silu_mul(const float *g, const float *u, int n, float *out) {
-    for (int i = 0; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+static void act_mul(const float *g, const float *u, int n, float *out, int gelu) {
+    for (int i = 0; i < n; i++) out[i] = act_one(g[i], gelu) * u[i];
 }
 #endif

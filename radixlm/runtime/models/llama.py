@@ -167,8 +167,6 @@ class LlamaModel:
         types = sorted({layer.rope_key for layer in self.layers})
         self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
                       for t in types}
-        first = next(iter(self.ropes.values()))  # the one table of a plain model (native path)
-        self.inv_freq, self.rope_scaling = first.inv_freq, first.scaling
         # With weight-only decode linears, the head (a third of a batch-1 step) gets int8
         # channels too (its GGUF source is Q8_0, blocks of 32: ~1% logit error vs bf16).
         self.head = Linear(self.lm_head, None,
@@ -182,12 +180,10 @@ class LlamaModel:
         return self.tp.vocab_size if self.tp is not None else int(self.lm_head.shape[0])
 
     def native_unsupported(self) -> str | None:
-        """Why the native CPU decoder (Llama layers, q/k norms allowed, one rotary table)
-        cannot run this model; None when it can."""
+        """Why the native CPU decoder cannot run this model (``ModelConfig.native_layer``);
+        None when it can."""
         if not self.cfg.native_layer:
-            return f"{self.cfg.model_type} uses family switches beyond the Llama layer"
-        if len(self.ropes) > 1 or self.ropes[FULL].long_inv_freq is not None:
-            return "per-layer or longrope rotary tables"
+            return f"{self.cfg.model_type} soft-caps attention or logits (Gemma 2)"
         return None
 
     @torch.inference_mode()

@@ -1,7 +1,7 @@
 """A GGUF whose matrices stay blocks in the native library: the model object of the native
 path when the file is read as a GGUF.
 
-It holds what is not a matrix (config, norms, biases, the rotary table) and no dense weight:
+It holds what is not a matrix (config, norms, biases, the rotary tables) and no dense weight:
 every step runs natively (``NativeDecoder(max_rows=None)``), the embedding is looked up in
 its blocks, and the LM head is a block matrix too. ``forward`` is never called: the torch
 path has no weights to run.
@@ -16,19 +16,24 @@ import torch
 
 from radixlm.kernels.dispatch import get_ops
 from radixlm.runtime.models.rope import Rope
-from radixlm.runtime.models.shape import ModelConfig
+from radixlm.runtime.models.shape import FULL, ModelConfig, per_layer_type
 
 
 @dataclass
 class NativeLayer:
-    """One layer's vectors; ``qkv`` .. ``down`` are None (their blocks are the decoder's)."""
+    """One layer's vectors; ``qkv`` .. ``down`` are None (their blocks are the decoder's).
+    The norms are the scales the layer multiplies by (a Gemma file's are ``1 + w``
+    already, as llama.cpp writes them)."""
 
     input_norm: torch.Tensor
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor  # the MLP's input norm
     qkv_bias: torch.Tensor | None
     rope_pairs: bool
-    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
+    rope_key: str = FULL  # its rotary table (``NativeGGUFModel.ropes``)
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # [hidden] (Gemma's sandwich norms)
+    mlp_out_norm: torch.Tensor | None = None
     qkv: None = None
     o_proj: None = None
     gate_up: None = None
@@ -60,15 +65,20 @@ class NativeGGUFModel:
             if f"{p}self_attn.q_proj.bias" in vectors:
                 bias = torch.cat([vec(f"{p}self_attn.{x}_proj.bias") for x in "qkv"])
             qk = [vec(f"{p}self_attn.{x}_norm.weight") for x in "qk"] if cfg.qk_norm else []
-            self.layers.append(NativeLayer(vec(p + "input_layernorm.weight"),
-                                           vec(p + "post_attention_layernorm.weight"), bias,
-                                           rope_pairs, *qk))
+            sandwich = {}
+            if cfg.sandwich_norm:  # Gemma: the attention's and the MLP's outputs normed too
+                sandwich = {"attn_out_norm": vec(p + "post_attention_layernorm.weight"),
+                            "mlp_out_norm": vec(p + "post_feedforward_layernorm.weight")}
+            self.layers.append(NativeLayer(
+                vec(p + "input_layernorm.weight"),
+                vec(p + ("pre_feedforward_layernorm.weight" if cfg.sandwich_norm
+                         else "post_attention_layernorm.weight")), bias, rope_pairs,
+                cfg.layer_types[i] if cfg.layer_types else FULL, *qk, **sandwich))
         self.norm = vec("model.norm.weight")
         self.embed = self.lm_head = self.head = None
-        rope = Rope.from_hf(hf_config, device, None)
-        if rope.long_inv_freq is not None:
-            raise ValueError("longrope rotary tables do not run natively")
-        self.inv_freq, self.rope_scaling = rope.inv_freq, rope.scaling
+        types = sorted({layer.rope_key for layer in self.layers})
+        self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
+                      for t in types}
 
     @property
     def vocab_size(self) -> int:

@@ -117,15 +117,9 @@ class ModelConfig:
 
     @property
     def native_layer(self) -> bool:
-        """The native library's layer runs it: no family switch in use but rotary type,
-        qkv bias and q / k head norms (Qwen3): the Llama layer, whatever the family is
-        called."""
-        return (self.norm_offset == 0.0
-                and not (self.sandwich_norm or self.layer_types)
-                and self.act == "silu" and self.embed_scale == 1.0
-                and self.rotary_dim in (None, self.head_dim)
-                and self.attn_scale is None and self.attn_softcap is None
-                and self.final_softcap is None)
+        """The native library's layer runs it: every family switch but the soft-caps
+        (Gemma 2's attention and logits)."""
+        return self.attn_softcap is None and self.final_softcap is None
 
     def window(self, layer_id: int) -> int | None:
         """The sliding window of layer ``layer_id`` (None: full attention)."""
@@ -144,16 +138,13 @@ class ModelConfig:
 
 def native_unsupported(hf_config) -> str | None:
     """Why a GGUF of this config cannot run on the native path alone (None: it can): the
-    native layer (``ModelConfig.native_layer``) with one rotary table."""
+    native layer (``ModelConfig.native_layer``)."""
     cfg = ModelConfig.from_hf(hf_config)
     if not cfg.native_layer:
-        return f"{cfg.model_type} uses family switches beyond the Llama layer"
-    if per_layer_type(hf_config):
-        return "per-layer rotary tables"
+        return f"{cfg.model_type} soft-caps attention or logits"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
         return "dimensions not multiples of 32"
     return None
-
 
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
