@@ -342,11 +342,11 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
             const int g = (int)(u % Hkv), t1 = (int)((u / Hkv + 1) * RLM_ATT_TOKENS);
             for (int t = (int)(u / Hkv) * RLM_ATT_TOKENS, e; t < T && t < t1; t = e) {
                 const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride;
-                const int64_t lo = first_pos(S->pos[t], W);
-                if (lo) { /* a window past the request's start: this token alone */
-                    const int64_t p = S->pos[t] - lo;
+                const int64_t p0 = first_pos(S->pos[t], W);
+                if (p0) { /* a window past the request's start: this token alone */
+                    const int64_t p = S->pos[t] - p0;
                     attend_tokens(w.qkv + (int64_t)t * qkvn + g * rep * D, qkvn, 1, &p,
-                                  slots + lo, g, Hkv, rep, D, L->attn_scale, kvl, scores, buf,
+                                  slots + p0, g, Hkv, rep, D, L->attn_scale, kvl, scores, buf,
                                   w.attn + (int64_t)t * q + g * rep * D, q);
                     e = t + 1;
                     continue;
@@ -367,9 +367,9 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
             int t = (int)(u / (Hkv * chunks)), g = (int)(u / chunks % Hkv);
             int h0 = g * rep + (int)(u % chunks) * per, nh = g * rep + rep - h0 < per
                                                                ? g * rep + rep - h0 : per;
-            const int64_t lo = first_pos(S->pos[t], W);
-            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride + lo;
-            attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t] - lo, g, Hkv,
+            const int64_t p0 = first_pos(S->pos[t], W);
+            const int32_t *slots = S->req_to_token + S->rows[t] * S->r2t_stride + p0;
+            attend_heads(w.qkv + (int64_t)t * qkvn + h0 * D, nh, slots, S->pos[t] - p0, g, Hkv,
                          D, L->attn_scale, kvl, scores, w.attn + (int64_t)t * q + h0 * D);
         }
     }
