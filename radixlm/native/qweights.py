@@ -51,7 +51,7 @@ class QWeight:
     kind: str = ""  # q4_0 | q4_1 | q8_0 | bf16 | fp32: what the numbers are
     origin: str | None = None  # the GGUF tensor type they were read from (None: made here)
     # a ``recode.PENDING`` type: ``qs`` still holds the file's rows ``[n, bytes]`` of it,
-    # rewritten into ``fmt``'s (Q6_K for Q3_K, Q8 for IQ4_NL / IQ4_XS) by ``materialized``
+    # rewritten into ``fmt``'s (Q6_K for Q3_K, Q8 for Q5_0 / IQ4_NL / IQ4_XS) by ``materialized``
     # where the weight is placed (one tensor's rewrite alive at a time)
     pending: str | None = None
 
@@ -80,7 +80,10 @@ class QWeight:
         if self.pending == "Q3_K":
             return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs, threads), None, None,
                            self.kind, self.origin)
-        q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
+        if self.pending == "Q5_0":
+            q, d = recode.q5_0_as_q8_0(self.qs)
+        else:
+            q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
         return QWeight(self.fmt, q, d, None, self.kind, self.origin)
 
     def as_iq4(self, threads: int = 1) -> QWeight:
@@ -237,10 +240,7 @@ def recoded(type_name: str, raw: np.ndarray) -> QWeight:
     if type_name == "Q3_K":  # (rewritten where it is placed: ``materialized``)
         recode.check_rows(raw, recode.Q3_K_BYTES, "Q3_K")
         return QWeight(FMT_Q6_K, raw, None, None, "q6_k", type_name, pending=type_name)
-    if type_name == "Q5_0":
-        q, d = recode.q5_0_as_q8_0(raw)
-        return QWeight(FMT_Q8, q, d, None, "q8_0", type_name)
-    if type_name in ("IQ4_NL", "IQ4_XS"):  # (rewritten where placed: ``materialized``)
+    if type_name in ("Q5_0", "IQ4_NL", "IQ4_XS"):  # (rewritten where placed: ``materialized``)
         recode.check_rows(raw, recode.PENDING[type_name][0], type_name)
         return QWeight(FMT_Q8, raw, None, None, "q8_0", type_name, pending=type_name)
     if type_name not in recode.REQUANTIZED:

@@ -25,7 +25,7 @@ steps are ~10%). 34 bytes a block against 17.
 The others (``Q2_K``, ``Q5_1``: a minimum per block that no kernel format carries) are
 re-quantized: Q8_0 blocks of their dequantized values, close to the file's numbers but not
 equal to them. ``qweights.recoded`` applies these rules (``QWeight.origin`` names the file's
-type); Q3_K, IQ4_NL and IQ4_XS rows stay the file's until placed (``PENDING``).
+type); Q3_K, Q5_0, IQ4_NL and IQ4_XS rows stay the file's until placed (``PENDING``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ ROUNDED = {"IQ4_XS": "Q8_0"}  # the file's values, each block's scale rounded to
 REQUANTIZED = ("Q2_K", "Q5_1")  # run as Q8_0 blocks of their values (not exact)
 Q3_K_BYTES, Q5_0_BYTES = 110, 22
 # rewritten where placed (``QWeight.pending``): file type -> (bytes, weights) a block
-PENDING = {"Q3_K": (Q3_K_BYTES, 256), "IQ4_NL": (18, 32), "IQ4_XS": (136, 256)}
+PENDING = {"Q3_K": (Q3_K_BYTES, 256), "IQ4_NL": (18, 32), "IQ4_XS": (136, 256),
+           "Q5_0": (22, 32)}
 IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                      113], np.int8)  # ggml's kvalues_iq4nl (csrc/recode.c's IQ4_GRID)
 _IQ4_QS = {"IQ4_NL": (2, 1), "IQ4_XS": (8, 8)}  # where a block's nibbles start, groups of 16
@@ -97,7 +98,7 @@ def _q6_k_blocks(q: np.ndarray, scales: np.ndarray, d: np.ndarray) -> np.ndarray
 def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q5_0 rows ``[n, nb * 22]`` as Q8_0's int8 values ``[n, nb, 32]`` and fp16 scales
     ``[n, nb]`` of the same numbers."""
-    b = check_rows(raw, Q5_0_BYTES, "Q5_0")
+    b = check_rows(raw, Q5_0_BYTES, "Q5_0")  # (raw: the file's rows; the result, new arrays)
     qh = b[:, 2:6].copy().view("<u4")  # element j's fifth bit: bit j
     bits = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
     qs = b[:, 6:]
