@@ -105,6 +105,19 @@ def test_the_librarys_iq4_values_are_the_numpy_rule(type_name):
             assert np.array_equal(d.reshape(-1).view(np.uint16), scales.view(np.uint16))
 
 
+@needs_compiler
+def test_the_librarys_q5_0_values_are_the_numpy_rule():
+    """``rlm_q5_0_values`` (csrc/recode.c) writes numpy's Q8_0 values and the file's fp16
+    scales, alone and split over teams of 2 and 3 threads (13 rows: unequal parts); random
+    bytes, so every fifth-bit pattern."""
+    raw = np.random.default_rng(5).integers(0, 256, (13, 1024 // 32 * 22), dtype=np.uint8)
+    raw.reshape(-1, 22)[:, 1] &= 0x3B  # (finite fp16 scales)
+    q_np, d_np = recode.q5_0_as_q8_0_numpy(raw)
+    for threads in (1, 2, 3):
+        q, d = recode.q5_0_as_q8_0(raw, threads)
+        assert np.array_equal(q, q_np) and np.array_equal(d.view(np.uint16), d_np.view(np.uint16))
+
+
 def test_iq4_xs_scales_past_fp16_are_refused():
     """A damaged IQ4_XS block whose d * (ls - 32) overflows fp16 (d = 60000, ls = 0): a
     ValueError naming it where the weight is rewritten, not infinities in the weights."""

@@ -252,6 +252,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_q3k_as_q6k.restype = None
     lib.rlm_iq4_values.argtypes = [p, i64, i32, i32, i32, p, i32]
     lib.rlm_iq4_values.restype = None
+    lib.rlm_q5_0_values.argtypes = [p, i64, p, p, i32]
+    lib.rlm_q5_0_values.restype = None
     lib.rlm_iq4xs_scales.argtypes = [p, i64, p, i32]
     lib.rlm_iq4xs_scales.restype = None
     lib.rlm_dequant_rows.argtypes = [ctypes.POINTER(QMat), p, i32, p]

@@ -81,7 +81,7 @@ class QWeight:
             return QWeight(self.fmt, recode.q3_k_as_q6_k(self.qs, threads), None, None,
                            self.kind, self.origin)
         if self.pending == "Q5_0":
-            q, d = recode.q5_0_as_q8_0(self.qs)
+            q, d = recode.q5_0_as_q8_0(self.qs, threads)
         else:
             q, d = recode.iq4_as_q8_0(self.pending, self.qs, threads)
         return QWeight(self.fmt, q, d, None, self.kind, self.origin)

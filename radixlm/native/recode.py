@@ -95,10 +95,26 @@ def _q6_k_blocks(q: np.ndarray, scales: np.ndarray, d: np.ndarray) -> np.ndarray
                            scales.view(np.uint8), d], axis=1)
 
 
-def q5_0_as_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def q5_0_as_q8_0(raw: np.ndarray, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Q5_0 rows ``[n, nb * 22]`` as Q8_0's int8 values ``[n, nb, 32]`` and fp16 scales
-    ``[n, nb]`` of the same numbers."""
-    b = check_rows(raw, Q5_0_BYTES, "Q5_0")  # (raw: the file's rows; the result, new arrays)
+    ``[n, nb]`` of the same numbers (new arrays; in C on ``threads`` where the library
+    builds, else ``q5_0_as_q8_0_numpy``)."""
+    from radixlm.native import build
+
+    b = check_rows(raw, Q5_0_BYTES, "Q5_0")
+    n = raw.shape[0]
+    if (lib := build.load()) is None:
+        return q5_0_as_q8_0_numpy(raw)
+    b = np.ascontiguousarray(b)
+    q = np.empty((b.shape[0], 32), np.int8)
+    d = np.empty(b.shape[0], np.float16)
+    lib.rlm_q5_0_values(b.ctypes.data, b.shape[0], q.ctypes.data, d.ctypes.data, threads)
+    return q.reshape(n, -1, 32), d.reshape(n, -1)
+
+
+def q5_0_as_q8_0_numpy(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``q5_0_as_q8_0`` in numpy (the library's twin)."""
+    b = check_rows(raw, Q5_0_BYTES, "Q5_0")
     qh = b[:, 2:6].copy().view("<u4")  # element j's fifth bit: bit j
     bits = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
     qs = b[:, 6:]

@@ -122,3 +122,37 @@ void rlm_iq4xs_scales(const uint8_t *src, int64_t nsb, float *scales, int32_t nt
     Iq4xsJob j = {src, nsb, scales};
     run_parallel(iq4xs_job, &j, nthreads < 1 ? 1 : nthreads);
 }
+
+/* Q5_0: a block of 22 bytes is d (fp16), qh (element j's fifth bit: bit j), and 16 bytes of
+ * nibbles (byte j: element j low, element 16 + j high); value = (nibble | bit << 4) - 16. */
+
+typedef struct {
+    const uint8_t *src;
+    int64_t nblocks;
+    int8_t *q;
+    uint16_t *d;
+} Q50Job;
+
+static void q50_job(void *ctx, int tid, int nth) {
+    const Q50Job *j = (const Q50Job *)ctx;
+    const int64_t b0 = j->nblocks * tid / nth, b1 = j->nblocks * (tid + 1) / nth;
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t *p = j->src + 22 * b;
+        int8_t *out = j->q + 32 * b;
+        uint32_t qh;
+        memcpy(&j->d[b], p, 2);
+        memcpy(&qh, p + 2, 4);
+        for (int i = 0; i < 16; i++) {
+            out[i] = (int8_t)(((p[6 + i] & 15) | ((qh >> i) & 1) << 4) - 16);
+            out[16 + i] = (int8_t)(((p[6 + i] >> 4) | ((qh >> (16 + i)) & 1) << 4) - 16);
+        }
+    }
+}
+
+/* nblocks Q5_0 blocks at src as Q8_0's int8 values q (nblocks * 32) and fp16 scales d
+ * (nblocks: the file's), split over the team of nthreads. */
+void rlm_q5_0_values(const uint8_t *src, int64_t nblocks, int8_t *q, uint16_t *d,
+                     int32_t nthreads) {
+    Q50Job j = {src, nblocks, q, d};
+    run_parallel(q50_job, &j, nthreads < 1 ? 1 : nthreads);
+}
