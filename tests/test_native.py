@@ -315,7 +315,8 @@ def test_norm_then_matmul_matches_twin(lib):
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (3, 3, 64), (8, 1, 24), (2, 1, 6),
                                              (9, 3, 64), (9, 1, 64), (6, 2, 128),
-                                             (10, 1, 128), (4, 1, 256), (8, 4, 256)])
+                                             (10, 1, 128), (4, 1, 256), (8, 4, 256),
+                                             (6, 6, 96)])
 def test_attention_through_req_to_token_matches_twin(lib, kv_dtype, heads, kv_heads, dim):
     gen = torch.Generator().manual_seed(heads * dim)
     slots = 300

@@ -172,7 +172,7 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
     const int NV, const float *q, int64_t qs, int nt, const int64_t *pos, const int32_t *slots,
     int g, int Hkv, int nh, float scale, const KVLayer *kv, float *scores, float *buf,
     float *out, int64_t os) {
-    const int D = 16 * NV, HB = NV == 4 ? 4 : NV == 8 ? 2 : 1, nr = nt * nh;
+    const int D = 16 * NV, HB = NV <= 4 ? 4 : NV <= 8 ? 2 : 1, nr = nt * nh;
     int64_t pmax = 0;
     for (int t = 0; t < nt; t++) pmax = pos[t] > pmax ? pos[t] : pmax;
     const int64_t ss = pmax + 16;
@@ -221,18 +221,20 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
                                                _mm512_set1_ps(inv[t * nh + h])));
 }
 
-/* attend_tokens_nv for D = 64, 128 or 256 (Gemma's); 0 for other head sizes (attend_heads' per-position
+/* attend_tokens_nv for D = 64, 96 (Phi-3's), 128 or 256 (Gemma's); 0 for other head sizes (attend_heads' per-position
  * path then). */
 static int attend_tokens(const float *q, int64_t qs, int nt, const int64_t *pos,
                          const int32_t *slots, int g, int Hkv, int nh, int D, float scale,
                          const KVLayer *kv, float *scores, float *buf, float *out, int64_t os) {
     if (D == 64) attend_tokens_nv(4, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
+    else if (D == 96) attend_tokens_nv(6, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
     else if (D == 128) attend_tokens_nv(8, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
     else if (D == 256) attend_tokens_nv(16, q, qs, nt, pos, slots, g, Hkv, nh, scale, kv, scores, buf, out, os);
     else return 0;
     return 1;
 }
 #define RLM_ATT_TOKENS 4 /* tokens of one request an attention unit takes (attend_tokens) */
+#define ATT_TOKENS_D(D) ((D) == 64 || (D) == 96 || (D) == 128 || (D) == 256) /* its head sizes */
 #elif defined(AV_W)
 /* nh (<= HB) query heads that share KV head g, D = AV_W NV: each K and V row is loaded once
  * for the group, and the outputs stay in registers across positions. Same numbers as
@@ -287,7 +289,7 @@ static void attend_heads(const float *q, int nh, const int32_t *slots, int64_t p
                          int Hkv, int D, float scale, const KVLayer *kv, float *scores,
                          float *out) {
 #ifdef RLM_ATT_TOKENS
-    if (D == 64 || D == 128 || D == 256) {
+    if (ATT_TOKENS_D(D)) {
         float *buf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(ATT_KC + nh) * D);
         if (!buf) abort(); /* nothing sensible left to do */
         attend_tokens(q, 0, 1, &p, slots, g, Hkv, nh, D, scale, kv, scores, buf, out, 0);

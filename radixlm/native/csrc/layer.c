@@ -335,7 +335,7 @@ static void layer_body(const Layer *L, const Step *S, const KVLayer *kvl, float 
     float *scores = w.scores + (int64_t)tid * score_rows(L) * (S->max_ctx + 16);
     const int rep = Hq / Hkv;
 #ifdef RLM_ATT_TOKENS
-    if (D == 64 || D == 128 || D == 256) { /* units: RLM_ATT_TOKENS tokens of a request x a KV group */
+    if (ATT_TOKENS_D(D)) { /* units: RLM_ATT_TOKENS tokens of a request x a KV group */
         float *buf = (float *)(((uintptr_t)w.attbuf + 63) & ~(uintptr_t)63) + tid * att_buf_floats(L);
         const int64_t blocks = (T + RLM_ATT_TOKENS - 1) / RLM_ATT_TOKENS;
         for (int64_t u = tid; u < blocks * Hkv; u += nth) {
