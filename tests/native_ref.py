@@ -44,9 +44,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def attention(q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
               req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              scale: float) -> torch.Tensor:
+              scale: float, softcap: float = 0.0) -> torch.Tensor:
     """``q [T, H, D]``; token ``t`` attends to pool slots ``req_to_token[rows[t], :pos[t]+1]``
-    of ``k_cache/v_cache [S, Hkv, D]`` (GQA: query head h reads KV head h // (H / Hkv))."""
+    of ``k_cache/v_cache [S, Hkv, D]`` (GQA: query head h reads KV head h // (H / Hkv));
+    scores soft-capped ``softcap tanh(s / softcap)`` where ``softcap`` is set."""
     t_count, heads, _ = q.shape
     group = heads // k_cache.shape[1]
     out = torch.empty_like(q, dtype=torch.float32)
@@ -55,5 +56,7 @@ def attention(q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
         keys = k_cache[slots].float().repeat_interleave(group, dim=1)  # (L, H, D)
         values = v_cache[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[t].float(), keys) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         out[t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
     return out

@@ -79,8 +79,6 @@ def _configs(vocab: int) -> dict:
 
 
 FAMILIES = ["llama3", "qwen2.5", "qwen3", "qwen3-full", "gemma2", "gemma3", "gemma3-mm", "phi3"]
-# the families the native layer takes: all but Gemma 2 (soft-caps)
-NATIVE = ("llama3", "qwen2.5", "qwen3", "qwen3-full", "gemma3", "gemma3-mm", "phi3")
 
 
 def _build(family: str, tokenizer, out):
@@ -180,8 +178,7 @@ def test_logprobs_and_greedy_match_transformers(family):
     name, hf, engine = family
     if name == "gemma3-mm":  # the outer config's end-of-turn id reaches the engine
         assert 106 in engine.eos_ids
-    # the native CPU decoder takes Llama layers (q/k norms allowed, no sliding layers)
-    assert (engine.runner.model.native_unsupported() is None) == (name in NATIVE)
+    assert engine.runner.model.native_unsupported() is None  # (every family runs natively)
     prompts = _prompts(hf.config.get_text_config().vocab_size)
     outs = engine.generate(input_ids=prompts, sampling_params=PARAMS, return_logprob=True,
                            logprob_start_len=0)
@@ -196,7 +193,7 @@ def test_logprobs_and_greedy_match_transformers(family):
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen2.5", "mistral", "qwen3", "qwen3-full",
-                                  "gemma3", "phi3"])
+                                  "gemma2", "gemma3", "phi3"])
 def test_checkpoint_runs_at_its_own_precision_by_default(name, tmp_path, tokenizer):
     """An fp32 safetensors checkpoint with default settings runs fp32, natively too (dense
     fp32 rows, fp32 activations, where the native library builds): 12 greedy tokens equal
@@ -248,7 +245,6 @@ def test_window_as_long_as_the_context_is_dropped(tmp_path, tokenizer):
 def test_config_switches_are_read_from_the_hf_config(tokenizer):
     cfgs = {name: ModelConfig.from_hf(c.get_text_config())
             for name, c in _configs(len(tokenizer)).items()}
-    assert all(cfgs[n].native_layer for n in NATIVE)
     assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].layer_types == (
         "full_attention", "sliding_attention")
     g2 = cfgs["gemma2"]
@@ -258,7 +254,6 @@ def test_config_switches_are_read_from_the_hf_config(tokenizer):
     assert g2.attn_scale == pytest.approx(24**-0.5)
     assert g2.window(0) == 8 and g2.window(1) is None
     assert cfgs["phi3"].rotary_dim == 8 and cfgs["phi3"].window(1) == 12
-    assert not cfgs["gemma2"].native_layer
 
 
 def test_unsupported_architecture_is_refused_by_name():
@@ -373,11 +368,10 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch):
     prompts = _prompts(hf.config.vocab_size, seed=2)
     refs = [_reference(hf, prompt) for prompt in prompts]
     # the torch path (dequantized), then the default: read as a GGUF, every step native
-    # (but Gemma 2, whose soft-caps the native layer does not take)
     for quant in ("none", "auto"):
         with Engine(str(path), dtype="float32", weight_quant=quant, max_total_tokens=2048,
                     log_level="warning") as engine:
-            assert engine.runner.gguf_native == (quant == "auto" and name != "gemma2")
+            assert engine.runner.gguf_native == (quant == "auto")
             outs = engine.generate(input_ids=prompts, sampling_params=PARAMS,
                                    return_logprob=True, logprob_start_len=0)
             for prompt, out, ref in zip(prompts, outs, refs):

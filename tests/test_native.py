@@ -329,6 +329,12 @@ def test_attention_through_req_to_token_matches_twin(lib, kv_dtype, heads, kv_he
     out = ops.attention(lib, q, rows, pos, table, k_cache, v_cache, dim ** -0.5)
     expected = ref.attention(q, rows, pos, table, k_cache, v_cache, dim ** -0.5)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    # Gemma 2's soft-cap of the scores (a cap under the scores' spread: it bites)
+    out = ops.attention(lib, q * 4, rows, pos, table, k_cache, v_cache, dim ** -0.5, softcap=2.0)
+    expected = ref.attention(q * 4, rows, pos, table, k_cache, v_cache, dim ** -0.5, softcap=2.0)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(out, ops.attention(lib, q * 4, rows, pos, table, k_cache,
+                                                 v_cache, dim ** -0.5), atol=1e-3)
 
 
 def test_gguf_blocks_are_the_files_own_numbers(model_dir):

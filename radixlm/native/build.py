@@ -199,7 +199,7 @@ class Layer(ctypes.Structure):
                 ("gate_up", QCat), ("down", QMat), ("attn_out_norm", ctypes.c_void_p),
                 ("mlp_out_norm", ctypes.c_void_p), ("act", ctypes.c_int32),
                 ("window", ctypes.c_int32), ("rope_table", ctypes.c_int32),
-                ("rot_half", ctypes.c_int32)]
+                ("rot_half", ctypes.c_int32), ("softcap", ctypes.c_float)]
 
 
 ACT_SILU, ACT_GELU_TANH = 0, 1  # Layer.act (csrc/rlm.h)
@@ -263,7 +263,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rlm_quantize_rows_k.argtypes = [p, i32, i32, p, p, p]
     lib.rlm_quantize_rows_k.restype = None
     lib.rlm_attention.argtypes = [p, i32, i32, i32, i32, f32, p, p, p, i64, p, p, i32, i32, p,
-                                  p, p]
+                                  p, p, f32]
     lib.rlm_attention.restype = None
     lib.rlm_store_kv.argtypes = [p, i32, i32, i32, p, p, p, i32]
     lib.rlm_store_kv.restype = None

@@ -1,12 +1,13 @@
-"""Small steps (decode, jump-forward) of a Llama-family model in the native library.
+"""Steps of a Llama-family model in the native library.
 
 One C call per layer (RMSNorm, q/k/v on block-quantized or dense rows, q/k head norms,
 rotary from one of two tables, K/V store into the pool, attention through ``req_to_token``
 within the layer's window, o, the sandwich norm, RMSNorm, gate/up, SiLU or gelu-tanh, down,
 residuals) and one for the final norm and the LM head: the Llama layer with the switches of
-Qwen3, Gemma 3 and Phi-3 (``ModelConfig``). The pool stays the only K/V store:
-a step written here is read by the torch path's next extend step and the other way round.
-Larger steps (prefill chunks) stay on the torch path, where GEMMs and flash attention win.
+Qwen3, Gemma 2 / 3 and Phi-3 (``ModelConfig``; Gemma 2's soft-caps of scores and logits).
+The pool stays the only K/V store: a step written here is read by the torch path's next
+extend step and the other way round. A GGUF read as a GGUF runs every step here; a
+checkpoint's larger steps may stay on the torch path (``accepts``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from radixlm.kernels.ref import softcap
 from radixlm.native.arena import Placed, place_ahead
 from radixlm.native.build import (
     ACT_BF16,
@@ -247,7 +249,7 @@ class NativeDecoder:
                      self._f32(layer.attn_out_norm), self._f32(layer.mlp_out_norm),
                      ACT_GELU_TANH if cfg.act == "gelu_tanh" else ACT_SILU,
                      cfg.window(i) or 0, self._rope_keys.index(layer.rope_key),
-                     rope.rotary_dim // 2)
+                     rope.rotary_dim // 2, cfg.attn_softcap or 0.0)
 
     # ------------------------------------------------------------------ the step
     def accepts(self, batch: StepBatch) -> bool:
@@ -362,4 +364,6 @@ class NativeDecoder:
             lib.rlm_norm_head(ctypes.byref(self.head), self.final_norm,
                               model.cfg.rms_norm_eps, n, x.data_ptr(), logits.data_ptr(),
                               hws.data_ptr(), self._mode(act_rows or n), nthreads)
+            if model.cfg.final_softcap is not None:  # (Gemma 2; the torch path's op)
+                logits = softcap(logits, model.cfg.final_softcap)
         return logits

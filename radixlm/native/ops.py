@@ -90,7 +90,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
               req_to_token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               scale: float, k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> torch.Tensor:
+              v_scale: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """The layer's attention on its own (the contract: ``attention`` of
     tests/native_ref.py). int8 caches come with their bf16 row scales ``[S, Hkv]``."""
     q = q.float().contiguous()
@@ -100,7 +100,8 @@ def attention(lib, q: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
     lib.rlm_attention(q.data_ptr(), t, heads, k_cache.shape[1], dim, scale, rows.data_ptr(),
                       pos.data_ptr(), req_to_token.data_ptr(), req_to_token.stride(0),
                       k_cache.data_ptr(), v_cache.data_ptr(), KV_DTYPES[k_cache.dtype],
-                      int(pos.max()) + 1, out.data_ptr(), _ptr(k_scale), _ptr(v_scale))
+                      int(pos.max()) + 1, out.data_ptr(), _ptr(k_scale), _ptr(v_scale),
+                      softcap)
     return out
 
 

@@ -4,6 +4,9 @@
  * folded into the score (q . k_j * ks_j) and into the softmax weight (p_j vs_j). */
 #include "rlm.h"
 
+/* Gemma 2's soft-cap of a score: cap tanh(s / cap). */
+static inline float capped(float s, float cap) { return cap * tanhf(s / cap); }
+
 /* The row scales of position j (1 where the pool has none). */
 static inline float kv_scale(const uint16_t *scales, const int32_t *slots, int64_t j, int Hkv,
                              int g) {
@@ -51,6 +54,7 @@ static void attend_head(const float *q, const int32_t *slots, int64_t p, int g, 
     for (int64_t j = 0; j <= p; j++) {
         float s = dot_kv(q, kv->k, ((int64_t)slots[j] * Hkv + g) * D, D, kv->dtype) * scale;
         if (kv->ks) s *= kv_scale(kv->ks, slots, j, Hkv, g);
+        if (kv->softcap) s = capped(s, kv->softcap);
         scores[j] = s;
         mx = s > mx ? s : mx;
     }
@@ -106,12 +110,22 @@ static inline __m512 sum16_lanes(const __m512 *a) {
                                                    11, 15), z);
 }
 
+/* capped for 16 scores: cap tanh(s / cap), tanh from vexp(-2 |x|) with x's sign. */
+static inline __m512 capped16(__m512 s, float cap) {
+    const __m512 x = _mm512_div_ps(s, _mm512_set1_ps(cap)), one = _mm512_set1_ps(1.f);
+    const __m512 e = vexp(_mm512_mul_ps(_mm512_set1_ps(-2.f), _mm512_abs_ps(x)));
+    const __m512 th = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    const __m512 signed_th = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(th), sign));
+    return _mm512_mul_ps(signed_th, _mm512_set1_ps(cap));
+}
+
 /* One head's scores (q: D = 16 NV values) over nk <= 16 positions whose fp32 K rows kb
  * holds (D apart), times sj[0..nk): q . k as NV lane-wise multiply-adds, reduced in
  * sum16_lanes' tree; stored at sc, and the running maximum *mx. */
 static inline __attribute__((always_inline)) void score_block(
-    const int NV, const float *q, const float *kb, int nk, const float *sj, float *sc,
-    __m512 *mx) {
+    const int NV, const float *q, const float *kb, int nk, const float *sj, float cap,
+    float *sc, __m512 *mx) {
     const __mmask16 live = (__mmask16)((1u << nk) - 1);
     __m512 qv[16], acc[16]; /* (fixed sizes: registers once NV is a constant; a VLA stays in memory) */
     for (int i = 0; i < NV; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
@@ -124,7 +138,8 @@ static inline __attribute__((always_inline)) void score_block(
         acc[jj] = _mm512_mul_ps(qv[0], _mm512_load_ps(k));
         for (int i = 1; i < NV; i++) acc[jj] = _mm512_fmadd_ps(qv[i], _mm512_load_ps(k + 16 * i), acc[jj]);
     }
-    const __m512 s = _mm512_mul_ps(sum16_lanes(acc), _mm512_maskz_loadu_ps(live, sj));
+    __m512 s = _mm512_mul_ps(sum16_lanes(acc), _mm512_maskz_loadu_ps(live, sj));
+    if (cap) s = capped16(s, cap);
     _mm512_mask_storeu_ps(sc, live, s);
     *mx = _mm512_mask_max_ps(*mx, live, *mx, s);
 }
@@ -187,7 +202,7 @@ static inline __attribute__((always_inline)) void attend_tokens_nv(
             for (int j0 = 0; j0 < nc && c0 + j0 <= pos[t]; j0 += 16) {
                 const int nk = pos[t] + 1 - (c0 + j0) < 16 ? (int)(pos[t] + 1 - (c0 + j0)) : 16;
                 for (int h = 0; h < nh; h++)
-                    score_block(NV, q + t * qs + h * D, kb + j0 * D, nk, sj + j0,
+                    score_block(NV, q + t * qs + h * D, kb + j0 * D, nk, sj + j0, kv->softcap,
                                 scores + (int64_t)(t * nh + h) * ss + c0 + j0, mx + t * nh + h);
             }
     }
@@ -257,6 +272,7 @@ static inline __attribute__((always_inline)) void attend_group(
             for (int i = 1; i < NV; i++)
                 acc = AV_FMA(AV_LOADU(q + h * D + AV_W * i), kr[i], acc);
             float sc = AV_SUM(acc) * sj;
+            if (kv->softcap) sc = capped(sc, kv->softcap);
             scores[h * ss + j] = sc;
             mx[h] = sc > mx[h] ? sc : mx[h];
         }

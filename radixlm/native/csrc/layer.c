@@ -412,7 +412,7 @@ static void layers_job(void *ctx, int tid, int nth) {
     const Step *S = j->S;
     for (int i = 0; i < j->n_layers; i++) {
         KVLayer kvl = {j->k_caches[i], j->v_caches[i], S->k_scales ? S->k_scales[i] : NULL,
-                       S->v_scales ? S->v_scales[i] : NULL, S->kv_dtype};
+                       S->v_scales ? S->v_scales[i] : NULL, S->kv_dtype, j->layers[i].softcap};
         layer_body(&j->layers[i], S, &kvl, j->res, j->w, tid, nth);
         barrier(nth);
     }
@@ -656,10 +656,10 @@ void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
                    int32_t kv_dtype, int32_t max_ctx, float *out, const uint16_t *k_scale,
-                   const uint16_t *v_scale) {
+                   const uint16_t *v_scale, float softcap) {
     const int rep = Hq / Hkv;
     const KVLayer kv = {(void *)k_cache, (void *)v_cache, (uint16_t *)k_scale,
-                        (uint16_t *)v_scale, kv_dtype};
+                        (uint16_t *)v_scale, kv_dtype, softcap};
     float *scores = (float *)malloc(sizeof(float) * (size_t)rep * (max_ctx + 16));
     for (int t = 0; t < T; t++)
         for (int g = 0; g < Hkv; g++)

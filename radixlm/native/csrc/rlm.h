@@ -187,6 +187,7 @@ typedef struct {
                                          local layers) */
     int32_t rot_half;                 /* rotated pairs of a head (the table's row length);
                                          < head_dim / 2 for partial rotary (Phi-3.5 / 4) */
+    float softcap;                    /* > 0: scores soft-capped, cap tanh(s / cap) (Gemma 2) */
 } Layer;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
@@ -197,11 +198,12 @@ static inline int64_t cat_rows(const QCat *c) {
     return n;
 }
 
-/* One layer's K/V pool as attention reads and the layer writes it. */
+/* One layer's K/V pool as attention reads and the layer writes it, and how it scores. */
 typedef struct {
     void *k, *v;                /* [capacity, n_kv_heads, head_dim] of dtype */
     uint16_t *ks, *vs;          /* KV_INT8: bf16 scale per (slot, KV head) row; else NULL */
     int32_t dtype;              /* KV_F32 | KV_BF16 | KV_INT8 */
+    float softcap;              /* Layer.softcap (0: none) */
 } KVLayer;
 
 typedef struct {
@@ -477,7 +479,7 @@ void rlm_attention(const float *q, int32_t T, int32_t Hq, int32_t Hkv, int32_t D
                    const int64_t *rows, const int64_t *pos, const int32_t *req_to_token,
                    int64_t r2t_stride, const void *k_cache, const void *v_cache,
                    int32_t kv_dtype, int32_t max_ctx, float *out, const uint16_t *k_scale,
-                   const uint16_t *v_scale);
+                   const uint16_t *v_scale, float softcap);
 void rlm_store_kv(const float *x, int32_t T, int32_t Hkv, int32_t D, const int64_t *slots,
                   void *cache, uint16_t *scales, int32_t kv_dtype);
 void rlm_act_mul(const float *g, const float *u, int32_t n, float *out, int32_t act);

@@ -6,8 +6,8 @@ between families is a handful of switches in ``ModelConfig`` (read from the HF c
 ``from_hf``): q/k RMSNorm per head (Qwen3, Gemma 3), "sandwich" norms around each sublayer
 and RMSNorm weights stored as ``w - 1`` (Gemma), scaled embeddings, gelu-tanh MLPs, attention
 scale, attention and final logit soft-capping, sliding-window layers, partial rotary and
-per-layer-type rotary tables. The native library's layer takes the Llama layer with q/k
-norms (``ModelConfig.native_layer``).
+per-layer-type rotary tables. The native library's layer takes every one of them
+(``native/decoder.py``).
 
 The model never sees requests: it gets a ``ForwardBatch`` of flattened new tokens, writes
 their K/V into the pool through the attention backend, and returns logits only for
@@ -180,10 +180,8 @@ class LlamaModel:
         return self.tp.vocab_size if self.tp is not None else int(self.lm_head.shape[0])
 
     def native_unsupported(self) -> str | None:
-        """Why the native CPU decoder cannot run this model (``ModelConfig.native_layer``);
-        None when it can."""
-        if not self.cfg.native_layer:
-            return f"{self.cfg.model_type} soft-caps attention or logits (Gemma 2)"
+        """Why the native CPU decoder cannot run this model beyond ``decoder.supported``'s
+        checks: None (its layer takes every family switch)."""
         return None
 
     @torch.inference_mode()

@@ -115,12 +115,6 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def native_layer(self) -> bool:
-        """The native library's layer runs it: every family switch but the soft-caps
-        (Gemma 2's attention and logits)."""
-        return self.attn_softcap is None and self.final_softcap is None
-
     def window(self, layer_id: int) -> int | None:
         """The sliding window of layer ``layer_id`` (None: full attention)."""
         if self.layer_types and self.layer_types[layer_id] == SLIDING:
@@ -137,11 +131,9 @@ class ModelConfig:
 
 
 def native_unsupported(hf_config) -> str | None:
-    """Why a GGUF of this config cannot run on the native path alone (None: it can): the
-    native layer (``ModelConfig.native_layer``)."""
+    """Why a GGUF of this config cannot run on the native path alone (None: it can): its
+    layer takes every family switch; the matrices' dimensions must be multiples of 32."""
     cfg = ModelConfig.from_hf(hf_config)
-    if not cfg.native_layer:
-        return f"{cfg.model_type} soft-caps attention or logits"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.q_size % 32:
         return "dimensions not multiples of 32"
     return None
