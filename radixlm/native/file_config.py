@@ -3,17 +3,18 @@
 ``import transformers`` walks the source of every model package the library has (~0.6 s of a
 2-core host's start), and a config class of its own pulls more (Llama's: ``activations`` ->
 ``torch.distributed.tensor``, ~0.8 s). For the families whose config is plain data
-(``FAMILIES``: Llama, Qwen 2, Qwen 3) ``FileConfig`` holds exactly the fields transformers'
-class holds, with the same values: the class's defaults (``_BASE`` and ``_FAMILY``,
-compared with transformers' classes in ``tests/test_gguf_model.py``), the file's values over
-them, and what the class's ``__post_init__`` derives (head_dim, the KV heads, layer types,
-the rope dict). Read as attributes, ``to_dict`` and ``copy.deepcopy`` as transformers' own.
-What needs transformers' object itself (a rope function past default / linear / llama3,
-``save_pretrained``, the tokenizer class a config maps to) calls ``hf()``: transformers'
-config built from these values, imported then.
+(``FAMILIES``: Llama, Qwen 2 / 3, Gemma 2 / 3, Phi-3) ``FileConfig`` holds exactly the
+fields transformers' class holds, with the same values: the class's defaults (``_BASE`` and
+``_FAMILY``, compared with transformers' classes in ``tests/test_gguf_model.py``), the
+file's values over them, and what the class's ``__post_init__`` derives (head_dim, the KV
+heads, layer types, the rope dict: one per layer type for Gemma 3). Read as attributes,
+``to_dict`` and ``copy.deepcopy`` as transformers' own. What needs transformers' object
+itself (a rope function past default / linear / llama3, ``save_pretrained``, the tokenizer
+class a config maps to) calls ``hf()``: transformers' config built from these values,
+imported then.
 
-``GGUF_RENAMES`` is transformers' GGUF reader's key table (``GGUF_CONFIG_MAPPING``) for
-the architectures radixlm runs, held here for the same reason (compared in the tests).
+``GGUF_RENAMES`` is transformers' GGUF reader's key table (``GGUF_CONFIG_MAPPING``) for the
+architectures radixlm runs, held here for the same reason (compared in the tests).
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ _QWEN = _LLM | {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 
                 "max_position_embeddings": 32768, "use_sliding_window": False,
                 "sliding_window": 4096, "max_window_layers": 28, "layer_types": None,
                 "bos_token_id": None, "eos_token_id": None}
+_GEMMA_FIELDS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                 "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+                 "max_position_embeddings": 131072, "initializer_range": 0.02,
+                 "rms_norm_eps": 1e-06, "use_cache": True, "pad_token_id": 0,
+                 "eos_token_id": 1, "bos_token_id": 2, "tie_word_embeddings": True,
+                 "rope_parameters": None, "attention_bias": False, "attention_dropout": 0.0,
+                 "query_pre_attn_scalar": 256, "sliding_window": 4096, "layer_types": None,
+                 "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                 "use_bidirectional_attention": False}
 # each family's own fields and defaults (transformers' dataclass fields)
 _FAMILY = {
     "llama": _LLM | {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -60,7 +71,22 @@ _FAMILY = {
                      "head_dim": None},
     "qwen2": _QWEN,
     "qwen3": _QWEN | {"head_dim": 128, "attention_bias": False},
+    "gemma3_text": _GEMMA_FIELDS,
+    "gemma2": _GEMMA_FIELDS | {"vocab_size": 256000, "max_position_embeddings": 8192,
+                               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+                               "use_bidirectional_attention": None},
+    "phi3": {"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
+             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+             "hidden_act": "silu", "max_position_embeddings": 4096,
+             "original_max_position_embeddings": 4096, "initializer_range": 0.02,
+             "rms_norm_eps": 1e-05, "use_cache": True, "tie_word_embeddings": False,
+             "rope_parameters": None, "bos_token_id": 1, "eos_token_id": 32000,
+             "pad_token_id": 32000, "sliding_window": None},
 }
+# rope_theta where the values give none (Gemma 3: its global layers'; its local ones 1e4)
+_FAMILY_THETA = {"gemma3_text": 1000000.0}
+_LOCAL_THETA = 10000.0
 FAMILIES = frozenset(_FAMILY)
 _COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
            "num_attention_heads")
@@ -77,7 +103,7 @@ class FileConfig:
     def __init__(self, model_type: str, values: dict) -> None:
         fields = _FAMILY[model_type]
         values = dict(values)
-        theta = values.pop("rope_theta", _DEFAULT_THETA)
+        theta = values.pop("rope_theta", _FAMILY_THETA.get(model_type, _DEFAULT_THETA))
         for key, value in values.items():  # (others are kept as given, as the class keeps
             if key in fields:  # them: e.g. the GGUF reader's unk_token_id)
                 _check_kind(key, value, fields[key])
@@ -97,21 +123,37 @@ class FileConfig:
         elif self.num_key_value_heads <= 0:
             raise ValueError(f"config field num_key_value_heads is "
                              f"{self.num_key_value_heads}, not positive")
-        if self.model_type == "llama":
+        mt = self.model_type
+        if mt in ("llama", "gemma2", "gemma3_text"):
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(f"The hidden size ({self.hidden_size}) is not a multiple of "
                                  f"the number of attention heads ({self.num_attention_heads}).")
-            if self.head_dim is None:
-                self.head_dim = self.hidden_size // self.num_attention_heads
-        else:  # Qwen 2 / 3
+        if mt == "llama" and self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        elif mt in ("qwen2", "qwen3"):
             self.sliding_window = self.sliding_window if self.use_sliding_window else None
             if self.layer_types is None:
                 self.layer_types = [
                     "sliding_attention" if self.sliding_window is not None
                     and i >= self.max_window_layers else "full_attention"
                     for i in range(self.num_hidden_layers)]
+        elif mt in ("gemma2", "gemma3_text"):  # every 2nd / 6th layer global
+            every = 2 if mt == "gemma2" else 6
+            if mt == "gemma3_text":
+                self._sliding_window_pattern = every
+            if self.layer_types is None:
+                self.layer_types = ["sliding_attention" if (i + 1) % every else "full_attention"
+                                    for i in range(self.num_hidden_layers)]
+        if mt == "gemma3_text":  # one rope dict per layer type
+            params = self.rope_parameters if self.rope_parameters is not None else {}
+            for kind, base in (("full_attention", theta), ("sliding_attention", _LOCAL_THETA)):
+                params.setdefault(kind, {"rope_type": "default"}).setdefault("rope_theta", base)
+            self.rope_parameters = params
+            return
         params = self.rope_parameters if self.rope_parameters is not None else {}
         params.setdefault("rope_theta", theta)
+        if mt == "phi3":
+            params.setdefault("partial_rotary_factor", 1.0)
         params.setdefault("rope_type", params.get("type", "default"))
         self.rope_parameters = params
 
