@@ -245,30 +245,35 @@ def test_an_iq4_xs_file_serves_transformers_choices(tmp_path):
 
 
 @needs_compiler
-@pytest.mark.parametrize("type_name", ["IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["IQ4_NL", "IQ4_XS", "Q5_0"])
 def test_iq4_rows_compute_their_q8_rewrites_bits(lib, type_name):  # noqa: F811
     """Where every step is int8 on a build with kx32 rows (512-bit VNNI without AMX), an
     IQ4 matrix is held at 18 bytes a row's block of 32 (the file's nibbles, the rewrite's
-    fp16 scales: 288 a group of 16 rows' block) and computes the bits of its Q8 rewrite's
-    rows for steps of 1 to 64 tokens on 1 and 2 threads; its rows unpack (the embedding
-    lookup) to the rewrite's numbers. Other builds place the Q8 rewrite."""
+    fp16 scales: 288 a group of 16 rows' block), a Q5_0 one at its file's 22 (352: nibbles,
+    fifth bits as masks, scales), and computes the bits of its Q8 rewrite's rows for steps
+    of 1 to 64 tokens on 1 and 2 threads; its rows unpack (the embedding lookup) to the
+    rewrite's numbers. Other builds place the Q8 rewrite."""
     import ctypes
 
     import torch
 
     from radixlm.native.arena import Arena
     from radixlm.native.ops import qmat
-    from radixlm.native.qweights import FMT_IQ4, FMT_Q8
+    from radixlm.native.qweights import FMT_IQ4, FMT_Q5, FMT_Q8
 
     raw = _raw(type_name, 48, 1024, seed=10)
+    if type_name == "Q5_0":  # (random fifth bits: every pattern, not the quantizer's)
+        raw.reshape(-1, 22)[:, 2:6] = np.random.default_rng(3).integers(
+            0, 256, (raw.size // 22, 4), dtype=np.uint8)
     w = recoded(type_name, raw)
     arena = Arena([w], lib=lib, int8_only=True)
     mat, _ = arena.place(w)
     q8, keep = w.materialized(), []
     ref = qmat(q8, keep, lib)
     if lib.rlm_kx32_rows():
-        assert (mat.fmt, arena.kind(w)) == (FMT_IQ4, type_name.lower())
-        assert arena.repacked_bytes == 48 * 1024 // 32 * 18 and not mat.qs
+        fmt, size = (FMT_Q5, 22) if type_name == "Q5_0" else (FMT_IQ4, 18)
+        assert (mat.fmt, arena.kind(w)) == (fmt, type_name.lower())
+        assert arena.repacked_bytes == 48 * 1024 // 32 * size and not mat.qs
     else:
         assert (mat.fmt, arena.kind(w)) == (FMT_Q8, "q8_0")
     rng = torch.Generator().manual_seed(0)

@@ -22,6 +22,7 @@ from radixlm.native.qweights import (
     FMT_Q3_K,
     FMT_Q4,
     FMT_Q4_K,
+    FMT_Q5,
     FMT_Q5_K,
     FMT_Q6_K,
     FMT_Q8,
@@ -31,7 +32,7 @@ from radixlm.native.qweights import (
 )
 
 REPACKED = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)  # read 16 rows side by side by the int8 kernels
-BLOCKS32 = (FMT_Q8, FMT_Q4, FMT_IQ4)  # likewise where every step is int8 (Arena, kx32.c)
+BLOCKS32 = (FMT_Q8, FMT_Q4, FMT_IQ4, FMT_Q5)  # likewise where every step is int8 (kx32.c)
 IQ4_TYPES = ("IQ4_NL", "IQ4_XS")
 
 
@@ -65,7 +66,9 @@ class Arena:
     Q6_K rows (the file's 110); the same bits as those rows on every int8 step. An IQ4_NL /
     IQ4_XS matrix of whole groups (``iq4``, kx32 builds, every step int8) is placed in
     kx32.c's IQ4 rows: the file's nibbles and its Q8 rewrite's scales, 18 bytes a row's
-    block of 32 against the rewrite's 34, that rewrite's bits."""
+    block of 32 against the rewrite's 34, that rewrite's bits; a Q5_0 matrix (``q5``) in
+    kx32.c's Q5 rows: the file's bytes repacked (22 a row's block against its Q8 rewrite's
+    34), that rewrite's bits."""
 
     ALIGN, HUGE = 64, 2 << 20
 
@@ -154,13 +157,21 @@ class Arena:
         that rewrite's Q8 rows)."""
         return self._kx32 and w.pending in IQ4_TYPES and w.n % 16 == 0
 
+    def q5(self, w: QWeight) -> bool:
+        """Whether ``w`` (a pending Q5_0 rewrite) is placed in kx32.c's Q5 rows (else its
+        rewrite's Q8 rows)."""
+        return self._kx32 and w.pending == "Q5_0" and w.n % 16 == 0
+
     def kind(self, w: QWeight) -> str:
-        """What ``w``'s numbers are once placed (``iq4_xs`` where ``iq4``, else its kind)."""
-        return w.pending.lower() if self.iq4(w) else w.kind
+        """What ``w``'s numbers are once placed (``iq4_xs`` where ``iq4``, ``q5_0`` where
+        ``q5``, else its kind)."""
+        return w.pending.lower() if self.iq4(w) or self.q5(w) else w.kind
 
     def _kx_fmt(self, w: QWeight) -> int:
-        """The format ``w``'s repacked rows hold (FMT_Q3_K for ``kx3``, FMT_IQ4 for ``iq4``)."""
-        return FMT_Q3_K if self.kx3(w) else FMT_IQ4 if self.iq4(w) else w.fmt
+        """The format ``w``'s repacked rows hold (FMT_Q3_K for ``kx3``, FMT_IQ4 for ``iq4``,
+        FMT_Q5 for ``q5``)."""
+        return (FMT_Q3_K if self.kx3(w) else FMT_IQ4 if self.iq4(w)
+                else FMT_Q5 if self.q5(w) else w.fmt)
 
     def repacked(self, w: QWeight) -> bool:
         """Whether ``w``'s rows are repacked for the int8 kernel (see the class)."""
@@ -203,6 +214,8 @@ class Arena:
         fmt = self._kx_fmt(w)
         if fmt == FMT_IQ4:
             w = w.as_iq4(self._threads)
+        elif fmt == FMT_Q5:
+            w = w.as_q5()
         elif fmt != FMT_Q3_K:
             w = w.materialized(self._threads)
         if self.repacked(w):  # (a batch of one: place_all's repacking)
@@ -290,14 +303,16 @@ def _collapse(arena: weakref.ref, address: int, span: int, stop: threading.Event
 
 
 def _kx32_rows(w: QWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``w``'s Q8 / Q4 rows as ``rlm_repack_kx32`` reads them: quants [n, blocks, 32] and
-    fp16 scales (and Q4's minimums) [n, blocks], contiguous arrays or a GGUF's strided block
-    views alike; a ValueError for any other layout."""
+    """``w``'s Q8 / Q4 / IQ4 / Q5 rows as ``rlm_repack_kx32`` reads them: quants [n, blocks,
+    32 | 16] and fp16 scales (and Q4's minimums, Q5's fifth bits) [n, blocks], contiguous
+    arrays or a GGUF's strided block views alike; a ValueError for any other layout."""
     qs = w.qs.reshape(w.n, -1, w.qs.shape[-1])
-    scales = [np.asarray(a).reshape(w.n, -1) for a in (w.d, w.m) if a is not None]
-    if qs.strides[2] != 1 or any(a.dtype != np.float16 for a in scales):
+    d = np.asarray(w.d).reshape(w.n, -1)
+    m = None if w.fmt not in (FMT_Q4, FMT_Q5) else np.asarray(w.m).reshape(w.n, -1)
+    m_dtype = np.uint32 if w.fmt == FMT_Q5 else np.float16  # (Q5: its fifth bits)
+    if qs.strides[2] != 1 or d.dtype != np.float16 or (m is not None and m.dtype != m_dtype):
         raise ValueError("rows to repack need byte quants and fp16 scales")
-    return qs, scales[0], scales[1] if w.fmt == FMT_Q4 else None
+    return qs, d, m
 
 
 def repack_job(w: QWeight, dst: np.ndarray, fmt: int) -> RepackMany:

@@ -33,6 +33,7 @@ from radixlm.native import recode
 BLOCK = 32
 FMT_Q4, FMT_Q8, FMT_BF16, FMT_F32 = 4, 8, 16, 32  # csrc/rlm.h
 FMT_IQ4 = 5  # csrc/rlm.h: IQ4 grid values at Q4's nibbles under Q8's scales (kx32 rows only)
+FMT_Q5 = 6  # csrc/rlm.h: Q5_0's nibbles and fifth bits under its scales (kx32 rows only)
 FMT_Q4_K, FMT_Q5_K, FMT_Q6_K = 12, 13, 14  # csrc/rlm.h: GGUF super-blocks as in the file
 FMT_Q3_K = 11  # csrc/rlm.h: a Q3_K rewrite's Q6_K numbers in kx3.c's rows only (Arena)
 KQUANT_FMTS = (FMT_Q4_K, FMT_Q5_K, FMT_Q6_K)
@@ -92,6 +93,15 @@ class QWeight:
         kx32 rows take (``arena.Arena``)."""
         qs, d = recode.iq4_nibbles(self.pending, self.qs, threads)
         return QWeight(FMT_IQ4, qs, d, None, self.pending.lower(), self.origin)
+
+    def as_q5(self) -> QWeight:
+        """A pending Q5_0 rewrite as ``FMT_Q5`` blocks: views of the file's rows (quants
+        ``[n, k/32, 16]``, fp16 scales and the fifth bits' uint32 ``[n, k/32]`` in ``m``),
+        which only the arena's kx32 rows take (``arena.Arena``)."""
+        b = recode.check_rows(self.qs, recode.Q5_0_BYTES, "Q5_0").reshape(self.n, -1, 22)
+        d = b[:, :, 0:2].view(np.float16)[..., 0]
+        qh = b[:, :, 2:6].view(np.uint32)[..., 0]
+        return QWeight(FMT_Q5, b[:, :, 6:], d, qh, "q5_0", self.origin)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The matrix ``[n, k]`` these blocks represent, computed in ``dtype`` (float32:

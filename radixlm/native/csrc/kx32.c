@@ -1,4 +1,4 @@
-/* 32-element block rows (Q8_0, Q4_0 / Q4_1, IQ4) repacked 16 side by side (QMat.qx, qs NULL)
+/* 32-element block rows (Q8_0, Q4_0 / Q4_1, IQ4, Q5_0) repacked 16 side by side (QMat.qx, qs NULL)
  * for the 512-bit VNNI int8 kernel, and that kernel. Group g (rows 16 g ..) takes nb
  * kx32_bytes() from qx + g nb kx32_bytes():
  *   Q8 (544 bytes a block): block b at 544 b: d[16] fp16 (row r's scale of block b), then 8
@@ -12,6 +12,10 @@
  *     each an index into IQ4_GRID: the Q8 block of those values at 18 bytes a row's block
  *     against 34, computed as Q8's (the same bits as its Q8 rewrite: the grid's value plus
  *     128, unsigned, from one byte shuffle, then Q8's sums, lanes and scales).
+ *   Q5 (352 bytes a block, the file's size): block b at 352 b: d[16] fp16, then Q4's 4
+ *     vectors of nibbles, then 8 masks of 64 bits: mask s's bit 4 r + e is the fifth bit of
+ *     element 4 s + e of row r (the vector of nibbles s % 4, low for s < 4, high after):
+ *     computed as Q8's, the value + 128 being nibble + 112, + 16 where the bit is set.
  * The plain layout's size (IQ4: about the file's). One u8 x s8 dot instruction of a vector
  * against 4 activations
  * broadcast adds 4 products of each of the 16 rows, a row a lane: a block's 16 integer sums
@@ -27,13 +31,13 @@
 #include "rlm.h"
 
 static inline int64_t kx32_bytes(int fmt) {
-    return fmt == FMT_Q8 ? 544 : fmt == FMT_IQ4 ? 288 : 320;
+    return fmt == FMT_Q8 ? 544 : fmt == FMT_IQ4 ? 288 : fmt == FMT_Q5 ? 352 : 320;
 }
 
 /* Where block b's record (d, then the quants) lies in a group of nb blocks. */
 static inline int64_t kx32_at(int fmt, int nb, int b) {
     if (fmt == FMT_Q8) return 544 * (int64_t)b;
-    if (fmt == FMT_IQ4) return 288 * (int64_t)b;
+    if (fmt == FMT_IQ4 || fmt == FMT_Q5) return kx32_bytes(fmt) * (int64_t)b;
     const int j = b % 16, c = b - j, nc = nb - c < 16 ? nb - c : 16;
     return 320 * (int64_t)c + 32 * nc + 288 * j;
 }
@@ -42,14 +46,24 @@ static inline int64_t kx32_at(int fmt, int nb, int b) {
 static inline int64_t kx32_min_at(int b) { return 320 * (int64_t)(b - b % 16) + 32 * (b % 16); }
 
 /* Rows 0 .. 15 of a block matrix (qs: block b of row r at qs + r qrow + b qblk, 32 bytes for
- * Q8, 16 for Q4 and IQ4; its fp16 scale at d + r drow + b dblk, Q4's minimum likewise at m;
- * strides in bytes) as one repacked group. */
+ * Q8, 16 for Q4, IQ4 and Q5; its fp16 scale at d + r drow + b dblk, Q4's minimum (fp16) or
+ * Q5's fifth bits (32, little-endian) likewise at m; strides in bytes) as one repacked
+ * group. */
 static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t qblk,
                               const uint8_t *d, int64_t drow, int64_t dblk, const uint8_t *m,
                               int64_t mrow, int64_t mblk, int nb, uint8_t *dst) {
     const int q8 = fmt == FMT_Q8;
     for (int b = 0; b < nb; b++) {
         uint8_t *o = dst + kx32_at(fmt, nb, b), *v = o + 32;
+        if (fmt == FMT_Q5) { /* the masks: row r's fifth bits 4 s .. 4 s + 3 at 4 r */
+            uint64_t mask[8] = {0};
+            for (int r = 0; r < 16; r++) {
+                uint32_t qh;
+                memcpy(&qh, m + r * mrow + b * mblk, 4);
+                for (int s = 0; s < 8; s++) mask[s] |= (uint64_t)((qh >> (4 * s)) & 15) << (4 * r);
+            }
+            memcpy(o + 288, mask, sizeof mask);
+        }
         for (int r = 0; r < 16; r++) {
             memcpy(o + 2 * r, d + r * drow + b * dblk, 2);
             if (fmt == FMT_Q4) memcpy(dst + kx32_min_at(b) + 2 * r, m + r * mrow + b * mblk, 2);
@@ -68,6 +82,22 @@ static void kx32_repack_group(int fmt, const uint8_t *qs, int64_t qrow, int64_t 
  * [nb] fp16; IQ4's as Q8's (its values from the grid). */
 static void kx32_unpack_row(const QMat *w, int64_t n, uint8_t *qs, f16 *d, f16 *m) {
     const int nb = w->k / 32, r = (int)(n % 16), q8 = w->fmt == FMT_Q8;
+    if (w->fmt == FMT_Q5) { /* as its Q8 rewrite: (nibble | bit << 4) - 16 */
+        const uint8_t *g = w->qx + n / 16 * nb * kx32_bytes(FMT_Q5);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = g + kx32_at(FMT_Q5, nb, b), *v = o + 32;
+            uint64_t mask[8];
+            memcpy(d + b, o + 2 * r, 2);
+            memcpy(mask, o + 288, sizeof mask);
+            for (int s = 0; s < 8; s++)
+                for (int e = 0; e < 4; e++) {
+                    const uint8_t x = v[64 * (s % 4) + 4 * r + e];
+                    const int nib = s < 4 ? x & 15 : x >> 4, bit = (int)(mask[s] >> (4 * r + e)) & 1;
+                    qs[32 * b + 4 * s + e] = (uint8_t)(int8_t)((nib | bit << 4) - 16);
+                }
+        }
+        return;
+    }
     const uint8_t *g = w->qx + n / 16 * nb * kx32_bytes(w->fmt);
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = g + kx32_at(w->fmt, nb, b), *v = o + 32;
@@ -108,7 +138,8 @@ static inline __m512 kx_lanes_tree(const __m512 *c) {
 static inline __attribute__((always_inline)) void kx32_group(
     const int fmt, const uint8_t *qx, int nb, const Act *a, int t, const int G, int k,
     const int32_t *c128, float *y, int64_t ldy, int n, const int ahead) {
-    const int q8 = fmt == FMT_Q8 || fmt == FMT_IQ4; /* (IQ4: Q8's operations from st on) */
+    const int q8 = fmt == FMT_Q8 || fmt == FMT_IQ4 || fmt == FMT_Q5; /* (IQ4, Q5: Q8's
+                                                                       operations from st on) */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i grid = _mm512_broadcast_i32x4(_mm_xor_si128(
         _mm_loadu_si128((const __m128i *)IQ4_GRID), _mm_set1_epi8((char)0x80)));
@@ -147,6 +178,18 @@ static inline __attribute__((always_inline)) void kx32_group(
         __m512i st[8];
         if (fmt == FMT_Q8) {
             for (int v = 0; v < 8; v++) st[v] = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
+        } else if (fmt == FMT_Q5) { /* nibble + 112, + 16 more where the fifth bit is set */
+            const __m512i base = _mm512_set1_epi8(112), high = _mm512_set1_epi8((char)128);
+            for (int v = 0; v < 4; v++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
+                uint64_t k0, k1;
+                memcpy(&k0, o + 288 + 8 * v, 8);
+                memcpy(&k1, o + 288 + 8 * (v + 4), 8);
+                st[v] = _mm512_add_epi8(_mm512_and_si512(x, m4),
+                                        _mm512_mask_blend_epi8(_cvtu64_mask64(k0), base, high));
+                st[v + 4] = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4),
+                                            _mm512_mask_blend_epi8(_cvtu64_mask64(k1), base, high));
+            }
         } else if (fmt == FMT_IQ4) { /* the grid's value + 128 at each nibble */
             for (int v = 0; v < 4; v++) {
                 const __m512i x = _mm512_loadu_si512((const void *)(o + 32 + 64 * v));
@@ -188,7 +231,7 @@ static inline __attribute__((always_inline)) void kx32_group(
 /* Repacked groups g0 .. g1 - 1, all T tokens, into y + 16 g0 - yoff (row stride ldy). */
 static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, float *y,
                         int64_t ldy, int yoff) {
-    const int k = w->k, nb = k / 32, q8 = w->fmt == FMT_Q8 || w->fmt == FMT_IQ4;
+    const int k = w->k, nb = k / 32, q8 = w->fmt != FMT_Q4;
     int32_t c128[64 * 128]; /* Q8: a tile's 128 sum a per block (64 tokens, k <= 4096) */
     int32_t *c = !q8 || nb <= 128 ? c128 : (int32_t *)malloc(sizeof(int32_t) * 64 * (size_t)nb);
     if (!c) abort(); /* no memory for a tile's sums: nothing sensible left to do */
@@ -207,10 +250,11 @@ static void kx32_groups(const QMat *w, int g0, int g1, int T, const Act *a, floa
                 const int left = t1 - t, groups = (left + 7) / 8, G = (left + groups - 1) / groups;
                 const int32_t *ct = c + (int64_t)(t - t0) * nb;
                 const int ahead = t == t0; /* the pass that reads the group from memory */
-                switch (G + 8 * (w->fmt == FMT_Q8) + 16 * (w->fmt == FMT_IQ4)) {
+                switch (G + 8 * (w->fmt == FMT_Q8) + 16 * (w->fmt == FMT_IQ4) + 24 * (w->fmt == FMT_Q5)) {
 #define RLM_G(G) case G: kx32_group(FMT_Q4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break; \
                  case G + 8: kx32_group(FMT_Q8, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break; \
-                 case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break;
+                 case G + 16: kx32_group(FMT_IQ4, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break; \
+                 case G + 24: kx32_group(FMT_Q5, qx, nb, a, t, G, k, ct, y, ldy, 16 * g - yoff, ahead); break;
                 RLM_G(1) RLM_G(2) RLM_G(3) RLM_G(4) RLM_G(5) RLM_G(6) RLM_G(7) RLM_G(8)
 #undef RLM_G
                 }

@@ -496,11 +496,12 @@ void rlm_dequant_rows(const QMat *w, const int64_t *rows, int32_t count, float *
             kq_dequant_unpacked(w, q, ds, dm, out + (int64_t)i * w->k);
             continue;
         }
-        if (!w->qs) { /* Q8 / Q4 / IQ4 rows repacked only (kx32.c; IQ4's unpacked as Q8's) */
+        if (!w->qs) { /* Q8 / Q4 / IQ4 / Q5 rows repacked only (kx32.c; IQ4's and Q5's
+                         unpacked as Q8's) */
             uint8_t q[w->k] __attribute__((aligned(64)));
             f16 d[nb], m[nb];
             QMat plain = *w;
-            plain.fmt = w->fmt == FMT_IQ4 ? FMT_Q8 : w->fmt;
+            plain.fmt = w->fmt == FMT_IQ4 || w->fmt == FMT_Q5 ? FMT_Q8 : w->fmt;
             kx32_unpack_row(w, n, q, d, m);
             dequant_row(&plain, q, d, w->fmt == FMT_Q4 ? m : NULL, nb, out + (int64_t)i * w->k);
             continue;
@@ -531,7 +532,7 @@ int32_t rlm_kx3_rows(void) {
 }
 
 int64_t rlm_kx_bytes(int32_t fmt, int32_t n, int32_t k) {
-    if (fmt == FMT_Q8 || fmt == FMT_Q4 || fmt == FMT_IQ4)
+    if (fmt == FMT_Q8 || fmt == FMT_Q4 || fmt == FMT_IQ4 || fmt == FMT_Q5)
         return (int64_t)(n / 16) * (k / 32) * kx32_bytes(fmt);
     return (int64_t)(n / 16) * (k / 256) * kx_sb_bytes(fmt);
 }

@@ -65,11 +65,14 @@
  * them (Q4_K, Q5_K, Q6_K; see kquants.c), or dense rows as the checkpoint has them (bf16,
  * fp32; see dense.c). FMT_Q3_K: a GGUF Q3_K matrix's numbers as Q6_K's (recode.c), held only
  * in kx3.c's repacked rows (qx; qs NULL): every path treats it as Q6_K but for the layout. */
-enum { FMT_Q4 = 4, FMT_IQ4 = 5, FMT_Q8 = 8, FMT_Q3_K = 11, FMT_Q4_K = 12, FMT_Q5_K = 13,
-       FMT_Q6_K = 14, FMT_BF16 = 16, FMT_F32 = 32 };
+enum { FMT_Q4 = 4, FMT_IQ4 = 5, FMT_Q5 = 6, FMT_Q8 = 8, FMT_Q3_K = 11, FMT_Q4_K = 12,
+       FMT_Q5_K = 13, FMT_Q6_K = 14, FMT_BF16 = 16, FMT_F32 = 32 };
 /* FMT_IQ4: a GGUF IQ4_NL / IQ4_XS matrix as Q8 blocks whose values are ggml's grid at Q4's
  * nibbles (IQ4_XS's block scales the fp16 nearest d (ls - 32)), held only in kx32.c's
  * repacked rows (qx; qs NULL): every path reads it as the Q8 blocks of those values. */
+/* FMT_Q5: a GGUF Q5_0 matrix (the file's nibbles and fifth bits, its fp16 scales), held only
+ * in kx32.c's repacked rows (qx; qs NULL): every path reads it as the Q8 blocks of its
+ * values (nibble | bit << 4) - 16. */
 static const int8_t IQ4_GRID[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                     1,    13,   25,  38,  53,  69,  89,  113};
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
@@ -110,7 +113,7 @@ enum { ACT_INT8 = 0, ACT_F32 = 1, ACT_BF16 = 2 };
 #define RLM_AMX_LARGE_T 256
 
 typedef struct {
-    int32_t fmt;          /* FMT_Q4 | FMT_IQ4 | FMT_Q8 | FMT_Q3_K | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16
+    int32_t fmt;          /* FMT_Q4 | FMT_IQ4 | FMT_Q5 | FMT_Q8 | FMT_Q3_K | FMT_Q4_K | FMT_Q5_K | FMT_Q6_K | FMT_BF16
                              | FMT_F32 */
     int32_t n, k;         /* output rows, input columns (k % 32 == 0; K-quants: k % 256 == 0) */
     const uint8_t *qs;    /* Q4: [n, k/32, 16] (low nibble = j, high = j + 16); Q8: [n, k/32, 32];
