@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from radixlm.kernels import ref as kernels_ref
 from radixlm.kernels.ref import softcap
 from radixlm.native.arena import Placed, place_ahead
 from radixlm.native.build import (
@@ -98,22 +99,6 @@ BF16_LARGE_MAX_ROWS = 256
 
 
 _MODE_NAMES = {ACT_F32: "fp32", ACT_INT8: "int8", ACT_BF16: "bf16"}
-
-
-def _cos_sin(rope, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos / sin ``[T, rotary_dim / 2]`` fp32 of ``rope`` (``models.rope.Rope``) at
-    ``positions``: longrope's long factors from its switch on, the attention scaling
-    applied."""
-    pos = positions.float()[:, None]
-    freqs = pos * rope.inv_freq[None, :]
-    cos, sin = freqs.cos(), freqs.sin()
-    if rope.long_inv_freq is not None:
-        far = (positions >= rope.switch)[:, None]
-        long = pos * rope.long_inv_freq[None, :]
-        cos, sin = torch.where(far, long.cos(), cos), torch.where(far, long.sin(), sin)
-    if rope.scaling != 1.0:
-        cos, sin = cos * rope.scaling, sin * rope.scaling
-    return cos.contiguous(), sin.contiguous()
 
 
 class NativeDecoder:
@@ -326,7 +311,8 @@ class NativeDecoder:
         res = self._embed(batch.input_ids)  # (T, hidden), the residual stream
         if model.cfg.embed_scale != 1.0:
             res.mul_(torch.tensor(model.cfg.embed_scale, dtype=torch.float32))
-        tables = [_cos_sin(model.ropes[k], batch.positions) for k in self._rope_keys]
+        tables = [model.ropes[k].cos_sin(kernels_ref, batch.positions, torch.float32)
+                  for k in self._rope_keys]  # (fp32: the torch path's CPU op)
         (cos, sin), (cos_b, sin_b) = tables[0], tables[-1]
         if len(batch.extend_lens_cpu) == T:  # one token per request (decode)
             rows = batch.req_pool_indices

@@ -25,9 +25,9 @@ from radixlm.kernels.ref import softcap
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.models.invariant import act_and_mul
 from radixlm.runtime.models.quant import Linear, pack_int4, quantize_int4, quantize_int8
-from radixlm.runtime.models.rope import Rope
+from radixlm.runtime.models.rope import layer_ropes
 from radixlm.runtime.models.rope import rope_inv_freq as rope_inv_freq  # re-export
-from radixlm.runtime.models.shape import FULL, ModelConfig, per_layer_type
+from radixlm.runtime.models.shape import FULL, ModelConfig
 
 
 def _fused_linear(w: dict, names: list[str], bias: torch.Tensor | None, int4: dict | None):
@@ -164,9 +164,7 @@ class LlamaModel:
             self.lm_head = self.embed
         else:
             self.lm_head = get("lm_head.weight")
-        types = sorted({layer.rope_key for layer in self.layers})
-        self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
-                      for t in types}
+        self.ropes = layer_ropes(hf_config, device, {layer.rope_key for layer in self.layers})
         # With weight-only decode linears, the head (a third of a batch-1 step) gets int8
         # channels too (its GGUF source is Q8_0, blocks of 32: ~1% logit error vs bf16).
         self.head = Linear(self.lm_head, None,

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from radixlm.kernels.dispatch import get_ops
-from radixlm.runtime.models.rope import Rope
-from radixlm.runtime.models.shape import FULL, ModelConfig, per_layer_type
+from radixlm.runtime.models.rope import layer_ropes
+from radixlm.runtime.models.shape import FULL, ModelConfig
 
 
 @dataclass
@@ -76,9 +76,7 @@ class NativeGGUFModel:
                 cfg.layer_types[i] if cfg.layer_types else FULL, *qk, **sandwich))
         self.norm = vec("model.norm.weight")
         self.embed = self.lm_head = self.head = None
-        types = sorted({layer.rope_key for layer in self.layers})
-        self.ropes = {t: Rope.from_hf(hf_config, device, t if per_layer_type(hf_config) else None)
-                      for t in types}
+        self.ropes = layer_ropes(hf_config, device, {layer.rope_key for layer in self.layers})
 
     @property
     def vocab_size(self) -> int:

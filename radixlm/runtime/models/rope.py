@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.native.file_config import FileConfig
-from radixlm.runtime.models.shape import rope_params
+from radixlm.runtime.models.shape import per_layer_type, rope_params
 
 
 def rope_inv_freq(hf_config, device: torch.device, layer_type: str | None = None,
@@ -100,3 +100,10 @@ class Rope:
         if self.scaling != 1.0:
             cos, sin = cos * self.scaling, sin * self.scaling
         return cos, sin
+
+
+def layer_ropes(hf_config, device: torch.device, types) -> dict[str, Rope]:
+    """One ``Rope`` per layer type in ``types`` (each type's own parameters where the config
+    keeps one dict per type, else the config's one), as both model classes hold them."""
+    per_type = per_layer_type(hf_config)
+    return {t: Rope.from_hf(hf_config, device, t if per_type else None) for t in sorted(types)}
